@@ -1,0 +1,36 @@
+# Two commands matter: `make demo` (the main job) and `make test` (the test suite).
+# Both create .venv/ if missing, install the CPU build of torch 2.13.0 first (it lies on
+# local disk; an unpinned torch would pull a multi-GB CUDA build), then this package.
+
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test test-slow bench lint clean
+
+$(PY):
+	python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+
+$(STAMP): $(PY) pyproject.toml
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/bayes-safe simulate --problem daulton2019 --policy ts-asc --replications 100 --horizon 500 --seed 0 --out demo-output
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+test-slow: $(STAMP)
+	$(PY) -m pytest -q -m slow
+
+bench: $(STAMP)
+	$(PY) benchmarks/run.py
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check bayes_safe tuning studies tests benchmarks
+
+clean:
+	rm -rf $(VENV) demo-output

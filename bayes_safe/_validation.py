@@ -1,0 +1,47 @@
+"""Input checks shared by every public entry point: fail early, name the argument."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+__all__ = ["as_tensor", "check_finite", "check_positive", "check_probability", "check_in_range"]
+
+
+def as_tensor(value, name: str, dtype=torch.float64) -> torch.Tensor:
+    """Convert ``value`` to a tensor of ``dtype``; raise TypeError naming ``name`` if impossible."""
+    try:
+        t = torch.as_tensor(value, dtype=dtype)
+    except (TypeError, ValueError, RuntimeError) as exc:  # pragma: no cover - message path
+        raise TypeError(f"{name}: expected a tensor or array of numbers, got {type(value).__name__}") from exc
+    return t
+
+
+def check_finite(t: torch.Tensor, name: str) -> torch.Tensor:
+    if not bool(torch.isfinite(t).all()):
+        bad = int((~torch.isfinite(t)).sum())
+        raise ValueError(f"{name}: expected finite values, found {bad} NaN or inf entries (shape {list(t.shape)})")
+    return t
+
+
+def check_positive(value, name: str) -> float:
+    v = float(value)
+    if not (math.isfinite(v) and v > 0):
+        raise ValueError(f"{name}: expected a finite number > 0, got {value!r}")
+    return v
+
+
+def check_in_range(value, name: str, low: float, high: float, *, low_open=False, high_open=True) -> float:
+    v = float(value)
+    ok_low = v > low if low_open else v >= low
+    ok_high = v < high if high_open else v <= high
+    if not (math.isfinite(v) and ok_low and ok_high):
+        lb = "(" if low_open else "["
+        rb = ")" if high_open else "]"
+        raise ValueError(f"{name}: expected a value in {lb}{low}, {high}{rb}, got {value!r}")
+    return v
+
+
+def check_probability(value, name: str) -> float:
+    return check_in_range(value, name, 0.0, 1.0, low_open=True, high_open=True)

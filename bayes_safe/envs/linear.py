@@ -1,0 +1,235 @@
+"""Linear bandit problems with fixed arm features, batched over replications.
+
+Every replication is its own random instance drawn from its own seed, so replication ``r``
+of a batch equals a one-replication problem built from ``replication_seeds(seed, R)[r]``.
+
+Metric 0 is the reward; metrics 1.. are auxiliary constraint metrics (Daulton et al. 2019,
+section 3.1). Expected outcomes are ``E[y_m | a] = x_a^T theta_m``; observations add
+independent Gaussian noise of standard deviation ``noise_std[m]``.
+
+Regret is measured against the *best feasible* arm: the arm of largest expected reward
+among those satisfying the instance-level constraint ``E[c | a] >= (1 - alpha) E[c | b]``
+for every constraint metric (the baseline is always feasible). Without constraint metrics
+that is simply the best arm. (The papers plot regret without defining the comparator for
+the constrained case; measuring against the best infeasible arm would reward violations.)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .._validation import check_in_range, check_positive
+from ..random import Generator, replication_seeds, standard_normal
+
+__all__ = ["Step", "LinearBandit", "kazerouni2017", "kazerouni2017_neurips", "daulton2019"]
+
+
+@dataclass
+class Step:
+    """What a policy sees at one step.
+
+    Attributes:
+        features: candidate action features ``[R, K, d]``.
+        baseline: the baseline policy's action ``[R]`` (long).
+        valid: optional mask ``[R, K]`` of the actions allowed at this step (None: all).
+    """
+
+    features: torch.Tensor
+    baseline: torch.Tensor
+    valid: torch.Tensor | None = None
+
+
+@dataclass
+class LinearBandit:
+    """A batch of ``R`` linear bandit instances with ``K`` fixed arms in ``R^d``.
+
+    Attributes:
+        name: the problem's registry name.
+        arm_features: ``[R, K, d]`` float64.
+        parameters: ``[R, M, d]``: reward parameter then one per constraint metric.
+        noise_std: ``[M]`` observation noise standard deviations.
+        baseline_action: ``[R]`` the baseline policy's fixed action.
+        alpha: the instance-level constraint level used for regret and violations (None
+            when the problem has no constraint metric).
+        metric_names: names of the ``M`` metrics (``"reward"`` first).
+    """
+
+    name: str
+    arm_features: torch.Tensor
+    parameters: torch.Tensor
+    noise_std: torch.Tensor
+    baseline_action: torch.Tensor
+    alpha: float | None = None
+    metric_names: list[str] = field(default_factory=lambda: ["reward"])
+    seeds: list[int] = field(default_factory=list)
+
+    def __post_init__(self):
+        R, K, d = self.arm_features.shape
+        self.replications, self.num_arms, self.dim = R, K, d
+        self.num_metrics = self.parameters.shape[1]
+        self.expected = torch.einsum("rkd,rmd->rkm", self.arm_features, self.parameters)  # [R, K, M]
+        rows = torch.arange(R)
+        self.baseline_expected = self.expected[rows, self.baseline_action]  # [R, M]
+        self.feasible = self.instance_feasible(self.expected)  # [R, K]
+        reward = self.expected[..., 0].masked_fill(~self.feasible, float("-inf"))
+        self.optimal_action = reward.argmax(-1)
+        self.optimal_reward = self.expected[rows, self.optimal_action, 0]
+        self._step = Step(self.arm_features, self.baseline_action)
+
+    @property
+    def num_constraints(self) -> int:
+        return self.num_metrics - 1
+
+    def instance_feasible(self, expected: torch.Tensor) -> torch.Tensor:
+        """Whether outcomes ``expected [R, ..., M]`` meet ``E[c|a] >= (1 - alpha) E[c|b]`` for every constraint."""
+        if self.num_constraints == 0 or self.alpha is None:
+            return torch.ones(expected.shape[:-1], dtype=torch.bool)
+        base = self.baseline_expected[:, 1:]
+        base = base.reshape(base.shape[0], *([1] * (expected.dim() - 2)), base.shape[-1])
+        return (expected[..., 1:] >= (1 - self.alpha) * base).all(-1)
+
+    def step(self, t: int) -> Step:
+        """The candidates and baseline action at step ``t`` (fixed arms: the same every step)."""
+        return self._step
+
+    def observe(self, actions: torch.Tensor, generator: Generator = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Play ``actions [R]``; returns ``(expected [R, M], observed [R, M])``."""
+        mean = self.expected[torch.arange(self.replications), actions]
+        noise = standard_normal((self.replications, self.num_metrics), generator, key="env/noise")
+        return mean, mean + noise * self.noise_std
+
+
+def _rejection_arms(gen, num_arms, dim, thetas, draw, max_batches=200):
+    """Draw ``num_arms`` feature vectors with every expected metric ``x^T theta_m > 0``."""
+    kept, n = [], 0
+    for _ in range(max_batches):
+        cand = draw((4 * num_arms, dim), gen)
+        ok = ((cand @ thetas.T) > 0).all(-1)
+        kept.append(cand[ok])
+        n += int(ok.sum())
+        if n >= num_arms:
+            return torch.cat(kept)[:num_arms]
+    return None
+
+
+def _validate_common(replications, seed):
+    if int(replications) < 1:
+        raise ValueError(f"replications: expected a positive int, got {replications!r}")
+    return replication_seeds(seed, int(replications))
+
+
+def _normal(shape, gen):
+    return torch.randn(shape, generator=gen, dtype=torch.float64)
+
+
+def _uniform_pm1(shape, gen):
+    return 2 * torch.rand(shape, generator=gen, dtype=torch.float64) - 1
+
+
+def kazerouni2017(replications: int = 1, seed: int | list[int] = 0, num_arms: int = 100, dim: int = 10,
+                  noise_std: float = 2.0) -> LinearBandit:
+    """Kazerouni et al. (2017, arXiv v3) section 6: conservative linear bandit simulation.
+
+    100 arms with features ``U[-1, 1]^10``; ``theta* ~ N(0, 10 I)`` redrawn until... (the paper:
+    "such that the mean reward associated to each arm is positive", which we implement by
+    redrawing each *arm* until its mean reward is positive, as the issue specifies); noise
+    ``N(0, 4)``, read as variance 4 (standard deviation 2), the usual ``N(mean, variance)``
+    notation. The baseline's mean reward is "the average of the performances of the second
+    and third best arm": we append a baseline arm ``K`` with features ``(x_2 + x_3) / 2``,
+    whose expected reward is exactly that average (linearity), so the known baseline reward of
+    CLUCB is ``x_b^T theta*``. Returns ``K = num_arms + 1`` candidates.
+    """
+    seeds = _validate_common(replications, seed)
+    check_positive(noise_std, "noise_std")
+    feats, thetas = [], []
+    for s in seeds:
+        gen = torch.Generator().manual_seed(s)
+        while True:
+            theta = _normal((dim,), gen) * 10**0.5
+            arms = _rejection_arms(gen, num_arms, dim, theta[None], _uniform_pm1)
+            if arms is not None:
+                break
+        mean = arms @ theta
+        order = mean.argsort(descending=True)
+        base = 0.5 * (arms[order[1]] + arms[order[2]])
+        feats.append(torch.cat([arms, base[None]]))
+        thetas.append(theta[None])
+    R = len(seeds)
+    return LinearBandit(
+        name="kazerouni2017", arm_features=torch.stack(feats), parameters=torch.stack(thetas),
+        noise_std=torch.tensor([float(noise_std)], dtype=torch.float64),
+        baseline_action=torch.full((R,), num_arms, dtype=torch.long), seeds=seeds,
+    )
+
+
+def kazerouni2017_neurips(replications: int = 1, seed: int | list[int] = 0, num_arms: int = 100, dim: int = 4,
+                          noise_std: float = 1.0, baseline_rank: int = 10) -> LinearBandit:
+    """The NeurIPS 2017 version of the CLUCB experiment, which Daulton et al. (2019) follow.
+
+    100 arms in ``R^4``; features and ``theta`` ``N(0, I)`` with every arm's mean reward
+    positive (arms redrawn); ``N(0, 1)`` noise; the baseline is the ``baseline_rank``-th best
+    arm (10th by default).
+    """
+    seeds = _validate_common(replications, seed)
+    check_positive(noise_std, "noise_std")
+    if not 1 <= baseline_rank <= num_arms:
+        raise ValueError(f"baseline_rank: expected 1..{num_arms}, got {baseline_rank}")
+    feats, thetas, base = [], [], []
+    for s in seeds:
+        gen = torch.Generator().manual_seed(s)
+        while True:
+            theta = _normal((dim,), gen)
+            arms = _rejection_arms(gen, num_arms, dim, theta[None], _normal)
+            if arms is not None:
+                break
+        feats.append(arms)
+        thetas.append(theta[None])
+        base.append(int((arms @ theta).argsort(descending=True)[baseline_rank - 1]))
+    return LinearBandit(
+        name="kazerouni2017-neurips", arm_features=torch.stack(feats), parameters=torch.stack(thetas),
+        noise_std=torch.tensor([float(noise_std)], dtype=torch.float64),
+        baseline_action=torch.tensor(base, dtype=torch.long), seeds=seeds,
+    )
+
+
+def daulton2019(replications: int = 1, seed: int | list[int] = 0, alpha: float = 0.01, num_arms: int = 100,
+                dim: int = 4, noise_std: float = 0.1, top_reward: int = 30, baseline_rank: int = 20) -> LinearBandit:
+    """Daulton et al. (2019) section 4.1: a reward and an auxiliary constraint metric.
+
+    ``theta^(r), theta^(c)`` and arm features are i.i.d. ``N(0, I_4)``; an arm's features are
+    redrawn until both expected metrics are positive; ``sigma = 0.1`` on both metrics. The
+    baseline arm is the ``baseline_rank``-th (20th) best by expected constraint among the
+    ``top_reward`` (30) best by expected reward. The instance is redrawn until the best
+    feasible reward (at ``alpha``) is below the best infeasible reward, so that the
+    constraint costs reward.
+    """
+    seeds = _validate_common(replications, seed)
+    alpha = check_in_range(alpha, "alpha", 0.0, 1.0)
+    check_positive(noise_std, "noise_std")
+    if not 1 <= baseline_rank <= top_reward <= num_arms:
+        raise ValueError(f"baseline_rank, top_reward: expected 1 <= baseline_rank <= top_reward <= num_arms, got {baseline_rank}, {top_reward}")
+    feats, thetas, base = [], [], []
+    for s in seeds:
+        gen = torch.Generator().manual_seed(s)
+        while True:
+            theta = _normal((2, dim), gen)
+            arms = _rejection_arms(gen, num_arms, dim, theta, _normal)
+            if arms is None:
+                continue
+            mean = arms @ theta.T  # [K, 2]
+            top = mean[:, 0].argsort(descending=True)[:top_reward]
+            b = int(top[mean[top, 1].argsort(descending=True)[baseline_rank - 1]])
+            feasible = mean[:, 1] >= (1 - alpha) * mean[b, 1]
+            if (~feasible).any() and mean[feasible, 0].max() < mean[~feasible, 0].max():
+                break
+        feats.append(arms)
+        thetas.append(theta)
+        base.append(b)
+    return LinearBandit(
+        name="daulton2019", arm_features=torch.stack(feats), parameters=torch.stack(thetas),
+        noise_std=torch.full((2,), float(noise_std), dtype=torch.float64),
+        baseline_action=torch.tensor(base, dtype=torch.long), alpha=alpha,
+        metric_names=["reward", "constraint"], seeds=seeds,
+    )

@@ -1,0 +1,56 @@
+"""Whole-or-nothing output: files are written to a temporary name and renamed into place."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+__all__ = ["atomic_output_dir", "atomic_write_text", "atomic_write_json"]
+
+
+@contextlib.contextmanager
+def atomic_output_dir(out: str | os.PathLike):
+    """Yield a scratch directory; on success move its files into ``out``, on failure leave ``out`` untouched.
+
+    Each file is moved with ``os.replace`` (atomic on one file system), so a reader of ``out``
+    never sees a half-written file, and a run that raises adds nothing to ``out``.
+    """
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    out.mkdir(parents=True, exist_ok=True)
+    for path in sorted(tmp.rglob("*")):
+        target = out / path.relative_to(tmp)
+        if path.is_dir():
+            target.mkdir(parents=True, exist_ok=True)
+        else:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(path, target)
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_write_json(path: str | os.PathLike, obj) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=float) + "\n")

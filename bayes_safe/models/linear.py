@@ -1,0 +1,382 @@
+"""Bayesian linear regression with any Pyro prior on the weights.
+
+``BayesianLinear`` models an outcome as ``y = x^T w + noise`` and keeps a posterior over
+``w``. Two kinds of prior are recognised and handled exactly (the *conjugate fast path*):
+
+* a Gaussian prior (``MultivariateNormal`` or ``Normal(...).to_event(1)``) with a known
+  ``noise_std``;
+* Normal-Inverse-Gamma: the same Gaussian prior, read as ``w | s2 ~ N(m0, s2 * V0)``, with
+  ``noise_prior=InverseGamma(a0, b0)`` on the noise variance ``s2``.
+
+On that path the posterior is kept in precision form (``Lambda = Lambda0 + X^T X / s2`` and
+``eta = Lambda0 m0 + X^T y / s2``) in float64. Cholesky factors are computed lazily and
+cached until the next update; means and draws come from triangular solves, never an explicit
+inverse. A single observation per batch element is a rank-one update ``Lambda += x x^T / s2``;
+the factor itself is recomputed rather than rank-one updated, because for the small ``d`` of
+bandit problems one batched LAPACK call beats ``d`` Python-level rotation steps (measured:
+d = 4, batched ``cholesky`` of 1,000 4x4 matrices takes ~30 us, a vectorised rank-one
+update with a Python loop over ``d`` ~60 us).
+
+Any other prior (Laplace, Student-t, a horseshoe written as a Pyro model, ...) is fitted
+with Pyro (NUTS by default, SVI with an ``AutoMultivariateNormal`` guide on request) by
+:class:`~bayes_safe.models.pyro_inference.PyroLinearPosterior`; Thompson draws then come
+from the stored posterior draws, refreshed at every refit.
+
+Example:
+    >>> import torch, pyro.distributions as dist
+    >>> m = BayesianLinear(prior=dist.Normal(0.0, 1.0).expand([3]).to_event(1), noise_std=0.1)
+    >>> m.update(torch.randn(20, 3), torch.randn(20))
+    >>> mean, var = m.predict(torch.randn(5, 3))
+    >>> m.sample().shape
+    torch.Size([3])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.distributions as tdist
+
+from .._validation import as_tensor, check_finite, check_positive
+from ..random import Generator, standard_gamma, standard_normal, standard_uniform
+
+__all__ = ["BayesianLinear", "gaussian_prior_parameters"]
+
+_DTYPE = torch.float64
+
+
+def gaussian_prior_parameters(prior) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``(loc [*pb, d], covariance [*pb, d, d])`` of a Gaussian prior, or ``None`` if not Gaussian.
+
+    Recognises ``MultivariateNormal`` and ``Independent(Normal, 1)`` (what
+    ``Normal(loc, scale).expand([d]).to_event(1)`` builds).
+    """
+    if isinstance(prior, tdist.MultivariateNormal):
+        return prior.loc.to(_DTYPE), prior.covariance_matrix.to(_DTYPE)
+    if (
+        isinstance(prior, tdist.Independent)
+        and isinstance(prior.base_dist, tdist.Normal)
+        and prior.reinterpreted_batch_ndims == 1
+    ):
+        loc = prior.base_dist.loc.to(_DTYPE)
+        var = prior.base_dist.scale.to(_DTYPE) ** 2
+        loc, var = torch.broadcast_tensors(loc, var)
+        return loc, torch.diag_embed(var)
+    return None
+
+
+def _cholesky(matrix: torch.Tensor) -> torch.Tensor:
+    """Cholesky factor with escalating jitter if a matrix is numerically not positive definite."""
+    factor, info = torch.linalg.cholesky_ex(matrix)
+    if bool(info.any()):
+        eye = torch.eye(matrix.shape[-1], dtype=matrix.dtype)
+        scale = matrix.diagonal(dim1=-2, dim2=-1).abs().mean().clamp_min(1.0)
+        for jitter in (1e-10, 1e-8, 1e-6, 1e-4):
+            factor, info = torch.linalg.cholesky_ex(matrix + jitter * scale * eye)
+            if not bool(info.any()):
+                break
+        else:
+            raise torch.linalg.LinAlgError("posterior precision is not positive definite even with jitter")
+    return factor
+
+
+class BayesianLinear:
+    """Posterior over the weights ``w`` of ``y = x^T w + noise``, batched over ``batch_shape``.
+
+    Args:
+        prior: a ``pyro.distributions`` distribution with event shape ``[d]`` (batch shape
+            broadcastable to ``batch_shape``), or a callable Pyro model that samples its own
+            hyperparameters and returns ``w`` of shape ``[d]`` (then pass ``dim=d``).
+        noise_std: known noise standard deviation (> 0). Exactly one of ``noise_std`` and
+            ``noise_prior`` is required.
+        noise_prior: ``InverseGamma(a0, b0)`` prior on the noise variance. With a Gaussian
+            ``prior`` this is the Normal-Inverse-Gamma model, in which the prior covariance is
+            read as ``V0`` in ``w | s2 ~ N(m0, s2 V0)``.
+        batch_shape: shape of a batch of independent models (replications, or arms for disjoint
+            per-arm models). All tensors then carry these leading dimensions.
+        inference: ``"auto"`` (conjugate when recognised, else NUTS), ``"conjugate"``
+            (error if the prior is not conjugate), ``"nuts"`` or ``"svi"``.
+        dim: the weight dimension; inferred from a distribution prior, required for a callable.
+        refit_every: non-conjugate only: refit automatically after this many new observations
+            (``None``: only when :meth:`fit` is called).
+        inference_options: non-conjugate only: keyword arguments for
+            :class:`~bayes_safe.models.pyro_inference.PyroLinearPosterior` (``num_samples``,
+            ``warmup_steps``, ``svi_steps``, ``seed``, ...).
+
+    Shapes: ``update(X: [*batch, n, d] or [*batch, d], y: [*batch, n] or [*batch])``,
+    ``predict(X: [*batch, k, d]) -> ([*batch, k], [*batch, k])``, ``sample() -> [*batch, d]``.
+    """
+
+    def __init__(
+        self,
+        prior,
+        noise_std: float | None = None,
+        noise_prior=None,
+        *,
+        batch_shape: Sequence[int] = (),
+        inference: str = "auto",
+        dim: int | None = None,
+        refit_every: int | None = None,
+        inference_options: dict | None = None,
+    ):
+        self.batch_shape = torch.Size(int(b) for b in batch_shape)
+        if any(b < 1 for b in self.batch_shape):
+            raise ValueError(f"batch_shape: expected positive sizes, got {list(batch_shape)}")
+        if (noise_std is None) == (noise_prior is None):
+            raise ValueError("noise_std / noise_prior: give exactly one (a known noise_std > 0, or an InverseGamma noise_prior)")
+        if noise_std is not None:
+            noise_std = check_positive(noise_std, "noise_std")
+        if noise_prior is not None and not isinstance(noise_prior, tdist.InverseGamma):
+            raise TypeError(f"noise_prior: expected pyro.distributions.InverseGamma on the noise variance, got {type(noise_prior).__name__}")
+        if inference not in ("auto", "conjugate", "nuts", "svi"):
+            raise ValueError(f"inference: expected 'auto', 'conjugate', 'nuts' or 'svi', got {inference!r}")
+        self.prior = prior
+        self.noise_std = noise_std
+        self.noise_prior = noise_prior
+
+        if isinstance(prior, tdist.Distribution):
+            if len(prior.event_shape) != 1:
+                raise ValueError(
+                    f"prior: expected a distribution with event shape [d] (e.g. Normal(0, 1).expand([d]).to_event(1)), "
+                    f"got event shape {list(prior.event_shape)}"
+                )
+            d = int(prior.event_shape[0])
+            if dim is not None and int(dim) != d:
+                raise ValueError(f"dim: got {dim} but the prior's event shape is [{d}]")
+            try:
+                torch.broadcast_shapes(prior.batch_shape, self.batch_shape)
+            except RuntimeError:
+                raise ValueError(
+                    f"prior: batch shape {list(prior.batch_shape)} does not broadcast to batch_shape {list(self.batch_shape)}"
+                ) from None
+            gaussian = gaussian_prior_parameters(prior)
+        elif callable(prior):
+            if dim is None:
+                raise ValueError("dim: required when prior is a callable Pyro model")
+            d = int(dim)
+            gaussian = None
+        else:
+            raise TypeError(f"prior: expected a pyro.distributions distribution with event shape [d] or a callable Pyro model, got {type(prior).__name__}")
+        self.dim = d
+
+        if inference == "conjugate" and gaussian is None:
+            raise ValueError("inference='conjugate' needs a Gaussian prior (MultivariateNormal or Normal(...).to_event(1))")
+        self.conjugate = gaussian is not None and inference in ("auto", "conjugate")
+        self.num_observations = torch.zeros(self.batch_shape, dtype=torch.long)
+
+        if self.conjugate:
+            loc, cov = gaussian
+            loc = loc.expand(*self.batch_shape, d).clone()
+            cov = cov.expand(*self.batch_shape, d, d).clone()
+            prior_factor = _cholesky(cov)
+            self._prior_loc = loc
+            self._prior_precision = torch.cholesky_inverse(prior_factor)  # once, at construction
+            self._scale = 1.0 if noise_prior is not None else 1.0 / noise_std**2
+            self.precision = self._prior_precision.clone()
+            self.eta = (self._prior_precision @ loc[..., None])[..., 0]
+            if noise_prior is not None:
+                self._a = noise_prior.concentration.to(_DTYPE).expand(self.batch_shape).clone()
+                self._b0 = noise_prior.rate.to(_DTYPE).expand(self.batch_shape).clone()
+                # running y^T y + m0^T Lambda0 m0, for b_n = b0 + (sq - eta^T Lambda^-1 eta) / 2
+                self._sq = (loc[..., None, :] @ self._prior_precision @ loc[..., None])[..., 0, 0]
+            self._factor: torch.Tensor | None = None
+        else:
+            from .pyro_inference import PyroLinearPosterior
+
+            method = "nuts" if inference in ("auto", "nuts") else "svi"
+            self.engine = PyroLinearPosterior(
+                prior, d, noise_std=noise_std, noise_prior=noise_prior, batch_shape=self.batch_shape,
+                method=method, **(inference_options or {}),
+            )
+            self.refit_every = None if refit_every is None else int(refit_every)
+            self._X: list[torch.Tensor] = []
+            self._y: list[torch.Tensor] = []
+            self._since_fit = 0
+            self._draws = self.engine.prior_draws(self.engine.num_samples)
+
+    # ------------------------------------------------------------------ input handling
+    def _rows(self, X, y) -> tuple[torch.Tensor, torch.Tensor, bool]:
+        X = as_tensor(X, "X")
+        y = as_tensor(y, "y")
+        nb = len(self.batch_shape)
+        if X.dim() not in (nb + 1, nb + 2) or X.shape[-1] != self.dim:
+            raise ValueError(
+                f"X: expected shape [*batch_shape, n, {self.dim}] or [*batch_shape, {self.dim}] with batch_shape "
+                f"{list(self.batch_shape)}, got {list(X.shape)}"
+            )
+        if tuple(y.shape) != tuple(X.shape[:-1]):
+            raise ValueError(f"y: expected shape {list(X.shape[:-1])} to match X {list(X.shape)}, got {list(y.shape)}")
+        try:
+            torch.broadcast_shapes(X.shape[:nb], self.batch_shape)
+        except RuntimeError:
+            raise ValueError(f"X: leading dimensions {list(X.shape[:nb])} do not match batch_shape {list(self.batch_shape)}") from None
+        check_finite(X, "X")
+        check_finite(y, "y")
+        return X, y, X.dim() == nb + 1
+
+    # ------------------------------------------------------------------ updates
+    def update(self, X, y, actions=None) -> None:
+        """Add observations. ``X: [*batch, n, d]`` with ``y: [*batch, n]``, or one row each.
+
+        ``actions`` is accepted for interface compatibility with per-arm models and ignored.
+        """
+        X, y, single = self._rows(X, y)
+        self._update_rows(X, y, single)
+
+    def _update_rows(self, X: torch.Tensor, y: torch.Tensor, single: bool, weight: torch.Tensor | None = None) -> None:
+        """Trusted update (inputs already validated). ``weight [*batch]`` in {0, 1} masks batch
+        elements that receive no observation (per-arm models)."""
+        n = 1 if single else X.shape[-2]
+        self.num_observations += n if weight is None else weight.long()
+        if self.conjugate:
+            s = self._scale
+            if single:
+                self.precision = self.precision + s * (X[..., :, None] * X[..., None, :])
+                self.eta = self.eta + (s * y)[..., None] * X
+                if self.noise_prior is not None:
+                    self._sq = self._sq + y * y
+                    self._a = self._a + (0.5 if weight is None else 0.5 * weight)
+            else:
+                self.precision = self.precision + s * (X.mT @ X)
+                self.eta = self.eta + s * (X.mT @ y[..., None])[..., 0]
+                if self.noise_prior is not None:
+                    self._sq = self._sq + (y * y).sum(-1)
+                    self._a = self._a + 0.5 * n
+            self._factor = None
+            return
+        if weight is not None:
+            raise ValueError("masked updates need a conjugate model")
+        if single:
+            X, y = X[..., None, :], y[..., None]
+        self._X.append(X.expand(*self.batch_shape, *X.shape[-2:]))
+        self._y.append(y.expand(*self.batch_shape, y.shape[-1]))
+        self._since_fit += n
+        if self.refit_every is not None and self._since_fit >= self.refit_every:
+            self.fit()
+
+    def fit(self) -> None:
+        """Refit a non-conjugate posterior on all data so far (conjugate models are always exact)."""
+        if self.conjugate:
+            return
+        if not self._X:
+            raise ValueError("fit: no observations yet; call update(X, y) first")
+        X = torch.cat(self._X, dim=-2)
+        y = torch.cat(self._y, dim=-1)
+        self._X, self._y = [X], [y]
+        self.engine.fit(X, y)
+        self._draws = self.engine.draws
+        self._since_fit = 0
+
+    # ------------------------------------------------------------------ conjugate state
+    @property
+    def factor(self) -> torch.Tensor:
+        """Lower Cholesky factor of the posterior precision, ``[*batch, d, d]`` (cached)."""
+        if self._factor is None:
+            self._factor = _cholesky(self.precision)
+        return self._factor
+
+    def _whitened_mean(self) -> torch.Tensor:
+        """``L^-1 eta`` with ``L L^T = Lambda``: ``[*batch, d, 1]``."""
+        return torch.linalg.solve_triangular(self.factor, self.eta[..., None], upper=False)
+
+    def _noise_posterior(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(a_n, b_n)`` of the Inverse-Gamma posterior on the noise variance (NIG only)."""
+        u = self._whitened_mean()[..., 0]
+        b = self._b0 + 0.5 * (self._sq - (u * u).sum(-1)).clamp_min(0.0)
+        return self._a, b
+
+    def _require_conjugate(self, what: str) -> None:
+        if not self.conjugate:
+            raise AttributeError(f"{what} is exact only for conjugate models; use sample()/predict() or the draws of a non-conjugate fit")
+
+    @property
+    def posterior_mean(self) -> torch.Tensor:
+        """Posterior mean of ``w``, ``[*batch, d]``."""
+        if not self.conjugate:
+            return self._draws.mean(0)
+        return torch.cholesky_solve(self.eta[..., None], self.factor)[..., 0]
+
+    @property
+    def posterior_covariance(self) -> torch.Tensor:
+        """Posterior covariance of ``w``, ``[*batch, d, d]`` (for NIG, of the marginal Student-t, ``a_n > 1``)."""
+        self._require_conjugate("posterior_covariance")
+        cov = torch.cholesky_inverse(self.factor)
+        if self.noise_prior is not None:
+            a, b = self._noise_posterior()
+            cov = cov * (b / (a - 1)).clamp_min(0)[..., None, None]
+            cov = torch.where((a > 1)[..., None, None], cov, torch.full_like(cov, float("inf")))
+        return cov
+
+    @property
+    def noise_variance_posterior(self) -> tdist.InverseGamma:
+        """The Inverse-Gamma posterior of the noise variance (NIG models only)."""
+        self._require_conjugate("noise_variance_posterior")
+        if self.noise_prior is None:
+            raise AttributeError("noise_variance_posterior: this model has a known noise_std")
+        a, b = self._noise_posterior()
+        return tdist.InverseGamma(a, b)
+
+    # ------------------------------------------------------------------ queries
+    def predict(self, X) -> tuple[torch.Tensor, torch.Tensor]:
+        """Mean and variance of the linear function ``x^T w`` (noise excluded).
+
+        Args:
+            X: ``[*batch, k, d]`` (or ``[*batch, d]`` for one point per batch element).
+        Returns:
+            ``(mean, variance)``, each ``[*batch, k]`` (or ``[*batch]``).
+        """
+        X = check_finite(as_tensor(X, "X"), "X")
+        if X.shape[-1] != self.dim:
+            raise ValueError(f"X: expected last dimension {self.dim}, got shape {list(X.shape)}")
+        single = X.dim() == len(self.batch_shape) + 1
+        Xk = X[..., None, :] if single else X
+        if self.conjugate:
+            L = self.factor
+            mean = (Xk @ self.posterior_mean[..., None])[..., 0]
+            v = torch.linalg.solve_triangular(L, Xk.mT, upper=False)  # [*b, d, k]
+            var = (v * v).sum(-2)
+            if self.noise_prior is not None:
+                a, b = self._noise_posterior()
+                scale = torch.where(a > 1, b / (a - 1), torch.full_like(a, float("inf")))
+                var = var * scale[..., None]
+        else:
+            f = Xk @ self._draws[..., None]  # [S, *b, k, 1]
+            f = f[..., 0]
+            mean, var = f.mean(0), f.var(0)
+        return (mean[..., 0], var[..., 0]) if single else (mean, var)
+
+    def sample(self, generator: Generator = None, key: str = "weights") -> torch.Tensor:
+        """One joint posterior draw of the weights, ``[*batch, d]``.
+
+        Args:
+            generator: ``None``, a ``torch.Generator`` or a :class:`~bayes_safe.random.ReplicationRNG`.
+            key: the stream name when ``generator`` is a ReplicationRNG (models sampled in the
+                same step need distinct keys).
+        """
+        shape = (*self.batch_shape, self.dim)
+        if self.conjugate:
+            z = standard_normal(shape, generator, key=key)
+            u = self._whitened_mean()
+            if self.noise_prior is not None:
+                a, b = self._noise_posterior()
+                s2 = b / standard_gamma(a, generator, key=key + "/noise")
+                z = z * s2.sqrt()[..., None]
+            return torch.linalg.solve_triangular(self.factor.mT, u + z[..., None], upper=True)[..., 0]
+        S = self._draws.shape[0]
+        idx = (standard_uniform(self.batch_shape, generator, key=key) * S).long().clamp_max(S - 1)
+        flat = self._draws.reshape(S, -1, self.dim)
+        picked = flat[idx.reshape(-1), torch.arange(flat.shape[1])]
+        return picked.reshape(shape)
+
+    def sample_at(self, features, generator: Generator = None, key: str = "weights") -> torch.Tensor:
+        """One joint draw of ``f(x) = x^T w`` at candidate features ``[*batch, k, d]`` -> ``[*batch, k]``."""
+        w = self.sample(generator, key=key)
+        return (features @ w[..., None])[..., 0]
+
+    def __repr__(self) -> str:
+        kind = "conjugate" if self.conjugate else self.engine.method
+        noise = f"noise_std={self.noise_std}" if self.noise_std is not None else "noise_prior=InverseGamma"
+        return f"BayesianLinear(dim={self.dim}, {noise}, batch_shape={list(self.batch_shape)}, inference={kind!r})"
+
+

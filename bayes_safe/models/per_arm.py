@@ -1,0 +1,93 @@
+"""Disjoint per-arm linear models over a shared context (Contextual Thompson Sampling).
+
+Agrawal & Goyal (2013), the CTS of Balakrishnan et al. (2018, bcts_balakrishnan2018.txt,
+Algorithm 1): arm ``k`` has its own weights ``w_k`` and the mean outcome of playing ``k`` in
+context ``c`` is ``c^T w_k``. Implemented as one :class:`BayesianLinear` with an extra batch
+dimension of size ``num_arms``; an observation updates only the arm that was played.
+
+Example:
+    >>> import torch, pyro.distributions as dist
+    >>> m = PerArmLinear(dist.Normal(0.0, 1.0).expand([5]).to_event(1), num_arms=3, noise_std=0.5)
+    >>> m.update(torch.randn(5), torch.tensor(1.0), actions=torch.tensor(2))
+    >>> m.sample().shape
+    torch.Size([3, 5])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from .._validation import as_tensor, check_finite
+from ..random import Generator
+from .linear import BayesianLinear
+
+__all__ = ["PerArmLinear"]
+
+
+class PerArmLinear:
+    """``num_arms`` independent conjugate linear models sharing a context of width ``d``.
+
+    Args:
+        prior: Gaussian prior with event shape ``[d]`` (conjugate only: the masked updates
+            that skip unplayed arms are exact for Gaussian and Normal-Inverse-Gamma models).
+        num_arms: number of arms ``K``.
+        noise_std / noise_prior: as for :class:`BayesianLinear`.
+        batch_shape: leading batch (replications).
+
+    Shapes: contexts ``[*batch, d]``, ``actions [*batch]`` (long), outcomes ``[*batch]``;
+    ``sample() -> [*batch, K, d]``; ``sample_at(features [*batch, K, d]) -> [*batch, K]``
+    where row ``k`` of ``features`` is the context arm ``k`` is scored on.
+    """
+
+    def __init__(self, prior, num_arms: int, noise_std=None, noise_prior=None, *, batch_shape: Sequence[int] = ()):
+        if int(num_arms) < 1:
+            raise ValueError(f"num_arms: expected a positive int, got {num_arms!r}")
+        self.num_arms = int(num_arms)
+        self.batch_shape = torch.Size(int(b) for b in batch_shape)
+        self.arms = BayesianLinear(
+            prior, noise_std=noise_std, noise_prior=noise_prior,
+            batch_shape=(*self.batch_shape, self.num_arms), inference="conjugate",
+        )
+        self.dim = self.arms.dim
+
+    def update(self, contexts, y, actions) -> None:
+        """Update the played arms: ``contexts [*batch, d]``, ``y [*batch]``, ``actions [*batch]``."""
+        c = check_finite(as_tensor(contexts, "contexts"), "contexts")
+        y = check_finite(as_tensor(y, "y"), "y")
+        if actions is None:
+            raise ValueError("actions: per-arm models need the index of the played arm")
+        a = torch.as_tensor(actions, dtype=torch.long)
+        if tuple(c.shape) != (*self.batch_shape, self.dim):
+            if c.dim() == len(self.batch_shape) + 2 and c.shape[-2] == self.num_arms:
+                c = c[..., 0, :]  # all rows of per-arm features are the shared context
+            else:
+                raise ValueError(f"contexts: expected shape {[*self.batch_shape, self.dim]}, got {list(c.shape)}")
+        if tuple(y.shape) != tuple(self.batch_shape) or tuple(a.shape) != tuple(self.batch_shape):
+            raise ValueError(f"y, actions: expected shape {list(self.batch_shape)}, got {list(y.shape)} and {list(a.shape)}")
+        if bool(((a < 0) | (a >= self.num_arms)).any()):
+            raise ValueError(f"actions: expected indices in [0, {self.num_arms}), got {a.tolist()}")
+        mask = torch.nn.functional.one_hot(a, self.num_arms).to(torch.float64)  # [*b, K]
+        X = mask[..., None] * c[..., None, :]  # zero rows for unplayed arms add nothing
+        self.arms._update_rows(X, mask * y[..., None], single=True, weight=mask)
+
+    def predict(self, features) -> tuple[torch.Tensor, torch.Tensor]:
+        """Mean and variance of each arm's linear function at ``features [*batch, K, d]`` -> ``[*batch, K]``."""
+        return self.arms.predict(features)
+
+    def sample(self, generator: Generator = None, key: str = "weights") -> torch.Tensor:
+        """One joint draw of every arm's weights, ``[*batch, K, d]``."""
+        return self.arms.sample(generator, key=key)
+
+    def sample_at(self, features, generator: Generator = None, key: str = "weights") -> torch.Tensor:
+        w = self.sample(generator, key=key)
+        return (features * w).sum(-1)
+
+    @property
+    def posterior_mean(self) -> torch.Tensor:
+        return self.arms.posterior_mean
+
+    @property
+    def posterior_covariance(self) -> torch.Tensor:
+        return self.arms.posterior_covariance

@@ -1,0 +1,9 @@
+"""Decision policies, all batched over replications (see :mod:`bayes_safe.policies.base`)."""
+
+from .base import Policy
+from .greedy import Greedy, Random
+from .thompson import ThompsonSampling
+from .ts_asc import TSASC
+from .ucb import EllipsoidConfidence, LinUCB
+
+__all__ = ["Policy", "ThompsonSampling", "TSASC", "LinUCB", "EllipsoidConfidence", "Greedy", "Random"]

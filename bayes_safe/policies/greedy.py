@@ -1,0 +1,36 @@
+"""Greedy and uniformly random reference policies."""
+
+from __future__ import annotations
+
+import torch
+
+from ..random import Generator, standard_uniform
+from .base import Policy, masked_argmax
+
+__all__ = ["Greedy", "Random"]
+
+
+class Greedy(Policy):
+    """Play the action of largest posterior mean (no exploration)."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def select(self, features, baseline=None, generator: Generator = None, valid=None) -> torch.Tensor:
+        mean, _ = self.model.predict(features)
+        return masked_argmax(mean, valid)
+
+    def update(self, features_chosen, reward, constraints=None, actions=None) -> None:
+        self.model.update(features_chosen, reward, actions=actions)
+
+    def models(self):
+        return {"reward": self.model}
+
+
+class Random(Policy):
+    """Play a uniformly random (valid) action."""
+
+    def select(self, features, baseline=None, generator: Generator = None, valid=None) -> torch.Tensor:
+        R, K = features.shape[:2]
+        u = standard_uniform((R, K), generator, key="random")
+        return masked_argmax(u, valid)

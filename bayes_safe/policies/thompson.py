@@ -1,0 +1,44 @@
+"""Thompson sampling: play the action that is best under one posterior draw."""
+
+from __future__ import annotations
+
+import torch
+
+from ..random import Generator
+from .base import Policy, masked_argmax
+
+__all__ = ["ThompsonSampling"]
+
+
+class ThompsonSampling(Policy):
+    """Vanilla Thompson sampling (Thompson 1933; Agrawal & Goyal 2013 for linear models).
+
+    Each step draws one joint sample ``f~`` of the reward function at all candidates and
+    plays ``argmax_a f~(x, a)``. Works with any model that has ``sample_at`` and ``update``.
+
+    Args:
+        model: posterior over the reward function, batch shape ``[R]`` (or ``[R, K]`` per-arm).
+
+    Example:
+        >>> import pyro.distributions as dist
+        >>> from bayes_safe.models import BayesianLinear
+        >>> from bayes_safe.envs import daulton2019
+        >>> env = daulton2019(replications=8, seed=0)
+        >>> prior = dist.Normal(0.0, 1.0).expand([4]).to_event(1)
+        >>> ts = ThompsonSampling(BayesianLinear(prior, noise_std=0.1, batch_shape=[8]))
+        >>> ts.select(env.step(0).features).shape
+        torch.Size([8])
+    """
+
+    def __init__(self, model):
+        self.model = model
+
+    def select(self, features, baseline=None, generator: Generator = None, valid=None) -> torch.Tensor:
+        scores = self.model.sample_at(features, generator, key="reward")
+        return masked_argmax(scores, valid)
+
+    def update(self, features_chosen, reward, constraints=None, actions=None) -> None:
+        self.model.update(features_chosen, reward, actions=actions)
+
+    def models(self):
+        return {"reward": self.model}

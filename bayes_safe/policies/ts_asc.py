@@ -1,0 +1,87 @@
+"""Thompson Sampling with Auxiliary Safety Constraints (TS-ASC).
+
+Daulton, Singh, Avadhanula, Dimmery & Bakshy (2019), section 3.2 and Algorithm 1. Each step:
+
+1. draw one joint model sample ``f~_t`` (reward and every constraint metric);
+2. the feasible set ``A_feas = {a : f~^(c)(x, a) >= (1 - alpha) f~^(c)(x, b_t)}`` for every
+   constraint metric (several metrics: the paper's footnote 1 / section 5.3, an action must
+   satisfy all of them);
+3. play ``argmax_{a in A_feas} f~^(r)(x, a)``.
+
+Choice where the paper is silent: the baseline action ``b_t`` is always feasible. When a
+sampled ``f~^(c)(x, b_t)`` is negative, ``(1 - alpha) f~^(c)(x, b_t) > f~^(c)(x, b_t)`` and the
+baseline would fail its own check; we add it to the feasible set unconditionally, as
+Algorithm 2 (CLUCB2-ASC) does explicitly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from .._validation import check_in_range
+from ..random import Generator
+from .base import Policy, masked_argmax
+
+__all__ = ["TSASC"]
+
+
+class TSASC(Policy):
+    """TS-ASC (Daulton et al. 2019, Algorithm 1).
+
+    Args:
+        reward_model: posterior over the reward metric (``sample_at``, ``update``).
+        constraint_models: one posterior per constraint metric (a single model is accepted).
+        alpha: the tolerated relative decrease of each constraint metric, in ``[0, 1)``; a
+            scalar or one value per constraint metric.
+
+    Shapes: as :class:`~bayes_safe.policies.base.Policy`; ``constraints [R, C]`` in ``update``.
+    """
+
+    def __init__(self, reward_model, constraint_models, alpha: float | Sequence[float] = 0.01):
+        if not isinstance(constraint_models, (list, tuple)):
+            constraint_models = [constraint_models]
+        if len(constraint_models) == 0:
+            raise ValueError("constraint_models: expected at least one constraint model")
+        self.reward_model = reward_model
+        self.constraint_models = list(constraint_models)
+        self.num_constraints = len(self.constraint_models)
+        alphas = [alpha] * self.num_constraints if isinstance(alpha, (int, float)) else list(alpha)
+        if len(alphas) != self.num_constraints:
+            raise ValueError(f"alpha: expected a scalar or {self.num_constraints} values (one per constraint model), got {len(alphas)}")
+        self.alpha = torch.tensor([check_in_range(a, "alpha", 0.0, 1.0) for a in alphas], dtype=torch.float64)
+
+    def feasible(self, features, baseline, generator: Generator = None) -> torch.Tensor:
+        """The sampled feasible set ``[R, K]`` (bool), baseline included."""
+        if baseline is None:
+            raise ValueError("baseline: TS-ASC needs the baseline action b_t of every replication")
+        R = features.shape[0]
+        rows = torch.arange(R)
+        ok = torch.ones(features.shape[:2], dtype=torch.bool)
+        for j, model in enumerate(self.constraint_models):
+            fc = model.sample_at(features, generator, key=f"constraint{j}")
+            ok &= fc >= ((1 - self.alpha[j]) * fc[rows, baseline])[:, None]
+        ok[rows, baseline] = True
+        return ok
+
+    def select(self, features, baseline=None, generator: Generator = None, valid=None) -> torch.Tensor:
+        fr = self.reward_model.sample_at(features, generator, key="reward")
+        ok = self.feasible(features, baseline, generator)
+        if valid is not None:
+            ok &= valid
+            ok[torch.arange(features.shape[0]), baseline] = True
+        return masked_argmax(fr, ok)
+
+    def update(self, features_chosen, reward, constraints=None, actions=None) -> None:
+        if constraints is None or constraints.dim() != 2 or constraints.shape[-1] != self.num_constraints:
+            got = None if constraints is None else list(constraints.shape)
+            raise ValueError(f"constraints: expected shape [R, {self.num_constraints}] (one column per constraint model), got {got}")
+        self.reward_model.update(features_chosen, reward, actions=actions)
+        for j, model in enumerate(self.constraint_models):
+            model.update(features_chosen, constraints[:, j], actions=actions)
+
+    def models(self):
+        out = {"reward": self.reward_model}
+        out.update({f"constraint{j}": m for j, m in enumerate(self.constraint_models)})
+        return out

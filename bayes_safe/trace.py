@@ -1,0 +1,117 @@
+"""The record of a simulation: per step and replication, what was played and what it was worth."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+import torch
+
+__all__ = ["Trace"]
+
+
+@dataclass
+class Trace:
+    """Per-step, per-replication record of a run (``T`` steps, ``R`` replications, ``M`` metrics).
+
+    Attributes:
+        actions, baseline: ``[T, R]`` long: the action played and the baseline's action.
+        expected: ``[T, R, M]`` expected metrics of the played action (metric 0 = reward).
+        baseline_expected: ``[T, R, M]`` expected metrics of the baseline action.
+        observed: ``[T, R, M]`` observed (noisy) metrics.
+        optimal_reward: ``[T, R]`` expected reward of the best feasible action.
+        regret: ``[T, R]`` pseudo-regret ``optimal_reward - expected[..., 0]``.
+        violation: ``[T, R]`` bool, the instance-level violation
+            ``E[c | a_t] < (1 - alpha) E[c | b_t]`` for any constraint metric (all False when
+            the problem has none).
+    """
+
+    actions: torch.Tensor
+    baseline: torch.Tensor
+    expected: torch.Tensor
+    baseline_expected: torch.Tensor
+    observed: torch.Tensor
+    optimal_reward: torch.Tensor
+    regret: torch.Tensor
+    violation: torch.Tensor
+    metric_names: list[str]
+    alpha: float | None = None
+    seeds: list[int] = field(default_factory=list)
+    attrs: dict = field(default_factory=dict)
+
+    @property
+    def horizon(self) -> int:
+        return self.actions.shape[0]
+
+    @property
+    def replications(self) -> int:
+        return self.actions.shape[1]
+
+    def replication(self, r: int) -> "Trace":
+        """The trace of replication ``r`` alone (a ``[T, 1]`` trace)."""
+        sl = slice(r, r + 1)
+        return Trace(
+            self.actions[:, sl], self.baseline[:, sl], self.expected[:, sl], self.baseline_expected[:, sl],
+            self.observed[:, sl], self.optimal_reward[:, sl], self.regret[:, sl], self.violation[:, sl],
+            list(self.metric_names), self.alpha, self.seeds[sl], dict(self.attrs),
+        )
+
+    def to_dataframe(self) -> pd.DataFrame:
+        """Long format: one row per (step, replication)."""
+        T, R = self.actions.shape
+        data = {
+            "step": np.repeat(np.arange(T), R),
+            "replication": np.tile(np.arange(R), T),
+            "action": self.actions.reshape(-1).numpy(),
+            "baseline": self.baseline.reshape(-1).numpy(),
+            "regret": self.regret.reshape(-1).numpy(),
+            "violation": self.violation.reshape(-1).numpy(),
+        }
+        for m, name in enumerate(self.metric_names):
+            data[f"expected_{name}"] = self.expected[..., m].reshape(-1).numpy()
+            data[f"baseline_{name}"] = self.baseline_expected[..., m].reshape(-1).numpy()
+            data[f"observed_{name}"] = self.observed[..., m].reshape(-1).numpy()
+        return pd.DataFrame(data)
+
+    def to_xarray(self):
+        """An ``xarray.Dataset`` with dimensions ``step``, ``replication`` and ``metric``."""
+        import xarray as xr
+
+        dims2, dims3 = ("step", "replication"), ("step", "replication", "metric")
+        ds = xr.Dataset(
+            {
+                "action": (dims2, self.actions.numpy()),
+                "baseline": (dims2, self.baseline.numpy()),
+                "expected": (dims3, self.expected.numpy()),
+                "baseline_expected": (dims3, self.baseline_expected.numpy()),
+                "observed": (dims3, self.observed.numpy()),
+                "optimal_reward": (dims2, self.optimal_reward.numpy()),
+                "regret": (dims2, self.regret.numpy()),
+                "violation": (dims2, self.violation.numpy().astype(np.int8)),
+            },
+            coords={"step": np.arange(self.horizon), "replication": np.arange(self.replications),
+                    "metric": list(self.metric_names), "seed": ("replication", np.asarray(self.seeds, dtype=np.int64))},
+        )
+        ds.attrs.update({k: v for k, v in self.attrs.items() if isinstance(v, (int, float, str))})
+        if self.alpha is not None:
+            ds.attrs["alpha"] = float(self.alpha)
+        return ds
+
+    def to_netcdf(self, path) -> None:
+        """Write the trace as NetCDF-4 (h5netcdf engine)."""
+        self.to_xarray().to_netcdf(path, engine="h5netcdf")
+
+    @classmethod
+    def from_netcdf(cls, path) -> "Trace":
+        import xarray as xr
+
+        with xr.open_dataset(path, engine="h5netcdf") as ds:
+            ds = ds.load()
+        t = lambda name, dtype=torch.float64: torch.as_tensor(ds[name].values).to(dtype)  # noqa: E731
+        return cls(
+            t("action", torch.long), t("baseline", torch.long), t("expected"), t("baseline_expected"), t("observed"),
+            t("optimal_reward"), t("regret"), t("violation", torch.bool), [str(m) for m in ds["metric"].values],
+            ds.attrs.get("alpha"), [int(s) for s in ds["seed"].values],
+            {k: v for k, v in ds.attrs.items() if k != "alpha"},
+        )
