@@ -40,6 +40,15 @@ def _build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--ridge", type=float, default=1.0, help="ridge penalty of the Bayesian linear models")
     sim.add_argument("--out", required=True, type=Path, help="output directory")
     sim.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
+    study = sub.add_parser("study", help="reproductions of the papers' experiments")
+    study_sub = study.add_subparsers(dest="study_command", required=True)
+    study_sub.add_parser("list", help="list the available studies")
+    run = study_sub.add_parser("run", help="run a study")
+    run.add_argument("name", help="study name (see `bayes-safe study list`)")
+    run.add_argument("--out", required=True, type=Path, help="output directory")
+    run.add_argument("--quick", action="store_true", help="a small version for smoke tests (< 2 minutes)")
+    run.add_argument("--seed", type=int, default=0)
     return parser
 
 
@@ -83,12 +92,29 @@ def _simulate(args) -> int:
     return 0
 
 
+def _study(args) -> int:
+    from studies import available_studies, get_study
+
+    if args.study_command == "list":
+        for name, module in sorted(available_studies().items()):
+            print(f"{name:28s} {getattr(module, 'DESCRIPTION', '')}")
+        return 0
+    module = get_study(args.name)
+    if args.out.exists() and not args.out.is_dir():
+        raise ValueError(f"--out: {args.out} exists and is not a directory")
+    results = module.run(args.out, quick=args.quick, seed=args.seed)
+    print(f"study {args.name}: wrote {args.out} ({len(results)} result entries)")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = _build_parser()
     args = parser.parse_args(argv)
     try:
         if args.command == "simulate":
             return _simulate(args)
+        if args.command == "study":
+            return _study(args)
     except (ValueError, TypeError) as exc:
         parser.exit(2, f"bayes-safe {args.command}: error: {exc}\n")
     return 1
