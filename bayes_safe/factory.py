@@ -38,7 +38,8 @@ def make_policy(name: str, env, *, ridge: float = 1.0, alpha: float | None = Non
     if name == "greedy":
         return Greedy(reward)
     if name == "linucb":
-        bound = weight_bound if weight_bound is not None else float(env.parameters[:, 0].norm(dim=-1).max())
+        # default S: each replication's true ||theta*|| (an oracle bound, as in the papers' experiments)
+        bound = weight_bound if weight_bound is not None else env.parameters[:, 0].norm(dim=-1)
         return LinUCB(reward, delta=delta, weight_bound=bound)
     if env.num_metrics < 2:
         raise ValueError(f"policy: {name!r} needs a problem with a constraint metric; {env.name!r} has none")

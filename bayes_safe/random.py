@@ -85,8 +85,10 @@ class ReplicationRNG:
 
     Args:
         seeds: one integer seed per replication.
-        block: how many draws each stream prepares at once (a memory/speed trade-off; it
-            does not change the numbers drawn).
+        block: how many draws each stream prepares at once (a memory/speed trade-off). Keep it
+            fixed to reproduce a run: torch draws normals in vectorised chunks, so a different
+            block size gives different (equally valid) numbers. The number of replications
+            never changes the numbers of a replication.
     """
 
     def __init__(self, seeds: Sequence[int], block: int = 256):

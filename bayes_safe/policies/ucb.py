@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from .._validation import check_positive, check_probability
+from .._validation import check_probability
 from ..random import Generator
 from .base import Policy, masked_argmax
 
@@ -26,7 +26,7 @@ class EllipsoidConfidence:
     Args:
         model: conjugate ``BayesianLinear`` with a known ``noise_std`` and batch ``[R]``.
         delta: failure probability in (0, 1).
-        weight_bound: ``S >= ||theta*||_2``.
+        weight_bound: ``S >= ||theta*||_2``: a float, or one value per replication ``[R]``.
     """
 
     def __init__(self, model, delta: float = 0.001, weight_bound: float = 1.0):
@@ -34,7 +34,10 @@ class EllipsoidConfidence:
             raise ValueError("model: the Abbasi-Yadkori ellipsoid needs a conjugate BayesianLinear with a known noise_std")
         self.model = model
         self.delta = check_probability(delta, "delta")
-        self.weight_bound = check_positive(weight_bound, "weight_bound")
+        bound = torch.as_tensor(weight_bound, dtype=torch.float64)
+        if not bool(torch.isfinite(bound).all() and (bound > 0).all()):
+            raise ValueError(f"weight_bound: expected finite values > 0, got {weight_bound!r}")
+        self.weight_bound = bound
         sigma = model.noise_std
         prior_prec = model._prior_precision
         self._logdet0 = torch.logdet(prior_prec)  # [R]
@@ -60,7 +63,7 @@ class LinUCB(Policy):
     Args:
         model: conjugate ``BayesianLinear``, known noise, batch ``[R]``.
         delta: confidence level of the ellipsoid.
-        weight_bound: ``S``, a bound on ``||theta*||_2``.
+        weight_bound: ``S``, a bound on ``||theta*||_2`` (float or ``[R]``).
     """
 
     def __init__(self, model, delta: float = 0.001, weight_bound: float = 1.0):
