@@ -11,12 +11,13 @@ when the prior is not conjugate: every :meth:`PyroLinearPosterior.fit` refits fr
 all the data, so it is far slower than a conjugate update and is meant for problems of modest
 size.
 
-Example:
-    >>> import pyro.distributions as dist
-    >>> post = PyroLinearPosterior(dist.Laplace(0.0, 1.0).expand([3]).to_event(1), 3,
-    ...                            noise_std=0.1, num_samples=100, warmup_steps=100)
-    >>> post.fit(X, y)            # X: [n, 3], y: [n]          # doctest: +SKIP
-    >>> post.draws.shape          # [num_chains * num_samples, 3]  # doctest: +SKIP
+Example::
+
+    import pyro.distributions as dist
+    post = PyroLinearPosterior(dist.Laplace(0.0, 1.0).expand([3]).to_event(1), 3,
+                               noise_std=0.1, num_samples=100, warmup_steps=100)
+    post.fit(X, y)    # X: [n, 3], y: [n]
+    post.draws        # [num_chains * num_samples, 3] posterior draws of w
 """
 
 from __future__ import annotations
@@ -30,9 +31,10 @@ from contextlib import contextmanager
 import numpy as np
 import pyro
 import pyro.distributions as dist
-import pyro.poutine as poutine
 import pyro.util
 import torch
+from pyro import poutine
+from pyro.distributions.torch_distribution import TorchDistributionMixin
 from pyro.infer import MCMC, NUTS, SVI, Trace_ELBO
 from pyro.infer.autoguide import AutoMultivariateNormal
 from pyro.infer.autoguide.initialization import init_to_median, init_to_uniform
@@ -161,6 +163,9 @@ class PyroLinearPosterior:
     ``O(n d)`` for the likelihood plus the prior's own cost. Both are dominated by Pyro's
     per-step Python overhead at small ``n`` and ``d`` (about a millisecond per gradient
     evaluation), so expect seconds per problem; ``fit_seconds`` records the wall time.
+    The tensors are tiny, so call ``torch.set_num_threads(1)`` in the calling program:
+    intra-op threads only add overhead here and, on a busy machine, made fits 10-20 times
+    slower. This class does not change the thread count itself.
 
     Attributes:
         fit_seconds: wall time of the last :meth:`fit` (0.0 before the first).
@@ -228,10 +233,10 @@ class PyroLinearPosterior:
             if not (math.isfinite(noise_std) and noise_std > 0):
                 raise ValueError(f"noise_std must be positive and finite, got {noise_std!r}")
             return float(noise_std), None
-        if not isinstance(noise_prior, torch.distributions.Distribution):
-            raise ValueError(
-                "noise_prior must be a Pyro distribution on the noise variance, e.g. "
-                f"dist.InverseGamma(2.0, 1.0); got {type(noise_prior).__name__}"
+        if not isinstance(noise_prior, TorchDistributionMixin):
+            raise TypeError(
+                "noise_prior must be a Pyro distribution (pyro.distributions) on the noise "
+                f"variance, e.g. dist.InverseGamma(2.0, 1.0); got {type(noise_prior).__name__}"
             )
         if noise_prior.batch_shape != () or noise_prior.event_shape != ():
             raise ValueError(
@@ -250,7 +255,14 @@ class PyroLinearPosterior:
 
     def _check_prior(self, prior):
         expected = [self.dim]
-        if isinstance(prior, torch.distributions.Distribution):
+        if isinstance(prior, torch.distributions.Distribution) and not isinstance(
+            prior, TorchDistributionMixin
+        ):
+            raise TypeError(
+                f"prior must be a Pyro distribution (pyro.distributions), not the plain "
+                f"torch.distributions.{type(prior).__name__}, which pyro.sample cannot use"
+            )
+        if isinstance(prior, TorchDistributionMixin):
             if tuple(prior.event_shape) != (self.dim,):
                 raise ValueError(
                     f"prior must have event_shape {expected} (one event = the weight vector), "
@@ -325,8 +337,8 @@ class PyroLinearPosterior:
         out = []
         with torch.no_grad():
             for i in range(n):
-                fixed = poutine.condition(self._prior_fn, data={k: v[i] for k, v in latents.items()})
-                out.append(fixed().to(_DTYPE))
+                draw = {k: v[i] for k, v in latents.items()}
+                out.append(poutine.condition(self._prior_fn, data=draw)().to(_DTYPE))
         return torch.stack(out)
 
     # ------------------------------------------------------------------ prior draws
@@ -384,8 +396,8 @@ class PyroLinearPosterior:
             raise ValueError("X and y must be finite")
 
         start = time.perf_counter()
-        Xf = X.reshape(-1, *X.shape[-2:])
-        yf = y.reshape(-1, y.shape[-1])
+        Xf = X.reshape(self.batch_shape.numel(), *X.shape[-2:])  # [R, n, d]
+        yf = y.reshape(self.batch_shape.numel(), y.shape[-1])  # [R, n]
         runs = []
         for r in range(Xf.shape[0]):
             if self.method == "nuts":
@@ -412,7 +424,8 @@ class PyroLinearPosterior:
                     hook_fn=recorder,
                 )
                 mcmc.run(X, y)
-                latents = {k: v[0].to(_DTYPE) for k, v in mcmc.get_samples(group_by_chain=True).items()}
+                samples = mcmc.get_samples(group_by_chain=True)  # name -> [1, D, ...]
+                latents = {k: v[0].to(_DTYPE) for k, v in samples.items()}
                 w = self._weights_from_latents(latents)
             per_chain.append((latents, recorder.stats(), w))
         latents = {k: torch.stack([c[0][k] for c in per_chain]) for k in per_chain[0][0]}
@@ -508,7 +521,9 @@ class _NutsRecorder:
     probability is recovered from the running mean."""
 
     def __init__(self):
-        self.rows: dict[str, list] = {"diverging": [], "acceptance_rate": [], "step_size": [], "lp": []}
+        self.rows: dict[str, list] = {
+            "diverging": [], "acceptance_rate": [], "step_size": [], "lp": []
+        }
         self._divergences = 0
         self._mean = 0.0
 
