@@ -41,6 +41,10 @@ def _build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--out", required=True, type=Path, help="output directory")
     sim.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
+    diag = sub.add_parser("diagnose", help="posterior diagnostics of a run's saved models")
+    diag.add_argument("run_dir", type=Path, help="a directory written by `simulate` or a study")
+    diag.add_argument("--draws", type=_positive_int, default=500, help="exact draws per conjugate model")
+
     study = sub.add_parser("study", help="reproductions of the papers' experiments")
     study_sub = study.add_subparsers(dest="study_command", required=True)
     study_sub.add_parser("list", help="list the available studies")
@@ -58,6 +62,7 @@ def _simulate(args) -> int:
     from .factory import make_policy
     from .io import atomic_output_dir, atomic_write_json
     from .metrics import mean_and_sem, summary
+    from .diagnostics import save_models
     from .simulate import simulate
 
     if args.out.exists() and not args.out.is_dir():
@@ -87,8 +92,9 @@ def _simulate(args) -> int:
                      "wall_seconds": time.perf_counter() - start})
         atomic_write_json(tmp / "summary.json", info)
         plots.plot_regret({args.policy: trace}, tmp / "regret.png", title=f"{args.policy} on {args.problem}")
+        save_models(policy, tmp / "models")
     print(json.dumps({k: info[k] for k in ("final_cumulative_regret_mean", "violation_rate", "decisions_per_second")}, indent=2))
-    print(f"wrote {args.out}/trace.nc, steps.csv, summary.json, regret.png")
+    print(f"wrote {args.out}/trace.nc, steps.csv, summary.json, regret.png, models/")
     return 0
 
 
@@ -115,7 +121,13 @@ def main(argv: list[str] | None = None) -> int:
             return _simulate(args)
         if args.command == "study":
             return _study(args)
-    except (ValueError, TypeError) as exc:
+        if args.command == "diagnose":
+            from .diagnostics import diagnose_run
+
+            report = diagnose_run(args.run_dir, num_draws=args.draws)
+            print(f"wrote {report} and one NetCDF per model")
+            return 0
+    except (ValueError, TypeError, FileNotFoundError) as exc:
         parser.exit(2, f"bayes-safe {args.command}: error: {exc}\n")
     return 1
 

@@ -45,6 +45,7 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; a report is meant to be read
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):

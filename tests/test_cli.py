@@ -10,7 +10,7 @@ def test_simulate_writes_trace_summary_and_plot(tmp_path, capsys):
     code = main(["simulate", "--problem", "daulton2019", "--policy", "ts-asc", "--replications", "5",
                  "--horizon", "30", "--seed", "0", "--out", str(out), "--no-progress"])
     assert code == 0
-    assert {p.name for p in out.iterdir()} == {"trace.nc", "steps.csv", "summary.json", "regret.png"}
+    assert {p.name for p in out.iterdir()} == {"trace.nc", "steps.csv", "summary.json", "regret.png", "models"}
     summary = json.loads((out / "summary.json").read_text())
     assert summary["replications"] == 5 and summary["horizon"] == 30
     assert (out / "regret.png").read_bytes()[:4] == b"\x89PNG"
