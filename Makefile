@@ -6,7 +6,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-slow bench lint clean
+.PHONY: demo test test-slow bench lint docs clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -29,8 +29,11 @@ test-slow: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/run.py
 
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check bayes_safe tuning studies tests benchmarks
 
 clean:
-	rm -rf $(VENV) demo-output
+	rm -rf $(VENV) demo-output site
