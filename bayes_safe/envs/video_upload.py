@@ -32,6 +32,13 @@ speed (size / speed, in seconds). Both last columns are computable from observed
 (file size, source bitrate, speed) and the action's target bitrate; they let a model express
 "success falls with size relative to bandwidth" without having to learn a division.
 
+Not registered in ``PROBLEMS``: :func:`bayes_safe.simulate` and ``make_problem`` serve
+problems with fixed arms and one fixed baseline action per replication (``baseline_expected``,
+``optimal_reward``, ``instance_feasible`` are per-replication constants there), while here every
+upload brings a new context, a new baseline action and a new valid-action mask. The study
+``studies/video_upload.py`` runs the stream itself (``draw`` a batch, ``select``,
+``outcomes``, ``update``).
+
 Example:
     >>> env = VideoUpload(seed=0)
     >>> up = env.draw(1000)
@@ -48,15 +55,27 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from .._validation import as_tensor, check_finite
 from .linear import Step
 
 __all__ = [
-    "VideoUpload", "VideoUploadParameters", "Uploads", "Outcomes", "video_upload",
-    "RESOLUTIONS", "CONNECTIONS", "ACTION_NAMES", "DEVICE_TIERS", "COUNTRY_TIERS",
-    "CONTEXT_DIM", "FEATURE_DIM", "NUM_ACTIONS", "percent_change",
+    "ACTION_NAMES",
+    "CONNECTIONS",
+    "CONTEXT_DIM",
+    "COUNTRY_TIERS",
+    "DEVICE_TIERS",
+    "FEATURE_DIM",
+    "NUM_ACTIONS",
+    "RESOLUTIONS",
+    "Outcomes",
+    "Uploads",
+    "VideoUpload",
+    "VideoUploadParameters",
+    "percent_change",
+    "video_upload",
 ]
 
 RESOLUTIONS = (360, 480, 720, 1080)
@@ -125,16 +144,16 @@ class VideoUploadParameters:
     #: target bitrate (Mbps) of each upload quality (the upload uses min(source, target))
     target_bitrate: tuple = (0.8, 1.5, 3.0, 6.0)
     #: survival scale tau (s) per connection class, and the Weibull shape kappa
-    tau: tuple = (400.0, 900.0, 1500.0, 2400.0)
-    kappa: float = 0.7
+    tau: tuple = (1500.0, 3000.0, 5000.0, 8000.0)
+    kappa: float = 1.0
     #: base reliability (app, device, server) per device tier
     device_reliability: tuple = (0.93, 0.96, 0.985)
     #: on-device transcoding survival per device tier (rows) and upload quality (columns)
-    transcode_survival: tuple = ((1.0, 0.995, 0.97, 0.90), (1.0, 1.0, 0.995, 0.98), (1.0, 1.0, 1.0, 0.998))
+    transcode_survival: tuple = ((1.0, 0.99, 0.97, 0.92), (1.0, 1.0, 0.995, 0.98), (1.0, 1.0, 1.0, 0.998))
     #: extra reliability factor of the OS 'other'
     other_os_reliability: float = 0.97
     #: baseline production policy: quality index per connection class, capped at the source
-    baseline_by_connection: tuple = (0, 1, 2, 3)
+    baseline_by_connection: tuple = (0, 0, 1, 3)
 
 
 @dataclass
@@ -168,7 +187,7 @@ class Uploads:
         """What a policy sees: ``Step(features, baseline, valid)``."""
         return Step(self.features, self.baseline, self.valid)
 
-    def __getitem__(self, index) -> "Uploads":
+    def __getitem__(self, index) -> Uploads:
         return Uploads(
             self.context[index], self.features[index], self.valid[index], self.baseline[index],
             self.success_prob[index], self.uniform[index], {k: v[index] for k, v in self.groups.items()},
@@ -333,6 +352,30 @@ class VideoUpload:
         rho = v["device_reliability"][dtier][:, None] * v["transcode_survival"][dtier]
         rho = rho * torch.where(os_ == 2, p.other_os_reliability, 1.0)[:, None]
         return rho * survive
+
+    def success_prob_given_context(self, uploads: Uploads, nodes: int = 40) -> torch.Tensor:
+        """``E[p(x, a) | x]``, ``[n, 4]``: the success probability averaged over what the context hides.
+
+        Given the observed context only the upload bandwidth's noise ``eta ~ N(0, 1)`` is
+        unknown (the device tier follows from the model, the duration from file size and
+        bitrate), so this is a ``nodes``-point Gauss-Hermite average over ``eta``. It is the
+        best any model of the features can do: the study's reference ("oracle") policies use it.
+        """
+        p, v, f64 = self.params, self._vec, torch.float64
+        ctx = uploads.context
+        speed, file_mb, bitrate = ctx[:, 20].exp(), ctx[:, 33].exp(), ctx[:, 34].exp()
+        duration = 8.0 * file_mb / bitrate
+        size = torch.minimum(bitrate[:, None], v["target_bitrate"][None, :]) * duration[:, None]
+        g = uploads.groups
+        x, w = np.polynomial.hermite_e.hermegauss(nodes)
+        x, w = torch.as_tensor(x, dtype=f64), torch.as_tensor(w, dtype=f64) / math.sqrt(2 * math.pi)
+        bw = p.upload_ratio * speed[:, None] * torch.exp(p.upload_sigma * x)[None, :]  # [n, Q]
+        tau = (v["tau"][g["connection"]] * v["country_patience"][g["country_tier"]])[:, None, None]
+        survive = (torch.exp(-(((size[:, :, None] / bw[:, None, :]) / tau) ** p.kappa)) * w).sum(-1)
+        dt = g["device_tier"]
+        rho = v["device_reliability"][dt][:, None] * v["transcode_survival"][dt]
+        rho = rho * torch.where(g["os"] == 2, p.other_os_reliability, 1.0)[:, None]
+        return (rho * survive).masked_fill(~uploads.valid, 0.0)
 
     # ------------------------------------------------------------------ outcomes
     def check_actions(self, uploads: Uploads, actions) -> torch.Tensor:

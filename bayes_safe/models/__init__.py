@@ -2,5 +2,6 @@
 
 from .linear import BayesianLinear
 from .per_arm import PerArmLinear
+from .probit_gp import ProbitGP, ScaledOutcome, SuccessProbability
 
-__all__ = ["BayesianLinear", "PerArmLinear"]
+__all__ = ["BayesianLinear", "PerArmLinear", "ProbitGP", "SuccessProbability", "ScaledOutcome"]
