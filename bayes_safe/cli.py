@@ -53,16 +53,19 @@ def _build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out", required=True, type=Path, help="output directory")
     run.add_argument("--quick", action="store_true", help="a small version for smoke tests (< 2 minutes)")
     run.add_argument("--seed", type=int, default=0)
+    from tuning.cli import add_tune_parser
+
+    add_tune_parser(sub)
     return parser
 
 
 def _simulate(args) -> int:
     from . import plots
+    from .diagnostics import save_models
     from .envs import make_problem
     from .factory import make_policy
     from .io import atomic_output_dir, atomic_write_json
     from .metrics import mean_and_sem, summary
-    from .diagnostics import save_models
     from .simulate import simulate
 
     if args.out.exists() and not args.out.is_dir():
@@ -102,8 +105,8 @@ def _study(args) -> int:
     from studies import available_studies, get_study
 
     if args.study_command == "list":
-        for name, module in sorted(available_studies().items()):
-            print(f"{name:28s} {getattr(module, 'DESCRIPTION', '')}")
+        for name, (_, description) in sorted(available_studies().items()):
+            print(f"{name:28s} {description}")
         return 0
     module = get_study(args.name)
     if args.out.exists() and not args.out.is_dir():
@@ -121,6 +124,10 @@ def main(argv: list[str] | None = None) -> int:
             return _simulate(args)
         if args.command == "study":
             return _study(args)
+        if args.command == "tune":
+            from tuning.cli import run_tune
+
+            return run_tune(args)
         if args.command == "diagnose":
             from .diagnostics import diagnose_run
 

@@ -87,7 +87,12 @@ def simulate(policy, env, horizon: int, seed: int | Sequence[int] = 0, *, progre
     elapsed = time.perf_counter() - start
     actions, baseline, expected, base_exp, observed, optimal = (
         torch.stack(x) for x in (actions, baseline, expected, base_exp, observed, optimal))
-    violation = ~env.instance_feasible(expected.transpose(0, 1)).transpose(0, 1)
+    # instance-level violation against the baseline of the same step (problems whose baseline
+    # changes per step are judged step by step)
+    if M > 1 and env.alpha is not None:
+        violation = (expected[..., 1:] < (1 - env.alpha) * base_exp[..., 1:]).any(-1)
+    else:
+        violation = torch.zeros(T, R, dtype=torch.bool)
     return Trace(
         actions=actions, baseline=baseline, expected=expected, baseline_expected=base_exp, observed=observed,
         optimal_reward=optimal, regret=optimal - expected[..., 0], violation=violation,

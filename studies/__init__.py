@@ -9,26 +9,41 @@ CSV tables, PNG figures and ``report.md`` into ``out`` (atomically, see
 
 from __future__ import annotations
 
+import ast
 import importlib
 import pkgutil
+from pathlib import Path
 
 __all__ = ["available_studies", "get_study"]
 
 
-def available_studies() -> dict:
-    """``{name: module}`` of every study module in this package."""
+def available_studies() -> dict[str, tuple[str, str]]:
+    """``{name: (module name, description)}`` of every study in this package.
+
+    Read from each module's source (its ``NAME`` and ``DESCRIPTION`` constants) without
+    importing it, so listing studies does not load torch, gpytorch or ax.
+    """
     found = {}
     for info in pkgutil.iter_modules(__path__):
         if info.name.startswith("_"):
             continue
-        module = importlib.import_module(f"{__name__}.{info.name}")
-        if hasattr(module, "NAME") and hasattr(module, "run"):
-            found[module.NAME] = module
+        tree = ast.parse((Path(__path__[0]) / f"{info.name}.py").read_text())
+        consts = {}
+        for node in tree.body:
+            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+                if node.targets[0].id in ("NAME", "DESCRIPTION"):
+                    try:
+                        consts[node.targets[0].id] = ast.literal_eval(node.value)
+                    except ValueError:
+                        continue
+        if "NAME" in consts:
+            found[consts["NAME"]] = (info.name, consts.get("DESCRIPTION", ""))
     return found
 
 
 def get_study(name: str):
+    """The study module registered as ``name`` (imported on demand)."""
     studies = available_studies()
     if name not in studies:
         raise ValueError(f"study: unknown name {name!r}; expected one of {sorted(studies)}")
-    return studies[name]
+    return importlib.import_module(f"{__name__}.{studies[name][0]}")

@@ -1,7 +1,19 @@
-"""Posterior models: ``update``, ``predict``, ``sample`` / ``sample_at``."""
+"""Posterior models: ``update``, ``predict``, ``sample`` / ``sample_at``.
+
+``ProbitGP`` and its wrappers load GPyTorch, so they are imported on first use.
+"""
 
 from .linear import BayesianLinear
 from .per_arm import PerArmLinear
-from .probit_gp import ProbitGP, ScaledOutcome, SuccessProbability
 
 __all__ = ["BayesianLinear", "PerArmLinear", "ProbitGP", "SuccessProbability", "ScaledOutcome"]
+
+_LAZY = {"ProbitGP", "SuccessProbability", "ScaledOutcome"}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        from . import probit_gp
+
+        return getattr(probit_gp, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
