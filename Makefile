@@ -18,7 +18,7 @@ $(STAMP): $(PY) pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(VENV)/bin/bayes-safe simulate --problem daulton2019 --policy ts-asc --replications 100 --horizon 500 --seed 0 --out demo-output
+	$(VENV)/bin/bayes-safe tune video-upload --trials 16 --parallel 2 --overwrite --out demo-output
 
 test: $(STAMP)
 	$(PY) -m pytest -q

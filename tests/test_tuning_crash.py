@@ -1,0 +1,75 @@
+"""Crash safety: SIGKILL a running study mid-trial, resume it, and check nothing was lost or counted twice."""
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from bayes_safe.cli import main
+from tuning import Study
+
+TARGET = 7
+ARGS = ["--users", "1500", "--batches", "2", "--warmup", "300", "--model-epochs", "1", "--sobol", "3", "--parallel", "2"]
+
+
+def _trial_states(db: Path) -> tuple[dict, dict]:
+    """``{index: status}`` and ``{index: {metric: (mean, sem)}}`` as stored in the database."""
+    study = Study.load(db)
+    return ({i: t.status.name for i, t in study.experiment.trials.items()}, study.observed())
+
+
+def test_sigkill_mid_trial_then_resume_loses_and_duplicates_nothing(tmp_path):
+    out = tmp_path / "study"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bayes_safe.cli", "tune", "video-upload", *ARGS, "--trials", str(TARGET), "--out", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True)
+    reader.start()
+    deadline = time.monotonic() + 150
+    try:
+        # wait until two trials are reported completed, then kill while the others run
+        while sum("] trial " in line for line in lines) < 2:
+            assert proc.poll() is None, "".join(lines)
+            assert time.monotonic() < deadline, "the study did not complete two trials in time:\n" + "".join(lines)
+            time.sleep(0.05)
+        time.sleep(0.3)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the study process and the worker processes it started
+        proc.wait(timeout=30)
+    reader.join(timeout=5)
+    reported = {int(line.split("] trial ")[1].split()[0]) for line in lines if "] trial " in line}
+
+    db = out / "study.sqlite"
+    status, observed = _trial_states(db)
+    completed = {i for i, s in status.items() if s == "COMPLETED"}
+    interrupted = {i for i, s in status.items() if s == "RUNNING"}
+    assert reported <= completed, "a trial reported completed was not in the database"
+    assert interrupted, f"expected a trial running at the kill, got {status}"
+    assert len(completed) < TARGET
+
+    assert main(["tune", "resume", "--out", str(out)]) == 0
+
+    status2, observed2 = _trial_states(db)
+    # nothing completed before the kill was lost or changed
+    assert all(status2[i] == "COMPLETED" and observed2[i] == observed[i] for i in completed)
+    # interrupted trials are kept as abandoned (never modelled) and run again as new trials
+    study = Study.load(db)
+    for i in interrupted:
+        assert status2[i] in ("ABANDONED", "COMPLETED")
+        if status2[i] == "ABANDONED":
+            assert i not in observed2
+            rerun = [t for t in study.experiment.trials.values() if t.run_metadata.get("rerun_of") == i]
+            assert len(rerun) == 1 and rerun[0].status.name == "COMPLETED"
+            assert dict(rerun[0].arm.parameters) == dict(study.experiment.trials[i].arm.parameters)
+    # the study finished: exactly TARGET completed trials, one observation per metric each
+    assert sum(s == "COMPLETED" for s in status2.values()) == TARGET
+    df = study.experiment.lookup_data().df
+    per_trial = df[df.metric_name == "q_1080p_change"].groupby("trial_index").size()
+    assert set(per_trial.index) == set(observed2) and (per_trial == 1).all()
+    assert (out / "report.md").exists() and "RUNNING" not in (out / "trials.csv").read_text()

@@ -1,0 +1,208 @@
+"""``bayes-safe tune``: run, resume and report tuning studies from the command line.
+
+    bayes-safe tune video-upload --trials 30 --parallel 2 --out DIR [--quick] [--storage URL] [--scheduler ADDRESS]
+    bayes-safe tune resume --out DIR [--trials N] [--parallel K] [--storage URL] [--name NAME]
+
+The study lives in ``DIR/study.sqlite`` unless ``--storage URL`` names another database; at the
+end ``DIR`` holds ``report.md``, the figures, ``trials.csv``, ``best.json`` and ``study.json``.
+``bayes_safe.cli`` adds these commands with :func:`add_tune_parser` and runs them with
+:func:`run_tune`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+__all__ = ["FULL", "QUICK", "add_tune_parser", "default_ab_test", "run_tune"]
+
+#: the A/B test of a full study (per arm: TS-ASC, vanilla TS, baseline on the same users)
+FULL = {"n_users": 20_000, "batches": 4, "warmup": 4_000, "model": {}}
+#: --quick: a smoke-sized A/B test (seconds per trial)
+QUICK = {"n_users": 4_000, "batches": 2, "warmup": 4_000, "model": {"nn_epochs": 4, "nn_min_steps": 200}}
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return v
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", required=True, type=Path, help="output directory (report, figures; the SQLite study by default)")
+    p.add_argument("--storage", default=None, help="database URL of the study (default: sqlite in --out), e.g. "
+                   "postgresql://user@host/db, or an SQLite file path")
+    p.add_argument("--parallel", type=_positive_int, default=None, help="trials in flight at once, each in its own process")
+    p.add_argument("--scheduler", default=None, metavar="ADDRESS",
+                   help="run trials on a Dask distributed scheduler (tcp://host:8786) instead of local processes")
+    p.add_argument("--no-progress", action="store_true", help="print no line per trial")
+    p.add_argument("--verbose", action="store_true", help="show Ax's own log")
+
+
+def add_tune_parser(subparsers) -> argparse.ArgumentParser:
+    """Add ``tune`` (with ``video-upload`` ... and ``resume``) to a ``bayes-safe`` subparsers object."""
+    from .ab_test import PROBLEMS
+    from .study import ACQUISITION_FUNCTIONS
+
+    tune = subparsers.add_parser("tune", help="tune alpha and reward offsets with Ax/BoTorch (trials are A/B tests)")
+    sub = tune.add_subparsers(dest="tune_command", required=True)
+    for name in PROBLEMS:
+        p = sub.add_parser(name, help=f"start a new tuning study of the {name} problem")
+        _common(p)
+        p.add_argument("--trials", type=_positive_int, default=30, help="completed trials to reach (default 30)")
+        p.add_argument("--quick", action="store_true",
+                       help=f"small A/B tests for a smoke run ({QUICK['n_users']:,} users, {QUICK['batches']} batches)")
+        p.add_argument("--users", type=_positive_int, default=None, help=f"users per arm of each A/B test (default {FULL['n_users']:,})")
+        p.add_argument("--batches", type=_positive_int, default=None, help="batches per A/B test (the policy refits after each)")
+        p.add_argument("--warmup", type=_positive_int, default=None, help="size of the exploration log of the warm start")
+        p.add_argument("--model-epochs", type=_positive_int, default=None, help="feature-network epochs per ProbitGP refit")
+        p.add_argument("--no-compare", action="store_true", help="do not also run vanilla TS in each trial (no Figure 3c TS points)")
+        p.add_argument("--sobol", type=_positive_int, default=None, help="Sobol initialisation trials (default 2 x parameters)")
+        p.add_argument("--parameter", action="append", default=None, metavar="NAME=LOW:HIGH",
+                       help="declare a tuned parameter (repeat; replaces the default search space); e.g. alpha=0:0.03")
+        p.add_argument("--objective", default=None, help="Ax objective over the A/B test's metrics (default q_1080p_change)")
+        p.add_argument("--constraint", action="append", default=None, metavar="EXPR",
+                       help="outcome constraint (repeat; default 'reliability_change >= 0'); 'none' for no constraint")
+        p.add_argument("--acquisition", choices=ACQUISITION_FUNCTIONS, default=ACQUISITION_FUNCTIONS[0])
+        p.add_argument("--name", default=None, help="the study's name in the database (default: the problem's name)")
+        p.add_argument("--overwrite", action="store_true",
+                       help="replace a study already in OUT/study.sqlite (default storage only) instead of failing")
+        p.add_argument("--seed", type=int, default=0)
+    r = sub.add_parser("resume", help="continue a stored study (after a crash, or with more --trials) and rewrite its report")
+    _common(r)
+    r.add_argument("--trials", type=_positive_int, default=None, help="completed trials to reach (default: the stored target)")
+    r.add_argument("--name", default=None, help="the study's name (default: the only study in the database)")
+    return tune
+
+
+def _progress_printer(study, total: int):
+    obj = study.objective_name
+    cons = [m for w, _, _ in study.constraints for m in w]
+    names = study.parameter_names
+
+    def fmt(metrics, m):
+        return f"{m} {metrics[m][0]:+.2f} ± {metrics[m][1]:.2f} %" if m in metrics else f"{m} n/a"
+
+    def show(event):
+        kind = event["event"]
+        if kind == "completed":
+            params = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in event["parameters"].items() if k in names)
+            best = event.get("best")
+            best_text = (f"best feasible: trial {best['trial']} ({best['metrics'][obj][0]:+.2f} %)" if best else "best feasible: none yet")
+            line = (f"[{event['completed']:>3}/{total}] trial {event['trial']} ({event.get('node') or '?'}) {params} | "
+                    + "  ".join(fmt(event["metrics"], m) for m in [obj, *cons])
+                    + f" | sim {event['sim_seconds']:.1f} s | {best_text}")
+        elif kind == "failed":
+            line = f"[ failed ] trial {event['trial']}: {event['reason']}"
+        elif kind == "recovered":
+            line = (f"[ resume ] interrupted trials: {len(event['completed'])} had saved data (marked completed), "
+                    f"{len(event['abandoned'])} abandoned and re-run ({', '.join(map(str, event['abandoned'])) or '-'})")
+        else:
+            return
+        print(line, flush=True)
+
+    return show
+
+
+def default_ab_test(problem: str = "video-upload", quick: bool = False, *, users: int | None = None,
+                    batches: int | None = None, warmup: int | None = None, model_epochs: int | None = None,
+                    compare: bool = True, seed: int = 0):
+    """The A/B test ``bayes-safe tune PROBLEM`` runs (``FULL`` or ``QUICK`` sizes, with overrides)."""
+    from .ab_test import ABTest, make_problem
+
+    base = dict(QUICK if quick else FULL)
+    model = dict(base["model"])
+    if model_epochs is not None:
+        model["nn_epochs"] = model_epochs
+        model["nn_min_steps"] = min(model.get("nn_min_steps", 500), 50 * model_epochs)
+    prob = make_problem({"name": problem, "warmup": warmup or base["warmup"], "warmup_seed": seed, "model": model})
+    arms = tuple(k for k in prob.policies if k != "ts-asc") if compare else ()
+    return ABTest(problem=prob, n_users=users or base["n_users"], batches=batches or base["batches"], compare=arms)
+
+
+def _build_ab_test(args):
+    return default_ab_test(args.tune_command, args.quick, users=args.users, batches=args.batches, warmup=args.warmup,
+                           model_epochs=args.model_epochs, compare=not args.no_compare, seed=args.seed)
+
+
+def _check_out(out: Path) -> None:
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out: {out} exists and is not a directory")
+
+
+def run_tune(args) -> int:
+    """Run ``bayes-safe tune ...`` from parsed arguments. Bad input raises ``ValueError``."""
+    from . import storage
+    from .ab_test import Range
+    from .report import write_report
+    from .study import Study
+
+    _check_out(args.out)
+    start = time.perf_counter()
+    if args.tune_command == "resume":
+        url = storage.resolve_url(args.storage, args.out)
+        study = Study.load(url, name=args.name, verbose=args.verbose)
+        trials = args.trials or study.properties.get("target_trials") or study.counts().get("COMPLETED", 0)
+        parallel = args.parallel or (study.properties.get("sessions") or [{}])[-1].get("parallel", 1)
+        print(f"resuming study {study.name!r} ({storage.display_url(url)}): " + ", ".join(
+            f"{v} {k.lower()}" for k, v in sorted(study.counts().items())) + f"; target {trials} completed trials", flush=True)
+    else:
+        ab_test = _build_ab_test(args)
+        params = None
+        if args.parameter:
+            params = [Range.parse(text) for text in args.parameter]
+        constraints = args.constraint
+        if constraints is not None and [c.strip().lower() for c in constraints] == ["none"]:
+            constraints = []
+        url = storage.resolve_url(args.storage, args.out)
+        if args.overwrite:
+            if args.storage is not None:
+                raise ValueError("--overwrite: only for the default SQLite study in --out (delete a server study yourself)")
+            if (args.out / storage.DEFAULT_FILENAME).exists():
+                with storage.study_lock(url):  # never under a running study
+                    for suffix in ("", "-journal", "-wal", "-shm"):
+                        (args.out / (storage.DEFAULT_FILENAME + suffix)).unlink(missing_ok=True)
+        created = not args.out.exists()
+        if args.storage is None:
+            args.out.mkdir(parents=True, exist_ok=True)
+        try:
+            study = Study(ab_test, name=args.name, storage=url, parameters=params, objective=args.objective,
+                          outcome_constraints=constraints, sobol_trials=args.sobol, seed=args.seed,
+                          acquisition=args.acquisition, verbose=args.verbose)
+        except BaseException:
+            if created and args.out.is_dir() and not any(args.out.iterdir()):
+                args.out.rmdir()  # bad input leaves nothing behind
+            raise
+        trials, parallel = args.trials, args.parallel or 1
+        print(f"study {study.name!r} in {storage.display_url(url)}: {trials} trials, {parallel} in flight, A/B tests of "
+              f"{ab_test.n_users:,} users per arm in {ab_test.batches} batches"
+              + (", vanilla TS compared" if ab_test.compare else ""), flush=True)
+    progress = None if args.no_progress else _progress_printer(study, trials)
+    try:
+        summary = study.run(trials=trials, parallel=parallel, scheduler=args.scheduler, progress=progress)
+    except KeyboardInterrupt:
+        print(f"\ninterrupted; continue with: bayes-safe tune resume --out {args.out}"
+              + (f" --storage {args.storage}" if args.storage else ""), file=sys.stderr)
+        return 130
+    except RuntimeError as exc:
+        print(f"bayes-safe tune: error: {exc}", file=sys.stderr)
+        return 1
+    result = write_report(study, args.out)
+    best = result["best"]
+    print(f"done in {time.perf_counter() - start:.0f} s: {summary['trials_completed']} trials this run; Ax "
+          f"{summary['ax_seconds_per_trial']:.2f} s per trial, simulation {summary['sim_seconds_per_trial']:.1f} s per trial")
+    if best is not None:
+        obj = study.objective_name
+        print(f"best feasible: trial {best['trial']} " + " ".join(f"{k}={v:.4g}" for k, v in best["parameters"].items())
+              + f" | {obj} predicted {best['predicted'][obj][0]:+.2f} %, observed {best['observed'][obj][0]:+.2f} ± "
+              f"{best['observed'][obj][1]:.2f} %")
+    else:
+        print("best feasible: none predicted feasible")
+    print(f"wrote {args.out}/report.md, " + ", ".join(result["figures"] + ["trials.csv", "best.json", "study.json"]))
+    return 0

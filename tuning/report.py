@@ -1,0 +1,387 @@
+"""Figures and ``report.md`` of a tuning study (Daulton et al. 2019, Figure 3).
+
+* ``surfaces.png`` (Figure 3a, 3b): the BoTorch model's mean % change of the objective
+  (quality preserved at 1080p) and of the constraint metric (reliability) over the two
+  surface parameters (alpha, omega_1080), the other parameters at the best point; the
+  completed trials are drawn on top (their other parameters differ: a projection).
+* ``tradeoff.png`` (Figure 3c): every completed trial, objective change against constraint
+  change, error bars of 1.96 standard errors; TS-ASC and, where the A/B test compared it,
+  vanilla TS with the same reward offsets.
+* ``progress.png``: each trial's objective and the best feasible one so far.
+* ``report.md``, ``trials.csv`` (every trial: status, parameters, every metric's mean and
+  standard error, seeds and timings), ``best.json``, and ``study.json`` (Ax's JSON snapshot of
+  the whole study: ``ax.api.Client.load_from_json_file`` reads it).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from pathlib import Path
+
+from bayes_safe.io import atomic_output_dir
+
+__all__ = ["trial_rows", "write_report"]
+
+
+def _fmt(v, se=None, digits=2, signed=True) -> str:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "n/a"
+    s = f"{v:+.{digits}f}" if signed else f"{v:.{digits}f}"
+    return s if se is None else f"{s} ± {se:.{digits}f}"
+
+
+def _param(v) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def trial_rows(study) -> list[dict]:
+    """One dict per trial: index, status, node, parameters, metrics (mean, sem), run metadata."""
+    observed = study.observed()
+    rows = []
+    for idx, trial in sorted(study.experiment.trials.items()):
+        md = dict(trial.run_metadata or {})
+        rows.append({
+            "trial": idx, "status": trial.status.name, "node": md.get("node"), "seed": md.get("seed"),
+            "parameters": dict(trial.arm.parameters) if trial.arm is not None else {},
+            "metrics": observed.get(idx, {}), "sim_seconds": md.get("sim_seconds"), "gen_seconds": md.get("gen_seconds"),
+            "rerun_of": md.get("rerun_of"), "reason": getattr(trial, "failed_reason", None) or md.get("error"),
+        })
+    return rows
+
+
+def _csv(study, rows) -> str:
+    metrics = sorted({m for r in rows for m in r["metrics"]})
+    params = study.parameter_names
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(["trial", "status", "node", "seed", *params, *[f"{m}{s}" for m in metrics for s in ("", "_sem")],
+                "sim_seconds", "gen_seconds", "rerun_of", "reason"])
+    for r in rows:
+        cells = [r["trial"], r["status"], r["node"], r["seed"], *[r["parameters"].get(p, "") for p in params]]
+        for m in metrics:
+            cells += list(r["metrics"].get(m, ("", "")))
+        cells += [r["sim_seconds"], r["gen_seconds"], r["rerun_of"], r["reason"]]
+        w.writerow(["" if c is None else c for c in cells])
+    return buf.getvalue()
+
+
+def _surface_params(study) -> tuple[str, str] | None:
+    from ax.core.parameter import RangeParameter
+
+    ranges = [n for n, p in study.experiment.search_space.parameters.items() if isinstance(p, RangeParameter)]
+    wanted = study.properties.get("surface")
+    if wanted and all(w in ranges for w in wanted):
+        return tuple(wanted)
+    return tuple(ranges[:2]) if len(ranges) >= 2 else None
+
+
+def _surfaces(study, model, center: dict, out: Path, grid: int) -> str | None:
+    import numpy as np
+
+    from bayes_safe.plots import plt, save_figure
+
+    pair = _surface_params(study)
+    if pair is None:
+        return None
+    px, py = pair
+    sp = study.experiment.search_space.parameters
+    xs = np.linspace(sp[px].lower, sp[px].upper, grid)
+    ys = np.linspace(sp[py].lower, sp[py].upper, grid)
+    points = [{**center, px: float(x), py: float(y)} for y in ys for x in xs]
+    preds = study.predict(points, model=model)
+    metrics = [study.objective_name] + [m for weights, _, _ in study.constraints for m in weights]
+    metrics = list(dict.fromkeys(m for m in metrics if m in preds[0]))[:2]
+    observed = study.observed()
+    from matplotlib.colors import TwoSlopeNorm
+
+    fig, axes = plt.subplots(1, len(metrics), figsize=(6.2 * len(metrics), 5), squeeze=False)
+    for ax, metric, label in zip(axes[0], metrics, "ab"):
+        z = np.array([p[metric][0] for p in preds]).reshape(grid, grid)
+        lo, hi = float(z.min()), float(z.max())
+        norm = TwoSlopeNorm(vcenter=0.0, vmin=min(lo, -1e-9), vmax=max(hi, 1e-9))
+        cs = ax.contourf(xs, ys, z, levels=21, cmap="RdBu", norm=norm)
+        ax.contour(xs, ys, z, levels=[0.0], colors="k", linewidths=1.2)
+        fig.colorbar(cs, ax=ax, label=f"{metric} (% vs baseline, model mean)")
+        tx = [study.experiment.trials[i].arm.parameters[px] for i in observed]
+        ty = [study.experiment.trials[i].arm.parameters[py] for i in observed]
+        ax.scatter(tx, ty, s=18, c="k", marker="x", label="completed trials (projected)")
+        ax.scatter([center[px]], [center[py]], s=90, facecolors="none", edgecolors="gold", linewidths=2, label="best point")
+        ax.set(xlabel=px, ylabel=py, title=f"({label}) {metric}")
+        ax.legend(fontsize=7, loc="lower left", framealpha=0.6)
+    others = {k: v for k, v in center.items() if k not in pair}
+    fig.suptitle("Modelled response surfaces (BoTorch GP mean); other parameters at the best point: "
+                 + ", ".join(f"{k}={_param(v)}" for k, v in others.items()), fontsize=9)
+    save_figure(fig, out / "surfaces.png")
+    return "surfaces.png"
+
+
+def _tradeoff(study, rows, out: Path) -> tuple[str | None, dict]:
+    from bayes_safe.plots import plt, save_figure
+
+    obj = study.objective_name
+    cons = [m for weights, _, _ in study.constraints for m in weights]
+    if not cons:
+        return None, {}
+    con = cons[0]
+    arms = {"TS-ASC": ("", "tab:blue", "o")}
+    compare = list(getattr(study.ab_test, "compare", ()))
+    for kind in compare:
+        arms["vanilla TS" if kind == "ts" else kind] = (kind.replace("-", "_") + "_", "tab:orange", "s")
+    done = [r for r in rows if r["status"] == "COMPLETED"]
+    fig, ax = plt.subplots(figsize=(7, 5.5))
+    stats = {}
+    for label, (prefix, color, marker) in arms.items():
+        pts = [(r["metrics"][prefix + con], r["metrics"][prefix + obj]) for r in done
+               if prefix + con in r["metrics"] and prefix + obj in r["metrics"]]
+        if not pts:
+            continue
+        x = [p[0][0] for p in pts]
+        y = [p[1][0] for p in pts]
+        ax.errorbar(x, y, xerr=[1.96 * p[0][1] for p in pts], yerr=[1.96 * p[1][1] for p in pts], fmt=marker,
+                    color=color, ecolor=color, alpha=0.75, capsize=2, ms=5, label=f"{label} ({len(pts)})")
+        stats[label] = {
+            "n": len(pts),
+            "constraint_below_0": sum(1 for p in pts if p[0][0] < 0),
+            "constraint_significantly_below_0": sum(1 for p in pts if p[0][0] + 1.96 * p[0][1] < 0),
+            "constraint_significantly_above_0": sum(1 for p in pts if p[0][0] - 1.96 * p[0][1] > 0),
+            "both_above_0": sum(1 for p in pts if p[0][0] > 0 and p[1][0] > 0),
+            "both_significantly_above_0": sum(1 for p in pts if p[0][0] - 1.96 * p[0][1] > 0 and p[1][0] - 1.96 * p[1][1] > 0),
+        }
+    trade = {"constraint": con, "objective": obj, "arms": stats}
+    if "ts" in compare:
+        diffs = [r["metrics"][con][0] - r["metrics"]["ts_" + con][0] for r in done
+                 if con in r["metrics"] and "ts_" + con in r["metrics"]]
+        if diffs:
+            trade["paired"] = {"n": len(diffs), "asc_above": sum(d > 0 for d in diffs), "mean_difference": sum(diffs) / len(diffs)}
+    ax.axhline(0, color="k", lw=0.8)
+    ax.axvline(0, color="k", lw=0.8)
+    ax.set(xlabel=f"{con} (% vs baseline)", ylabel=f"{obj} (% vs baseline)",
+           title="Metric trade-offs of every parameterization (bars: 95% intervals)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    save_figure(fig, out / "tradeoff.png")
+    return "tradeoff.png", trade
+
+
+def _progress(study, rows, out: Path) -> str | None:
+    from bayes_safe.plots import plt, save_figure
+
+    obj = study.objective_name
+    done = [r for r in rows if r["status"] == "COMPLETED" and obj in r["metrics"]]
+    if not done:
+        return None
+    sign = -1 if study.minimize else 1
+    fig, ax = plt.subplots(figsize=(7, 4))
+    best, bx, by = None, [], []
+    for r in done:
+        feasible = study.is_feasible(r["metrics"])
+        m, s = r["metrics"][obj]
+        ax.errorbar([r["trial"]], [m], yerr=[1.96 * s], fmt="o" if feasible else "x",
+                    color="tab:green" if feasible else "tab:red", alpha=0.7, capsize=2)
+        if feasible and (best is None or sign * m > sign * best):
+            best = m
+        if best is not None:
+            bx.append(r["trial"])
+            by.append(best)
+    if bx:
+        ax.step(bx, by, where="post", color="k", label="best observed feasible")
+        ax.legend()
+    ax.set(xlabel="trial", ylabel=f"{obj} (% vs baseline)",
+           title="Trials (o: observed feasible, x: infeasible; bars 95%)")
+    ax.grid(alpha=0.3)
+    save_figure(fig, out / "progress.png")
+    return "progress.png"
+
+
+def _finding_text(trade: dict) -> list[str]:
+    arms = trade.get("arms", {})
+    ts, asc = arms.get("vanilla TS"), arms.get("TS-ASC")
+    if not trade or asc is None:
+        return []
+    con, obj = trade["constraint"], trade["objective"]
+    lines = ["## The paper's finding", "",
+             ("Daulton et al. (2019), section 5.4 / Figure 3c: *all policies using vanilla TS decrease reliability, "
+              "whereas there are many parameterizations that lead to TS-ASC policies with increases in both quality "
+              "and reliability.* Counted on point estimates (a trial is one noisy A/B test; 'significantly': its "
+              "95% interval excludes 0):"), ""]
+    verdicts = []
+    if ts is not None:
+        every = ts["constraint_below_0"] == ts["n"]
+        verdicts.append(every)
+        lines.append(f"- Vanilla TS: {ts['constraint_below_0']} of {ts['n']} parameterizations lower {con} "
+                     f"({ts['constraint_significantly_below_0']} significantly); {ts['constraint_significantly_above_0']} "
+                     f"raise it significantly. **Every vanilla-TS parameterization lowers reliability: "
+                     f"{'yes' if every else 'no'}.**")
+    many = asc["both_above_0"] >= max(2, math.ceil(0.1 * asc["n"]))
+    verdicts.append(many)
+    lines.append(f"- TS-ASC: {asc['both_above_0']} of {asc['n']} parameterizations raise both {obj} and {con} "
+                 f"({asc['both_significantly_above_0']} both significantly); {asc['constraint_below_0']} lower {con} "
+                 f"({asc['constraint_significantly_below_0']} significantly). **Many (at least 10%) raise both: "
+                 f"{'yes' if many else 'no'}.**")
+    if ts is not None and "paired" in trade:
+        p = trade["paired"]
+        lines.append(f"- Same reward offsets, same users: TS-ASC's {con} is above vanilla TS's in {p['asc_above']} of "
+                     f"{p['n']} trials (mean difference {p['mean_difference']:+.3f} percentage points of % change).")
+    verdict = "yes" if all(verdicts) else ("partly" if any(verdicts) else "no")
+    return lines + ["", f"**Finding reproduced: {verdict}.**", ""]
+
+
+def write_report(study, out, *, grid: int = 30, title: str | None = None, export: bool = True,
+                 note: str | None = None) -> dict:
+    """Write the figures, ``report.md``, ``trials.csv``, ``best.json`` and (``export``) ``study.json`` into ``out``.
+
+    ``grid``: points per axis of the response surfaces; ``title`` of the report; ``note``: a
+    paragraph added under the title (e.g. where the run came from).
+
+    Returns ``{"best": ..., "figures": [...], "tradeoff": ...}``.
+    """
+    out = Path(out)
+    rows = trial_rows(study)
+    result: dict = {"figures": [], "best": None, "tradeoff": {}, "notes": []}
+    model = None
+    n_done = sum(1 for r in rows if r["status"] == "COMPLETED")
+    with atomic_output_dir(out) as tmp:
+        if n_done >= 2:
+            try:
+                model = study.fit_model()
+                result["best"] = study.best(model=model)
+            except Exception as exc:  # noqa: BLE001 - a report is still useful without the model
+                result["notes"].append(f"The BoTorch model could not be fitted ({type(exc).__name__}: {exc}); "
+                                       "no response surfaces or model predictions.")
+        else:
+            result["notes"].append("Fewer than two completed trials: no model, no response surfaces.")
+        center = None
+        if result["best"] is not None:
+            center = result["best"]["parameters"]
+        else:
+            best_obs = study.best_observed()
+            if best_obs is not None:
+                center = dict(study.experiment.trials[best_obs[0]].arm.parameters)
+            elif n_done:
+                sign = -1 if study.minimize else 1
+                done = [r for r in rows if r["status"] == "COMPLETED" and study.objective_name in r["metrics"]]
+                if done:
+                    center = max(done, key=lambda r: sign * r["metrics"][study.objective_name][0])["parameters"]
+        if model is not None and center is not None:
+            try:
+                name = _surfaces(study, model, center, tmp, grid)
+                if name:
+                    result["figures"].append(name)
+            except Exception as exc:  # noqa: BLE001
+                result["notes"].append(f"Response surfaces failed: {type(exc).__name__}: {exc}")
+        name, result["tradeoff"] = _tradeoff(study, rows, tmp)
+        if name:
+            result["figures"].append(name)
+        name = _progress(study, rows, tmp)
+        if name:
+            result["figures"].append(name)
+        (tmp / "trials.csv").write_text(_csv(study, rows))
+        (tmp / "best.json").write_text(json.dumps(result["best"], indent=2, default=float) + "\n")
+        if export:
+            study.export_json(tmp / "study.json")
+        (tmp / "report.md").write_text(_markdown(study, rows, result, title, export, note))
+    return result
+
+
+def _markdown(study, rows, result, title, export=True, note=None) -> str:
+    props = study.properties
+    ab = study.ab_test
+    obj = study.objective_name
+    cons_text = [c.expression for c in study.experiment.optimization_config.outcome_constraints]
+    counts = study.counts()
+    ab_text = f"{ab.n_users:,} users per arm in {ab.batches} batches (the policy refits after each); tuned arm `{ab.policy}`"
+    if ab.compare:
+        ab_text += ", compared arms " + ", ".join(f"`{c}`" for c in ab.compare)
+    if hasattr(ab.problem, "warmup"):
+        ab_text += f"; warm start from an exploration log of {ab.problem.warmup:,} uploads"
+    if getattr(ab.problem, "model", None):
+        ab_text += f"; model options {ab.problem.model}"
+    space = ", ".join(f"{n} in [{_param(p.lower)}, {_param(p.upper)}]" if hasattr(p, "lower") else f"{n} in {p.values}"
+                      for n, p in study.experiment.search_space.parameters.items())
+    intro = ("Bayesian optimisation of TS-ASC's alpha and reward offsets (Daulton et al. 2019, section 5.3): each trial "
+             "is a simulated A/B test of one parameterization against the baseline policy on common random numbers; "
+             "metrics are % changes against the baseline with paired delta-method standard errors.")
+    lines = [
+        f"# {title or 'Tuning study ' + repr(study.name)}", "", intro, "", *([note, ""] if note else []), "## Set-up", "",
+        f"- Problem: `{ab.problem.name}`; A/B test: {ab_text}.",
+        f"- Search space: {space}.",
+        f"- Objective: {'minimise' if study.minimize else 'maximise'} `{obj}`.",
+        f"- Outcome constraints: {', '.join(f'`{c}`' for c in cons_text) or 'none'}.",
+        (f"- Generation strategy: {props.get('sobol_trials')} Sobol trials, then BoTorch with "
+         f"`{props.get('acquisition')}` (trial SEMs as known noise); seed {props.get('seed')}."),
+        "- Trials: " + ", ".join(f"{v} {k.lower()}" for k, v in sorted(counts.items())) + ".", "",
+    ]
+    lines += _finding_text(result["tradeoff"])
+    lines += ["## Best feasible parameterization", ""]
+    best = result["best"]
+    if best is None:
+        lines += ["No completed trial is predicted feasible (model mean satisfying every outcome constraint)." if not result["notes"]
+                  else "No model-based best point (see the notes below).", ""]
+        bo = study.best_observed()
+        if bo is not None:
+            lines += [f"Best observed feasible trial: {bo[0]} (`{obj}` {_fmt(*bo[1][obj])} %).", ""]
+    else:
+        params = ", ".join(f"{k} = {_param(v)}" for k, v in best["parameters"].items())
+        rule = ("Chosen as the completed trial with the highest model-predicted objective among those whose predicted "
+                "constraint metrics satisfy the constraints (Ax's in-sample best-point rule).")
+        lines += [f"Trial {best['trial']}: {params}.", "", rule, "",
+                  "| metric | predicted (model mean ± sd) | observed (A/B test mean ± SE) |", "|---|---|---|"]
+        for m in [obj] + [c for w, _, _ in study.constraints for c in w]:
+            p = best["predicted"].get(m)
+            o = best["observed"].get(m)
+            lines.append(f"| {m} | {_fmt(*p) if p else 'n/a'} | {_fmt(*o) if o else 'n/a'} |")
+        extra = [m for m in sorted(best["observed"]) if m.endswith("_change") and m not in best["predicted"]
+                 and not any(m.startswith(c.replace('-', '_') + '_') for c in ab.compare)]
+        for m in extra:
+            lines.append(f"| {m} | | {_fmt(*best['observed'][m])} |")
+        lines.append("")
+    if result["figures"]:
+        lines += ["## Figures", ""]
+        captions = {
+            "surfaces.png": "Figure 3a/3b: modelled % change in the objective and the constraint metric over the two "
+                            "surface parameters (black line: 0), other parameters at the best point.",
+            "tradeoff.png": "Figure 3c: every parameterization's objective change against its constraint change.",
+            "progress.png": "Each trial's objective; the line is the best observed feasible value so far.",
+        }
+        for f in result["figures"]:
+            lines += [f"![{f}]({f})", "", captions.get(f, ""), ""]
+    cons = [c for w, _, _ in study.constraints for c in w]
+    has_ts = "ts" in ab.compare
+    header = ["trial", "node", "status", *study.parameter_names, f"{obj} %", *[f"{c} %" for c in cons]]
+    if has_ts:
+        header += [f"vanilla TS {obj} %", "vanilla TS " + "/".join(cons) + " %"]
+    header.append("sim s")
+    lines += ["## Trials", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for r in rows:
+        m = r["metrics"]
+        cells = [str(r["trial"]), str(r["node"] or ""), r["status"].lower() + (f" (re-run of {r['rerun_of']})" if r["rerun_of"] is not None else ""),
+                 *[_param(r["parameters"].get(p, "")) for p in study.parameter_names],
+                 _fmt(*m[obj]) if obj in m else ""]
+        cells += [_fmt(*m[c]) if c in m else "" for c in cons]
+        if has_ts:
+            cells.append(_fmt(*m["ts_" + obj]) if "ts_" + obj in m else "")
+            cells.append(" / ".join(_fmt(*m["ts_" + c]) for c in cons if "ts_" + c in m))
+        cells.append(f"{r['sim_seconds']:.1f}" if isinstance(r["sim_seconds"], (int, float)) else "")
+        lines.append("| " + " | ".join(cells) + " |")
+    failed = [r for r in rows if r["status"] == "FAILED"]
+    if failed:
+        lines += ["", "Failed trials: " + "; ".join(f"{r['trial']}: {r['reason']}" for r in failed) + "."]
+    lines += ["", "## Time", ""]
+    sessions = props.get("sessions", [])
+    for i, s in enumerate(sessions):
+        lines.append(f"- Run {i + 1} ({s.get('runner')}): wall {s['wall_seconds']:.0f} s for {s['trials_completed']} trials; "
+                     f"Ax {s['ax_seconds_per_trial']:.2f} s per trial (generation {s['ax_gen_seconds']:.1f} s, "
+                     f"completion and storage {s['ax_complete_seconds']:.1f} s in all); simulation "
+                     f"{s['sim_seconds_per_trial']:.1f} s per trial in the workers.")
+    if not sessions:
+        lines.append("- No completed run recorded.")
+    if result["notes"]:
+        lines += ["", "## Notes", ""] + [f"- {n}" for n in result["notes"]]
+    files = ["`trials.csv` (every trial, every metric)", "`best.json`"]
+    if export:
+        files.append("`study.json` (Ax JSON snapshot; `ax.api.Client.load_from_json_file`)")
+    lines += ["", "Files: " + ", ".join(files) + ".", ""]
+    return "\n".join(lines)

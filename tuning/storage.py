@@ -1,0 +1,158 @@
+"""Where a study lives: Ax's SQL store (SQLite by default, a server database by URL), and JSON export.
+
+Measured pitfalls of Ax 1.3.1's SQL store, and what this module does about them:
+
+* **No tables by itself.** ``ax.api.Client(storage_config=...)`` opens the engine but never
+  creates the schema: the first save fails with "no such table". :func:`connect` runs Ax's
+  ``create_all_tables`` (idempotent) on every database it opens.
+* **One engine per process.** Ax keeps a single global session factory
+  (``ax.storage.sqa_store.db.SESSION_FACTORY``); ``init_engine_and_session_factory`` silently
+  keeps the first engine when called again with another URL, so a second study in the same
+  process would write into the first study's database. :func:`connect` re-initialises the
+  engine (``force_init=True``) whenever the URL changes.
+* **SQLAlchemy version.** Ax 1.3.1's store runs on SQLAlchemy 1.4 *and* 2.x (its SQL classes
+  import ``Mapped`` when present; its ``mysql`` extra still pins 1.4.17, which is outdated):
+  measured here with SQLAlchemy 2.1.9 (create, save, reload, resume).
+* **Errors that do not open.** A URL whose driver is missing or whose file cannot be created
+  fails late inside Ax with a long traceback; :func:`connect` opens a connection first and
+  raises one ``ValueError`` naming the URL (password hidden).
+* ``tabulate`` is needed by some of Ax's error paths (its ``DataFrame.to_markdown`` calls).
+
+A plain path (``runs/a/study.sqlite``) is taken as an SQLite file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+from pathlib import Path
+
+__all__ = [
+    "DEFAULT_FILENAME",
+    "connect",
+    "display_url",
+    "experiment_names",
+    "resolve_url",
+    "sqlite_path",
+    "storage_config",
+    "study_lock",
+]
+
+DEFAULT_FILENAME = "study.sqlite"
+_CURRENT_URL: str | None = None
+
+
+def resolve_url(storage: str | os.PathLike | None, out: str | os.PathLike | None = None) -> str:
+    """The database URL of a study: ``storage`` (a URL or an SQLite file path) or ``out/study.sqlite``."""
+    if storage is None or str(storage) == "":
+        if out is None:
+            raise ValueError("storage: expected a database URL or an SQLite path (or an output directory to hold one)")
+        return "sqlite:///" + str((Path(out) / DEFAULT_FILENAME).resolve())
+    text = str(storage)
+    if "://" in text:
+        return text
+    return "sqlite:///" + str(Path(text).expanduser().resolve())
+
+
+def sqlite_path(url: str) -> Path | None:
+    """The file of an ``sqlite:///`` URL (``None`` for other databases or in-memory SQLite)."""
+    prefix = "sqlite:///"
+    if url.startswith(prefix) and len(url) > len(prefix) and ":memory:" not in url:
+        return Path(url[len(prefix):].split("?", 1)[0])
+    return None
+
+
+def display_url(url: str) -> str:
+    """``url`` with its password hidden."""
+    try:
+        from sqlalchemy.engine import make_url
+
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # noqa: BLE001 - a display helper never raises
+        return url.split("@")[-1] if "@" in url else url
+
+
+def connect(url: str) -> None:
+    """Point Ax's (process-global) SQL engine at ``url``, check it opens, create Ax's tables.
+
+    Raises:
+        ValueError: the database cannot be opened (message names the URL and the reason).
+    """
+    global _CURRENT_URL
+    try:
+        import sqlalchemy
+        from ax.storage.sqa_store import db
+    except ImportError as exc:  # pragma: no cover - a dependency
+        raise ValueError(f"storage: Ax's SQL store needs SQLAlchemy ({exc})") from exc
+    if url == _CURRENT_URL and db.SESSION_FACTORY is not None:
+        return
+    shown = display_url(url)
+    path = sqlite_path(url)
+    if path is not None and not path.parent.is_dir():
+        raise ValueError(f"storage {shown}: cannot open the database: directory {path.parent} does not exist")
+    try:
+        db.init_engine_and_session_factory(url=url, force_init=_CURRENT_URL is not None and _CURRENT_URL != url)
+        if db.SESSION_FACTORY is not None and _CURRENT_URL is None:
+            # an engine someone else opened in this process: make sure it is ours
+            bound = db.get_engine().url.render_as_string(hide_password=False)
+            if bound != sqlalchemy.engine.make_url(url).render_as_string(hide_password=False):
+                db.init_engine_and_session_factory(url=url, force_init=True)
+        engine = db.get_engine()
+        with engine.connect() as conn:
+            conn.execute(sqlalchemy.text("SELECT 1"))
+        db.create_all_tables(engine)
+    except Exception as exc:
+        _CURRENT_URL = None
+        if db.SESSION_FACTORY is not None:
+            with contextlib.suppress(Exception):
+                db.get_engine().dispose()
+            db.SESSION_FACTORY = None
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ValueError(f"storage {shown}: cannot open the database: {type(exc).__name__}: {reason}") from exc
+    _CURRENT_URL = url
+
+
+def storage_config(url: str):
+    """An ``ax.api.configs.StorageConfig`` for ``url`` (call :func:`connect` first)."""
+    from ax.api.configs import StorageConfig
+
+    return StorageConfig(url=url)
+
+
+def experiment_names(url: str) -> list[str]:
+    """Names of the experiments stored at ``url`` (connects first)."""
+    connect(url)
+    from ax.storage.sqa_store.db import session_scope
+    from ax.storage.sqa_store.sqa_classes import SQAExperiment
+
+    with session_scope() as session:
+        return sorted(row[0] for row in session.query(SQAExperiment.name).all())
+
+
+@contextlib.contextmanager
+def study_lock(url: str):
+    """Hold an exclusive lock on an SQLite study while it runs (released by the OS even on SIGKILL).
+
+    Two processes running one study would both treat the other's running trials as
+    interrupted; the lock turns that into a clear error. Server databases are not locked.
+    """
+    path = sqlite_path(url)
+    if path is None:
+        yield
+        return
+    lock_path = path.with_name(path.name + ".lock")
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ValueError(f"storage {path}: another process is running this study (lock {lock_path})") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, json.dumps({"pid": os.getpid()}).encode())
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
