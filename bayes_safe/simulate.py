@@ -47,10 +47,11 @@ def simulate(policy, env, horizon: int, seed: int | Sequence[int] = 0, *, progre
     if int(horizon) < 1:
         raise ValueError(f"horizon: expected a positive int, got {horizon!r}")
     T, R, M = int(horizon), env.replications, env.num_metrics
-    if getattr(policy, "num_constraints", 0) > env.num_metrics - 1:
+    needed = getattr(policy, "num_constraints", 0)
+    if needed and needed != env.num_metrics - 1:
         raise ValueError(
-            f"policy: it models {policy.num_constraints} constraint metrics but problem {env.name!r} "
-            f"has {env.num_metrics - 1}"
+            f"policy: it models {needed} constraint metrics but problem {env.name!r} has {env.num_metrics - 1}; "
+            "give one constraint model per constraint metric"
         )
     seeds = replication_seeds(seed, R)
     rng = ReplicationRNG(seeds)

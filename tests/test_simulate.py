@@ -152,3 +152,20 @@ def test_bad_inputs():
         p = make_policy("ts-asc", env)
         p.update(torch.randn(2, 4, dtype=torch.float64), torch.randn(2, dtype=torch.float64), None)
     ThompsonSampling  # noqa: B018 - imported for the public API check
+
+
+def test_batched_run_equals_single_runs_on_a_one_metric_problem():
+    R, T = 3, 40
+    seeds = replication_seeds(11, R)
+    env = kazerouni2017_neurips(replications=R, seed=seeds)
+    batched = simulate(make_policy("ts", env), env, T, seed=seeds)
+    for r in range(R):
+        env_r = kazerouni2017_neurips(replications=1, seed=[seeds[r]])
+        single = simulate(make_policy("ts", env_r), env_r, T, seed=[seeds[r]])
+        for f in FIELDS:
+            assert torch.equal(getattr(batched.replication(r), f), getattr(single, f)), f
+
+
+def test_daulton_generator_rejects_impossible_settings():
+    with pytest.raises(ValueError, match="no instance with a reward/constraint trade-off"):
+        daulton2019(replications=1, seed=0, baseline_rank=30, top_reward=30)

@@ -69,7 +69,9 @@ class LinearBandit:
         R, K, d = self.arm_features.shape
         self.replications, self.num_arms, self.dim = R, K, d
         self.num_metrics = self.parameters.shape[1]
-        self.expected = torch.einsum("rkd,rmd->rkm", self.arm_features, self.parameters)  # [R, K, M]
+        # elementwise product and sum: the rounding of each entry does not depend on R (an einsum
+        # may pick a batch-size-dependent kernel), so replication r is bit-identical alone
+        self.expected = (self.arm_features[:, :, None, :] * self.parameters[:, None, :, :]).sum(-1)  # [R, K, M]
         rows = torch.arange(R)
         self.baseline_expected = self.expected[rows, self.baseline_action]  # [R, M]
         self.feasible = self.instance_feasible(self.expected)  # [R, K]
@@ -214,7 +216,7 @@ def daulton2019(replications: int = 1, seed: int | list[int] = 0, alpha: float =
     feats, thetas, base = [], [], []
     for s in seeds:
         gen = torch.Generator().manual_seed(s)
-        while True:
+        for _attempt in range(10_000):
             theta = _normal((2, dim), gen)
             arms = _rejection_arms(gen, num_arms, dim, theta, _normal)
             if arms is None:
@@ -225,6 +227,11 @@ def daulton2019(replications: int = 1, seed: int | list[int] = 0, alpha: float =
             feasible = mean[:, 1] >= (1 - alpha) * mean[b, 1]
             if (~feasible).any() and mean[feasible, 0].max() < mean[~feasible, 0].max():
                 break
+        else:
+            raise ValueError(
+                f"daulton2019: no instance with a reward/constraint trade-off in 10,000 draws for alpha={alpha}, "
+                f"baseline_rank={baseline_rank}, top_reward={top_reward}; choose a baseline_rank below top_reward"
+            )
         feats.append(arms)
         thetas.append(theta)
         base.append(b)

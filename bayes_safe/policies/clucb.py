@@ -24,10 +24,11 @@ Theorem 2), :class:`~bayes_safe.policies.ucb.EllipsoidConfidence`:
 ``C_t = {theta : ||theta - theta_hat_t||_{V_t} <= beta_t}``, ``V_t = lambda I + sum x x^T``,
 ``beta_t = sigma sqrt(2 log(det(V_t)^1/2 det(lambda I)^-1/2 / delta)) + lambda^1/2 S``. Reasons:
 
-1. it is what the NeurIPS 2017 version of CLUCB uses (the version Daulton et al. follow), and
-   it holds for all ``t`` at once with probability ``1 - delta``, so the safety argument of
+1. it holds for all ``t`` at once with probability ``1 - delta``, so the safety argument of
    Proposition 1 / Theorem 6 goes through unchanged (on that event ``theta* in C_t``, hence the
-   pessimistic value is below the true one at every step);
+   pessimistic value is below the true one at every step); to our knowledge it is also the set
+   of the NeurIPS 2017 version of CLUCB (co-authored by Abbasi-Yadkori), which Daulton et al.
+   follow, but the text we have is arXiv v3;
 2. the extremes of a linear function over an ellipsoid are closed-form,
    ``mean -/+ beta ||u||_{V^-1}``, computed for every arm and replication by one batched
    triangular solve; the intersection of eq. (5) sets has no closed form (a convex program
@@ -77,15 +78,31 @@ def _batch_size(model, name: str) -> int:
     return shape[0]
 
 
-def _confidence(model, delta: float, weight_bound, name: str) -> EllipsoidConfidence:
+class _ScaledEllipsoid(EllipsoidConfidence):
+    """The ellipsoid with its radius ``beta_t`` multiplied by ``radius_scale`` (> 1: wider)."""
+
+    def __init__(self, model, delta, weight_bound, radius_scale: float):
+        super().__init__(model, delta, weight_bound)
+        self.radius_scale = radius_scale
+
+    def beta(self) -> torch.Tensor:
+        return self.radius_scale * super().beta()
+
+
+def _confidence(model, delta: float, weight_bound, name: str, radius_scale: float = 1.0) -> EllipsoidConfidence:
     """An Abbasi-Yadkori ellipsoid for ``model``; ``weight_bound`` a float or a tensor ``[R]``."""
     R = _batch_size(model, name)
+    scale = float(radius_scale)
+    if not (scale > 0 and scale < float("inf")):
+        raise ValueError(f"radius_scale: expected a finite number > 0, got {radius_scale!r}")
     bound = torch.as_tensor(weight_bound, dtype=_DTYPE)
     if bound.dim() != 0 and tuple(bound.shape) != (R,):
         raise ValueError(f"{name}: expected a float or one bound per replication (shape [{R}]), got shape {list(bound.shape)}")
     if not bool((torch.isfinite(bound) & (bound > 0)).all()):
         raise ValueError(f"{name}: expected finite values > 0, got {weight_bound!r}")
-    return EllipsoidConfidence(model, delta, bound.clone())
+    if scale == 1.0:
+        return EllipsoidConfidence(model, delta, bound.clone())
+    return _ScaledEllipsoid(model, delta, bound.clone(), scale)
 
 
 def _bounds(conf: EllipsoidConfidence, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -93,9 +110,9 @@ def _bounds(conf: EllipsoidConfidence, features: torch.Tensor) -> tuple[torch.Te
 
     The same numbers as ``conf.bounds(features)`` (``mean -/+ beta ||x||_{V^-1}``), computed
     with one right-side triangular solve ``X L^-T`` whose rows give both the mean
-    ``(L^-1 x)^T (L^-1 eta)`` and the width ``||L^-1 x||``: about 1.5x faster than going
-    through ``model.predict`` for 100 arms and 1,000 replications, and on the hot path of
-    every step. ``Lambda = L L^T`` is the posterior precision, ``V_t = sigma^2 Lambda``.
+    ``(L^-1 x)^T (L^-1 eta)`` and the width ``||L^-1 x||`` (measured ~1.5x faster than
+    ``model.predict`` for 100 arms and 1,000 replications). ``Lambda = L L^T`` is the
+    posterior precision, ``V_t = sigma^2 Lambda``.
     """
     model = conf.model
     L = model.factor
@@ -104,6 +121,122 @@ def _bounds(conf: EllipsoidConfidence, features: torch.Tensor) -> tuple[torch.Te
     mean = (V * u[:, None, :]).sum(-1)
     width = (conf.beta() / conf.sigma)[:, None] * V.square().sum(-1).sqrt()
     return mean - width, mean + width
+
+
+class _ArmBounds:
+    """Ellipsoid bounds of ``<theta, x_a + offset>`` at candidate arms, fast when the arms are fixed.
+
+    Exact path: :func:`_bounds`. Fast path, taken when ``features`` is the very tensor of the
+    previous call (same object, not modified in place) and the model changed only through
+    :meth:`observe` + ``model.update``: the arm variances ``x_a^T Lambda^-1 x_a`` are kept in
+    a ``[R, K]`` cache and downdated after each observation ``x_t`` by Sherman-Morrison,
+
+    ``var_a <- var_a - (x_a^T Lambda^-1 x_t)^2 / (sigma^2 + x_t^T Lambda^-1 x_t)``,
+
+    so a step costs one small solve and one batched matrix product
+    ``[mu, Lambda^-1 offset, Lambda^-1 x_t]^T X^T``
+    over the arms instead of a triangular solve plus two reductions over ``[R, K, d]``
+    (measured: CLUCB2-ASC steps 1.3x to 1.7x faster at R = 1,000, K = 100, d = 4, on a loaded
+    2-core machine). The cache is recomputed exactly every ``refresh`` observations; tests
+    check both paths agree to 1e-9.
+    """
+
+    def __init__(self, conf: EllipsoidConfidence, refresh: int = 1024):
+        self.conf = conf
+        self.model = conf.model
+        self.refresh = int(refresh)
+        self._arms: torch.Tensor | None = None
+        self._arms_t: torch.Tensor | None = None  # features.mT, contiguous: [R, d, K]
+        self._version = -1
+        self._var: torch.Tensor | None = None
+        self._nobs: torch.Tensor | None = None
+        self._pending: tuple[torch.Tensor, torch.Tensor] | None = None  # (Lambda^-1 x_t [R, d], denominator [R])
+        self._since_refresh = 0
+
+    @staticmethod
+    def _version_of(features: torch.Tensor) -> int | None:
+        try:
+            return features._version
+        except RuntimeError:  # inference tensors keep no version counter: never cache them
+            return None
+
+    def _valid(self, features: torch.Tensor) -> bool:
+        return (
+            self._var is not None and features is self._arms and self._version is not None
+            and self._version_of(features) == self._version and self._since_refresh < self.refresh
+            and torch.equal(self.model.num_observations, self._nobs)
+        )
+
+    def _downdate(self, cross: torch.Tensor) -> None:
+        """Apply the pending Sherman-Morrison step given ``cross = X @ Lambda_old^-1 x_t`` ``[R, K]``."""
+        _, denom = self._pending
+        self._var = (self._var - cross.square() / denom[:, None]).clamp_min(0.0)
+        self._pending = None
+        self._since_refresh += 1
+
+    def stats(self, features: torch.Tensor, offset: torch.Tensor | None = None, points: torch.Tensor | None = None):
+        """Posterior mean and variance of ``<w, x_a + offset>`` at every arm (``[R, K]`` each) and,
+        when ``points [R, e, d]`` is given, of ``<w, p>`` at those few extra points (``[R, e]`` each,
+        from the same linear solve)."""
+        L = self.model.factor
+        if not self._valid(features):
+            V = torch.linalg.solve_triangular(L.mT, features, upper=True, left=False)
+            self._var = V.square().sum(-1)
+            self._arms, self._version = features, self._version_of(features)
+            self._arms_t = features.mT.contiguous()
+            self._nobs = self.model.num_observations.clone()
+            self._pending, self._since_refresh = None, 0
+        cols = [self.model.eta[..., None]]
+        if offset is not None:
+            cols.append(offset[..., None])
+        if points is not None:
+            cols.append(points.mT)
+        sol = torch.cholesky_solve(torch.cat(cols, -1), L)  # [R, d, c]: mu, Lambda^-1 offset, Lambda^-1 p
+        mu = sol[..., 0]
+        arm_cols = sol[..., : 1 + (offset is not None)]
+        rhs = arm_cols if self._pending is None else torch.cat([arm_cols, self._pending[0][..., None]], -1)
+        prod = rhs.mT @ self._arms_t  # [R, c, K]; X^T contiguous: the faster layout for K >> d
+        if self._pending is not None:
+            self._downdate(prod[:, -1])
+        mean, var = prod[:, 0], self._var
+        if offset is not None:
+            off_mu = (offset * mu).sum(-1, keepdim=True)
+            off_var = (offset * sol[..., 1]).sum(-1, keepdim=True)
+            mean = mean + off_mu
+            var = (var + 2 * prod[:, 1] + off_var).clamp_min(0.0)
+        if points is None:
+            return mean, var
+        e = points.shape[1]
+        p_mean = (points * mu[:, None, :]).sum(-1)
+        p_var = (points.mT * sol[..., -e:]).sum(-2).clamp_min(0.0)
+        return mean, var, p_mean, p_var
+
+    def bounds(self, features: torch.Tensor, offset: torch.Tensor | None = None, points: torch.Tensor | None = None):
+        """``(lower, upper)`` of ``<theta, x_a + offset>`` over the ellipsoid, ``[R, K]`` each; with
+        ``points [R, e, d]``, also ``(lower, upper)`` at those points (``[R, e]`` each)."""
+        out = self.stats(features, offset, points)
+        scale = (self.conf.beta() / self.conf.sigma)[:, None]
+        bounds = []
+        for mean, var in zip(out[::2], out[1::2]):
+            width = scale * var.sqrt()
+            bounds += [mean - width, mean + width]
+        return tuple(bounds)
+
+    def observe(self, x: torch.Tensor) -> None:
+        """Call with the features ``x [R, d]`` about to be added to the model (before ``model.update``)."""
+        if self._var is None:
+            return
+        if self._pending is not None:  # two updates without a query in between
+            self._downdate((self._pending[0][:, None, :] @ self._arms_t)[:, 0])
+        L = self.model.factor
+        s = torch.cholesky_solve(x[..., None], L)[..., 0]
+        denom = self.model.noise_std**2 + (x * s).sum(-1)
+        self._pending = (s, denom)
+
+    def commit(self) -> None:
+        """Call right after ``model.update``: records the model state the cache now matches."""
+        if self._var is not None:
+            self._nobs = self.model.num_observations.clone()
 
 
 def _check_alpha(alpha, count: int, name: str = "alpha") -> torch.Tensor:
@@ -134,12 +267,14 @@ class LUCB(LinUCB):
         model: conjugate ``BayesianLinear``, known noise, batch ``[R]``.
         delta: failure probability of the ellipsoid, in (0, 1).
         weight_bound: ``S >= ||theta*||``, a float or a tensor ``[R]``.
+        radius_scale: multiplies the ellipsoid's radius ``beta_t`` (1: Abbasi-Yadkori's; > 1 emulates
+            a wider confidence set such as Kazerouni's eq. (6), for sensitivity studies).
     """
 
-    def __init__(self, model, delta: float = 0.001, weight_bound: float | torch.Tensor = 1.0):
+    def __init__(self, model, delta: float = 0.001, weight_bound: float | torch.Tensor = 1.0, radius_scale: float = 1.0):
         self.model = model
         self.delta = check_probability(delta, "delta")
-        self.confidence = _confidence(model, self.delta, weight_bound, "weight_bound")
+        self.confidence = _confidence(model, self.delta, weight_bound, "weight_bound", radius_scale)
 
 
 class CLUCB(Policy):
@@ -155,6 +290,7 @@ class CLUCB(Policy):
             ``[0, 1)`` (constraint (3)).
         delta: failure probability of the confidence set, in (0, 1).
         weight_bound: ``S >= ||theta*||_2``, a float or a tensor ``[R]``.
+        radius_scale: multiplies the radius ``beta_t`` (1: Abbasi-Yadkori's); see :class:`LUCB`.
 
     State (per replication, read-only): ``num_optimistic`` (``m_t = |S_t|``),
     ``num_conservative`` (``n_t``), ``z`` (sum of the optimistic plays' features),
@@ -168,12 +304,12 @@ class CLUCB(Policy):
     """
 
     def __init__(self, model, baseline_reward: torch.Tensor | Callable, alpha: float = 0.01, delta: float = 0.001,
-                 weight_bound: float | torch.Tensor = 1.0):
+                 weight_bound: float | torch.Tensor = 1.0, radius_scale: float = 1.0):
         R = _batch_size(model, "model")
         self.model = model
         self.alpha = check_in_range(alpha, "alpha", 0.0, 1.0)
         self.delta = check_probability(delta, "delta")
-        self.confidence = _confidence(model, self.delta, weight_bound, "weight_bound")
+        self.confidence = _confidence(model, self.delta, weight_bound, "weight_bound", radius_scale)
         if callable(baseline_reward) and not isinstance(baseline_reward, torch.Tensor):
             self._baseline_fn = baseline_reward
             self._baseline_fixed = None
@@ -271,13 +407,15 @@ class CLUCB2ASC(Policy):
             a single value is used for all); ``None``: ``weight_bound``.
         baseline_lower_bound: ``r_l`` of each constraint metric (scalar or one per metric);
             ``0`` is always valid for a non-negative metric.
+        radius_scale: multiplies the radius ``beta_t`` of every confidence set (1: Abbasi-Yadkori's).
     """
 
     MODES = ("cumulative", "instance")
 
     def __init__(self, reward_model, constraint_models, alpha: float | Sequence[float] = 0.01, delta: float = 0.001,
                  mode: str = "cumulative", weight_bound: float | torch.Tensor = 1.0,
-                 constraint_weight_bounds=None, baseline_lower_bound: float | Sequence[float] = 0.0):
+                 constraint_weight_bounds=None, baseline_lower_bound: float | Sequence[float] = 0.0,
+                 radius_scale: float = 1.0):
         if mode not in self.MODES:
             raise ValueError(f"mode: expected 'cumulative' or 'instance', got {mode!r}")
         if not isinstance(constraint_models, (list, tuple)):
@@ -294,7 +432,7 @@ class CLUCB2ASC(Policy):
         C = self.num_constraints = len(self.constraint_models)
         self.alpha = _check_alpha(alpha, C)
         self.delta = check_probability(delta, "delta")
-        self.reward_confidence = _confidence(reward_model, self.delta, weight_bound, "weight_bound")
+        self.reward_confidence = _confidence(reward_model, self.delta, weight_bound, "weight_bound", radius_scale)
         if constraint_weight_bounds is None:
             constraint_weight_bounds = weight_bound
         if isinstance(constraint_weight_bounds, (list, tuple)):
@@ -304,8 +442,11 @@ class CLUCB2ASC(Policy):
         else:
             bounds = [constraint_weight_bounds] * C
         self.constraint_confidences = [
-            _confidence(m, self.delta, b, f"constraint_weight_bounds[{j}]") for j, (m, b) in enumerate(zip(self.constraint_models, bounds))
+            _confidence(m, self.delta, b, f"constraint_weight_bounds[{j}]", radius_scale)
+            for j, (m, b) in enumerate(zip(self.constraint_models, bounds))
         ]
+        self._reward_arms = _ArmBounds(self.reward_confidence)
+        self._constraint_arms = [_ArmBounds(c) for c in self.constraint_confidences]
         lows = [baseline_lower_bound] * C if isinstance(baseline_lower_bound, (int, float)) else list(baseline_lower_bound)
         if len(lows) != C or not all(isinstance(v, (int, float)) and float(v) >= 0 for v in lows):
             raise ValueError(f"baseline_lower_bound: expected a number >= 0 or {C} of them, got {baseline_lower_bound!r}")
@@ -325,19 +466,16 @@ class CLUCB2ASC(Policy):
         rows = torch.arange(R)
         xb = features[rows, baseline]  # [R, d]
         ok = torch.ones(R, K, dtype=torch.bool)
-        if self.mode == "cumulative":
-            points = torch.cat([features + self.z[:, None, :], (self.v + xb)[:, None, :], self.w[:, None, :]], dim=1)
-        else:
-            points = torch.cat([features, xb[:, None, :]], dim=1)
+        cumulative = self.mode == "cumulative"
+        extra = torch.stack([self.v + xb, self.w], 1) if cumulative else xb[:, None, :]
         n = self.num_conservative.to(_DTYPE)
-        for j, conf in enumerate(self.constraint_confidences):
-            lower, upper = _bounds(conf, points)  # [R, K + 1 (+ 1)]
+        for j, arms in enumerate(self._constraint_arms):
+            lower, _, extra_lower, extra_upper = arms.bounds(features, self.z if cumulative else None, extra)
             alpha = self.alpha[j]
-            lhs = lower[:, :K]
-            if self.mode == "cumulative":
-                budget = torch.maximum(lower[:, K + 1], n * self.baseline_lower_bound[j])
-                lhs = lhs + alpha * budget[:, None]
-            ok &= lhs >= (1 - alpha) * upper[:, K, None]
+            if cumulative:
+                budget = torch.maximum(extra_lower[:, 1], n * self.baseline_lower_bound[j])
+                lower = lower + alpha * budget[:, None]
+            ok &= lower >= (1 - alpha) * extra_upper[:, :1]
         ok[rows, baseline] = True
         return ok
 
@@ -350,7 +488,7 @@ class CLUCB2ASC(Policy):
         if valid is not None:
             ok &= valid
             ok[rows, baseline] = True
-        _, upper = _bounds(self.reward_confidence, features)
+        _, upper = self._reward_arms.bounds(features)
         actions = masked_argmax(upper, ok)
         self.last_feasible = ok
         self._pending = (actions != baseline, features[rows, baseline])
@@ -371,9 +509,13 @@ class CLUCB2ASC(Policy):
             self.w += (1 - m) * xb
             self.num_conservative += (~explored).long()
         self._pending = None
+        for arms in (self._reward_arms, *self._constraint_arms):
+            arms.observe(features_chosen)
         self.reward_model.update(features_chosen, reward, actions=actions)
         for j, model in enumerate(self.constraint_models):
             model.update(features_chosen, constraints[:, j], actions=actions)
+        for arms in (self._reward_arms, *self._constraint_arms):
+            arms.commit()
 
     def models(self):
         out = {"reward": self.reward_model}

@@ -22,7 +22,7 @@ import torch
 
 from .._validation import check_in_range
 from ..random import Generator
-from .base import Policy, masked_argmax
+from .base import Policy, check_step_inputs, masked_argmax
 
 __all__ = ["TSASC"]
 
@@ -47,6 +47,8 @@ class TSASC(Policy):
         self.reward_model = reward_model
         self.constraint_models = list(constraint_models)
         self.num_constraints = len(self.constraint_models)
+        if isinstance(alpha, torch.Tensor):
+            alpha = alpha.tolist()  # a 0-d tensor becomes a float, a 1-d one a list
         alphas = [alpha] * self.num_constraints if isinstance(alpha, (int, float)) else list(alpha)
         if len(alphas) != self.num_constraints:
             raise ValueError(f"alpha: expected a scalar or {self.num_constraints} values (one per constraint model), got {len(alphas)}")
@@ -56,6 +58,9 @@ class TSASC(Policy):
         """The sampled feasible set ``[R, K]`` (bool), baseline included."""
         if baseline is None:
             raise ValueError("baseline: TS-ASC needs the baseline action b_t of every replication")
+        # an out-of-range baseline would raise IndexError, and a negative one would silently
+        # index from the end: check (one comparison per step)
+        check_step_inputs(features, baseline)
         R = features.shape[0]
         rows = torch.arange(R)
         ok = torch.ones(features.shape[:2], dtype=torch.bool)
