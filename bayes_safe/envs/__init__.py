@@ -1,8 +1,13 @@
-"""Problems: what a policy faces. ``make_problem(name, ...)`` builds one by registry name."""
+"""Problems: what a policy faces. ``make_problem(name, ...)`` builds a fixed-arm linear problem by name.
+
+Contextual problems with their own protocols (video upload, movie recommendation, warfarin
+dosing) are exported here too but are not in ``PROBLEMS``: each documents how it is run.
+"""
 
 from __future__ import annotations
 
 from .linear import LinearBandit, Step, daulton2019, kazerouni2017, kazerouni2017_neurips
+from .video_upload import VideoUpload, video_upload
 
 PROBLEMS = {
     "kazerouni2017": kazerouni2017,
@@ -18,4 +23,7 @@ def make_problem(name: str, **kwargs):
     return PROBLEMS[name](**kwargs)
 
 
-__all__ = ["LinearBandit", "Step", "PROBLEMS", "make_problem", "daulton2019", "kazerouni2017", "kazerouni2017_neurips"]
+__all__ = [
+    "PROBLEMS", "LinearBandit", "Step", "VideoUpload", "daulton2019", "kazerouni2017", "kazerouni2017_neurips",
+    "make_problem", "video_upload",
+]
