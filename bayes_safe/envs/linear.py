@@ -101,7 +101,7 @@ class LinearBandit:
         """Play ``actions [R]``; returns ``(expected [R, M], observed [R, M])``."""
         mean = self.expected[self._rows, actions]
         noise = standard_normal((self.replications, self.num_metrics), generator, key="env/noise")
-        return mean, mean + noise * self.noise_std
+        return mean, torch.addcmul(mean, noise, self.noise_std)
 
 
 def _rejection_arms(gen, num_arms, dim, thetas, draw, max_batches=200):

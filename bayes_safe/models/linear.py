@@ -184,6 +184,7 @@ class BayesianLinear:
             raise TypeError(f"prior: expected a pyro.distributions distribution with event shape [d] or a callable Pyro model, got {type(prior).__name__}")
         self.dim = d
         self._sample_shape = (*self.batch_shape, d)
+        self._column_shape = (*self.batch_shape, d, 1)
 
         if inference == "conjugate" and gaussian is None:
             raise ValueError("inference='conjugate' needs a Gaussian prior (MultivariateNormal or Normal(...).to_event(1))")
@@ -399,16 +400,16 @@ class BayesianLinear:
             key: the stream name when ``generator`` is a ReplicationRNG (models sampled in the
                 same step need distinct keys).
         """
-        shape = self._sample_shape
         if self.conjugate:
-            z = standard_normal(shape, generator, key=key)
+            z = standard_normal(self._column_shape, generator, key=key)  # [*batch, d, 1]
             if self._factor is None:
                 self._factorize()
             if self.noise_prior is not None:
                 a, b = self._noise_posterior()
                 s2 = b / standard_gamma(a, generator, key=key + "/noise")
-                z = z * s2.sqrt()[..., None]
-            return torch.linalg.solve_triangular(self._factor.mT, self._u + z[..., None], upper=True)[..., 0]
+                z = z * s2.sqrt()[..., None, None]
+            return torch.linalg.solve_triangular(self._factor.mT, self._u + z, upper=True)[..., 0]
+        shape = self._sample_shape
         S = self._draws.shape[0]
         idx = (standard_uniform(self.batch_shape, generator, key=key) * S).long().clamp_max(S - 1)
         flat = self._draws.reshape(S, -1, self.dim)
