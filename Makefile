@@ -6,7 +6,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-slow bench lint docs clean
+.PHONY: demo test test-slow bench lint docs data clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -20,10 +20,15 @@ $(STAMP): $(PY) pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/bayes-safe tune video-upload --trials 16 --parallel 2 --overwrite --out demo-output
 
-test: $(STAMP)
+# the Open Bandit Dataset sample ships inside the obp wheel on PyPI: fetched once into
+# ~/.cache/bayes_safe/obp (or $$BAYES_SAFE_DATA/obp), never installed, never committed
+data: $(STAMP)
+	$(PY) -m bayes_safe.offline.open_bandit --fetch
+
+test: $(STAMP) data
 	$(PY) -m pytest -q
 
-test-slow: $(STAMP)
+test-slow: $(STAMP) data
 	$(PY) -m pytest -q -m slow
 
 bench: $(STAMP)

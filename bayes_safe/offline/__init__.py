@@ -1,0 +1,89 @@
+"""Controlled exploration from logs (Kachuee & Lee 2022): constrained off-policy training and evaluation.
+
+Five lines::
+
+    from bayes_safe.offline import skill_routing_logs, ReplicationConstraints, mlp_policy, train_policy, MetaGradient
+    data = skill_routing_logs(n=50_000, seed=0).split((0.7, 0.15, 0.15), seed=0)
+    cons = ReplicationConstraints.from_benchmark("critical", data["train"].domain_names)
+    policy = mlp_policy(data["train"].n_features, data["train"].n_actions, seed=0)
+    result = train_policy(policy, data["train"], cons, MetaGradient(), valid=data["valid"], epochs=8)
+
+Modules: :mod:`.data` (``LoggedData``), :mod:`.constraints` (eq. 1-2, benchmarks as JSON),
+:mod:`.policy`, :mod:`.training` (IPS, quadratic, Algorithm 1, Algorithm 2),
+:mod:`.estimators` (IPS, SNIPS, DM, DR, bootstrap, violation rates), :mod:`.synthetic`
+(skill routing), :mod:`.open_bandit` (the Open Bandit Dataset sample), :mod:`.ab_test`
+(off-policy trials for the tuning loop).
+"""
+
+from .ab_test import evaluate_offline, offline_metric_names, trained_policy_factory
+from .constraints import (
+    ReplicationConstraints,
+    available_benchmarks,
+    load_benchmark,
+    replication_rate,
+)
+from .data import LoggedData, LoggedDataError
+from .estimators import (
+    Estimate,
+    bootstrap_ci,
+    cross_fit_rewards,
+    direct_method,
+    doubly_robust,
+    estimate_value,
+    evaluate_policy,
+    fit_reward_model,
+    ips,
+    snips,
+    violation_rates,
+    violation_reduction,
+)
+from .open_bandit import load_open_bandit
+from .policy import mlp_policy, policy_probs
+from .synthetic import SkillRouting, skill_routing_logs
+from .training import (
+    IPS,
+    MetaGradient,
+    Minimax,
+    Quadratic,
+    TrainResult,
+    make_method,
+    meta_gradient,
+    train_policy,
+)
+
+__all__ = [
+    "IPS",
+    "Estimate",
+    "LoggedData",
+    "LoggedDataError",
+    "MetaGradient",
+    "Minimax",
+    "Quadratic",
+    "ReplicationConstraints",
+    "SkillRouting",
+    "TrainResult",
+    "available_benchmarks",
+    "bootstrap_ci",
+    "cross_fit_rewards",
+    "direct_method",
+    "doubly_robust",
+    "estimate_value",
+    "evaluate_offline",
+    "evaluate_policy",
+    "fit_reward_model",
+    "ips",
+    "load_benchmark",
+    "load_open_bandit",
+    "make_method",
+    "meta_gradient",
+    "mlp_policy",
+    "offline_metric_names",
+    "policy_probs",
+    "replication_rate",
+    "skill_routing_logs",
+    "snips",
+    "train_policy",
+    "trained_policy_factory",
+    "violation_rates",
+    "violation_reduction",
+]

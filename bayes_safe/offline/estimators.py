@@ -1,0 +1,291 @@
+"""Off-policy value estimators with bootstrap intervals, and constraint metrics.
+
+Value of a target policy ``pi`` from logs of ``Pi_0`` (``N`` rounds, importance weight
+``w_i = pi(a_i|x_i) / Pi_0(a_i|x_i)``, reward model ``q(x, a)``):
+
+* IPS (Horvitz-Thompson; the objective of Kachuee & Lee 2022, eq. 3):
+  ``V = mean_i w_i r_i``.
+* Self-normalised IPS: ``V = sum_i w_i r_i / sum_i w_i``.
+* Direct method: ``V = mean_i sum_a pi(a|x_i) q(x_i, a)``.
+* Doubly robust (Dudik, Langford & Li 2011):
+  ``V = mean_i [sum_a pi(a|x_i) q(x_i, a) + w_i (r_i - q(x_i, a_i))]``.
+
+Confidence intervals are percentile bootstraps over logged rounds (rows resampled with
+replacement; the reward model is held fixed across resamples, so its fitting noise is not
+in the interval). The standard error reported is the bootstrap standard deviation.
+
+The reward model (the paper is silent; it uses no DM/DR): :class:`RidgeRewardModel`, one
+ridge regression per action on the context features (plus an unpenalised intercept),
+fitted in float64, predictions clipped to the observed reward range. By default
+:func:`evaluate_policy` cross-fits it (two folds of the evaluated data: each half is scored
+by the model fitted on the other half), so DM/DR do not reuse a row's own reward.
+
+Constraint metrics (s.4.3): a logged context ``x`` of domain ``k`` *violates* when
+``R_theta(x) < c_min_k`` or ``R_theta(x) > c_max_k`` (eq. 1-2, per context, as the
+constraints are written). The **micro** rate is the share of violating contexts among the
+contexts of constrained domains; the **macro** rate is the mean over constrained domains
+(those with ``c_min > 0`` or ``c_max < 1``) of each domain's share. The reduction of a
+method against the IPS-trained policy is ``100 (V_ips - V) / V_ips`` per cent.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+
+from .constraints import ReplicationConstraints, replication_rate
+from .data import LoggedData
+
+__all__ = [
+    "ESTIMATORS",
+    "Estimate",
+    "RidgeRewardModel",
+    "bootstrap_ci",
+    "cross_fit_rewards",
+    "direct_method",
+    "doubly_robust",
+    "estimate_value",
+    "evaluate_policy",
+    "fit_reward_model",
+    "ips",
+    "snips",
+    "violation_rates",
+    "violation_reduction",
+]
+
+ESTIMATORS = ("ips", "snips", "dm", "dr")
+
+
+def _check_probs(probs: torch.Tensor, data: LoggedData) -> torch.Tensor:
+    if not torch.is_tensor(probs) or tuple(probs.shape) != (len(data), data.n_actions):
+        shape = list(probs.shape) if torch.is_tensor(probs) else type(probs).__name__
+        raise ValueError(f"probs: expected shape [{len(data)}, {data.n_actions}] (rounds, actions), got {shape}")
+    return probs.to(torch.float64)
+
+
+def _weights(probs: torch.Tensor, data: LoggedData) -> torch.Tensor:
+    p = _check_probs(probs, data)
+    return p[torch.arange(len(data)), data.actions] / data.propensities
+
+
+def _terms(name: str, probs: torch.Tensor, data: LoggedData, q: torch.Tensor | None):
+    """Per-row numerator and denominator terms: the estimate is ``sum(num) / sum(den)``."""
+    r = data.rewards.to(torch.float64)
+    ones = torch.ones(len(data), dtype=torch.float64)
+    if name == "ips":
+        return _weights(probs, data) * r, ones
+    if name == "snips":
+        w = _weights(probs, data)
+        return w * r, w
+    if q is None:
+        raise ValueError(f"{name}: needs reward-model predictions q [N, A]")
+    q = q.to(torch.float64)
+    if tuple(q.shape) != (len(data), data.n_actions):
+        raise ValueError(f"q: expected shape [{len(data)}, {data.n_actions}], got {list(q.shape)}")
+    p = _check_probs(probs, data)
+    dm = (p * q).sum(1)
+    if name == "dm":
+        return dm, ones
+    if name == "dr":
+        w = _weights(probs, data)
+        return dm + w * (r - q[torch.arange(len(data)), data.actions]), ones
+    raise ValueError(f"estimator: unknown name {name!r}; expected one of {list(ESTIMATORS)}")
+
+
+def ips(probs: torch.Tensor, data: LoggedData) -> float:
+    """IPS value of the policy with probabilities ``probs [N, A]`` on ``data``."""
+    num, den = _terms("ips", probs, data, None)
+    return float(num.sum() / den.sum())
+
+
+def snips(probs: torch.Tensor, data: LoggedData) -> float:
+    """Self-normalised IPS value."""
+    num, den = _terms("snips", probs, data, None)
+    return float(num.sum() / den.sum())
+
+
+def direct_method(probs: torch.Tensor, data: LoggedData, q: torch.Tensor) -> float:
+    """Direct-method value with reward predictions ``q [N, A]``."""
+    num, den = _terms("dm", probs, data, q)
+    return float(num.sum() / den.sum())
+
+
+def doubly_robust(probs: torch.Tensor, data: LoggedData, q: torch.Tensor) -> float:
+    """Doubly-robust value with reward predictions ``q [N, A]``."""
+    num, den = _terms("dr", probs, data, q)
+    return float(num.sum() / den.sum())
+
+
+def bootstrap_ci(num: torch.Tensor, den: torch.Tensor | None = None, *, n_boot: int = 1000, level: float = 0.95,
+                 seed: int = 0, chunk: int | None = None) -> tuple[float, float, float]:
+    """Percentile bootstrap of ``sum(num) / sum(den)`` over rows.
+
+    Args:
+        num, den: ``[N]`` per-row terms (``den`` None: the plain mean of ``num``).
+        n_boot: number of resamples; level: coverage of the interval; seed: of the resampling.
+
+    Returns:
+        ``(low, high, standard deviation of the resampled estimates)``.
+    """
+    if int(n_boot) < 2:
+        raise ValueError(f"n_boot: expected >= 2, got {n_boot}")
+    if not 0 < float(level) < 1:
+        raise ValueError(f"level: expected a value in (0, 1), got {level}")
+    num = num.to(torch.float64).reshape(-1)
+    den = torch.ones_like(num) if den is None else den.to(torch.float64).reshape(-1)
+    n = num.numel()
+    if n == 0:
+        raise ValueError("num: expected at least one row")
+    g = torch.Generator().manual_seed(int(seed))
+    chunk = chunk or max(1, min(int(n_boot), 4_000_000 // n))
+    stats = []
+    done = 0
+    while done < n_boot:
+        b = min(chunk, int(n_boot) - done)
+        idx = torch.randint(n, (b, n), generator=g)
+        stats.append(num[idx].sum(1) / den[idx].sum(1))
+        done += b
+    s = torch.cat(stats)
+    alpha = (1 - float(level)) / 2
+    q = torch.quantile(s, torch.tensor([alpha, 1 - alpha], dtype=torch.float64))
+    return float(q[0]), float(q[1]), float(s.std())
+
+
+@dataclasses.dataclass(frozen=True)
+class Estimate:
+    """One estimate with its bootstrap interval (``low``, ``high``) and standard error ``se``."""
+
+    value: float
+    low: float
+    high: float
+    se: float
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def estimate_value(probs: torch.Tensor, data: LoggedData, estimator: str = "snips", q: torch.Tensor | None = None,
+                   *, n_boot: int = 1000, level: float = 0.95, seed: int = 0) -> Estimate:
+    """One estimator (``"ips"``, ``"snips"``, ``"dm"``, ``"dr"``) with a bootstrap interval."""
+    num, den = _terms(estimator, probs, data, q)
+    low, high, se = bootstrap_ci(num, den, n_boot=n_boot, level=level, seed=seed)
+    return Estimate(float(num.sum() / den.sum()), low, high, se)
+
+
+# ---------------------------------------------------------------------- reward model
+class RidgeRewardModel:
+    """Per-action ridge regression ``q(x, a) = c_a + x^T w_a`` (float64), predictions clipped.
+
+    Args:
+        weights: ``[A, d]``; intercepts: ``[A]``; low, high: the clipping range.
+    """
+
+    def __init__(self, weights: torch.Tensor, intercepts: torch.Tensor, low: float, high: float):
+        self.weights, self.intercepts, self.low, self.high = weights, intercepts, float(low), float(high)
+
+    def predict(self, contexts: torch.Tensor) -> torch.Tensor:
+        """``[N, A]`` predicted mean rewards for ``contexts [N, d]``."""
+        q = contexts.to(torch.float64) @ self.weights.T + self.intercepts
+        return q.clamp(self.low, self.high)
+
+
+def fit_reward_model(data: LoggedData, ridge: float = 1.0) -> RidgeRewardModel:
+    """Fit :class:`RidgeRewardModel` on the logged rows (each action on its own rows).
+
+    Features are centred per action so the intercept is not penalised; an action never
+    logged predicts the overall mean reward.
+    """
+    if not (math.isfinite(float(ridge)) and float(ridge) > 0):
+        raise ValueError(f"ridge: expected a finite number > 0, got {ridge!r}")
+    x = data.contexts.to(torch.float64)
+    r = data.rewards.to(torch.float64)
+    d, n_actions = x.shape[1], data.n_actions
+    weights = torch.zeros(n_actions, d, dtype=torch.float64)
+    intercepts = torch.full((n_actions,), float(r.mean()), dtype=torch.float64)
+    eye = torch.eye(d, dtype=torch.float64)
+    for a in range(n_actions):  # fit time only, not a hot path
+        rows = data.actions == a
+        if not bool(rows.any()):
+            continue
+        xa, ra = x[rows], r[rows]
+        mx, mr = xa.mean(0), ra.mean()
+        xc = xa - mx
+        chol = torch.linalg.cholesky(xc.T @ xc + float(ridge) * eye)
+        w = torch.cholesky_solve((xc.T @ (ra - mr))[:, None], chol)[:, 0]
+        weights[a] = w
+        intercepts[a] = mr - mx @ w
+    return RidgeRewardModel(weights, intercepts, float(r.min()), float(r.max()))
+
+
+def cross_fit_rewards(data: LoggedData, folds: int = 2, ridge: float = 1.0, seed: int = 0) -> torch.Tensor:
+    """``[N, A]`` reward predictions where each row is scored by a model not fitted on it."""
+    if int(folds) < 2 or int(folds) > len(data):
+        raise ValueError(f"folds: expected an int in [2, {len(data)}], got {folds}")
+    g = torch.Generator().manual_seed(int(seed))
+    fold = torch.randperm(len(data), generator=g) % int(folds)
+    q = torch.empty(len(data), data.n_actions, dtype=torch.float64)
+    for f in range(int(folds)):
+        model = fit_reward_model(data.subset(fold != f), ridge)
+        q[fold == f] = model.predict(data.contexts[fold == f])
+    return q
+
+
+# ---------------------------------------------------------------------- constraint metrics
+def violation_rates(probs: torch.Tensor, data: LoggedData, constraints: ReplicationConstraints) -> dict:
+    """Micro and macro violation rates of ``probs [N, A]`` on ``data`` (module docstring).
+
+    Returns ``{"micro", "macro", "per_domain": {name: rate}, "mean_replication": float,
+    "replication_per_domain": {name: mean R}}`` (per-domain entries for constrained domains).
+    """
+    constraints.check_domains(data.domain_names)
+    pi0 = data.require_logging_probs("violation rates")
+    rate = replication_rate(_check_probs(probs, data), pi0.to(torch.float64))
+    bad = constraints.violated(rate, data.domains).to(torch.float64)
+    m = data.n_domains
+    counts = torch.bincount(data.domains, minlength=m).to(torch.float64)
+    per = torch.zeros(m, dtype=torch.float64).index_add_(0, data.domains, bad) / counts.clamp_min(1)
+    mean_r = torch.zeros(m, dtype=torch.float64).index_add_(0, data.domains, rate) / counts.clamp_min(1)
+    on = constraints.constrained() & (counts > 0)
+    if not bool(on.any()):
+        return {"micro": 0.0, "macro": 0.0, "per_domain": {}, "mean_replication": float(rate.mean()),
+                "replication_per_domain": {}}
+    micro = float((per[on] * counts[on]).sum() / counts[on].sum())
+    names = [d for d, o in zip(data.domain_names, on.tolist()) if o]
+    return {"micro": micro, "macro": float(per[on].mean()),
+            "per_domain": dict(zip(names, per[on].tolist())),
+            "mean_replication": float(rate.mean()),
+            "replication_per_domain": dict(zip(names, mean_r[on].tolist()))}
+
+
+def violation_reduction(rate: float, ips_rate: float) -> float:
+    """``100 (ips_rate - rate) / ips_rate`` (NaN when the IPS policy never violates)."""
+    return float("nan") if ips_rate <= 0 else 100.0 * (ips_rate - rate) / ips_rate
+
+
+def evaluate_policy(probs: torch.Tensor, data: LoggedData, constraints: ReplicationConstraints | None = None, *,
+                    q: torch.Tensor | None = None, estimators=ESTIMATORS, n_boot: int = 1000, level: float = 0.95,
+                    seed: int = 0) -> dict:
+    """Every estimator (with bootstrap interval) and, given constraints, the violation rates.
+
+    Args:
+        probs: ``[N, A]`` target-policy probabilities on ``data`` (see
+            :func:`bayes_safe.offline.policy.policy_probs`).
+        q: ``[N, A]`` reward predictions for DM/DR; default: :func:`cross_fit_rewards`.
+        seed: of the bootstrap and of the cross-fitting folds.
+
+    Returns:
+        ``{"ips": Estimate.to_dict(), ..., "true_value": float (synthetic data only),
+        "violations": violation_rates(...)}``.
+    """
+    out: dict = {}
+    if q is None and any(e in ("dm", "dr") for e in estimators):
+        q = cross_fit_rewards(data, seed=seed)
+    for i, name in enumerate(estimators):
+        out[name] = estimate_value(probs, data, name, q, n_boot=n_boot, level=level, seed=seed + i).to_dict()
+    if data.expected_rewards is not None:
+        out["true_value"] = float((_check_probs(probs, data) * data.expected_rewards.to(torch.float64)).sum(1).mean())
+    if constraints is not None:
+        out["violations"] = violation_rates(probs, data, constraints)
+    return out
