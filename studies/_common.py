@@ -93,6 +93,21 @@ def fmt(x, digits: int = 4) -> str:
     return f"{x:.{digits}f}"
 
 
+def wall_time_section(seconds: dict[str, float]) -> list[str]:
+    """Report lines: the wall time of each phase and the share of a core the process had."""
+    order = lambda kv: (kv[0].startswith("total"), kv[0] == "figures", not kv[0].startswith("build"), kv[0])  # noqa: E731
+    share = 100 * seconds["total_cpu"] / max(seconds["total"], 1e-9)
+    return [
+        "## Wall time",
+        "",
+        md_table(["phase", "seconds"], [[k, f"{v:.1f}"] for k, v in sorted(seconds.items(), key=order)]),
+        "",
+        f"The process had {share:.0f}% of a core on average (the 2-core machine was shared with other jobs); on an "
+        "otherwise idle machine the wall time is close to the CPU time (`total_cpu`), since every simulation runs "
+        "on one thread.",
+    ]
+
+
 def md_table(headers: list[str], rows: list[list]) -> str:
     """A Markdown table."""
     out = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]

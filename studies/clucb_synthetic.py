@@ -39,7 +39,7 @@ from bayes_safe.plots import save_figure  # noqa: E402
 from bayes_safe.policies import LUCB  # noqa: E402
 from bayes_safe.simulate import simulate  # noqa: E402
 
-from ._common import Timer, band, fmt, md_table, per_step_mean_sem, thin, write_csv  # noqa: E402
+from ._common import Timer, band, fmt, md_table, per_step_mean_sem, thin, wall_time_section, write_csv  # noqa: E402
 
 NAME = "clucb-synthetic"
 DESCRIPTION = "Kazerouni et al. (2017) s.6: LUCB vs CLUCB, expected reward per period and violations of constraint (3)"
@@ -267,14 +267,7 @@ def _report(info: dict, cfg: dict) -> str:
            if paper_lucb / 3 <= lu01["lucb_wide_mean"] <= 3 * paper_lucb else
            " The count depends strongly on the confidence set; neither width reproduces the paper's number here."),
         "",
-        "## Wall time",
-        "",
-        md_table(["phase", "seconds"], [[k, f"{v:.1f}"] for k, v in sorted(
-            info["seconds"].items(), key=lambda kv: (kv[0].startswith("total"), kv[0] == "figures", not kv[0].startswith("build"), kv[0]))]),
-        "",
-        f"The process had {100 * info['seconds']['total_cpu'] / max(info['seconds']['total'], 1e-9):.0f}% of a core on "
-        "average (the 2-core machine was shared with other jobs); on an otherwise idle machine the wall time is close "
-        "to the CPU time (`total_cpu`), since every simulation runs on one thread.",
+        *wall_time_section(info["seconds"]),
         "",
         "Outputs: `results.json` (every number above, with per-realisation violation counts), `violations.csv`, "
         "`curves.csv` (per-period reward and average regret, mean and SEM, at up to 5,000 steps), the PNG figure. "

@@ -62,7 +62,7 @@ from bayes_safe.plots import save_figure  # noqa: E402
 from bayes_safe.policies import TSASC  # noqa: E402
 from bayes_safe.simulate import simulate  # noqa: E402
 
-from ._common import Timer, band, fmt, md_table, per_step_mean_sem, thin, write_csv  # noqa: E402
+from ._common import Timer, band, fmt, md_table, per_step_mean_sem, thin, wall_time_section, write_csv  # noqa: E402
 
 NAME = "ts-asc-synthetic"
 DESCRIPTION = "Daulton et al. (2019) s.4: TS-ASC vs CLUCB2-ASC-C/-I on the synthetic problem (Figures 1a, 1b, 2a, 2b)"
@@ -524,14 +524,7 @@ def _report(info: dict, cfg: dict) -> str:
            if sens["ridge"]["per_step_regret_last100"]["mean"] > sens["weights"]["per_step_regret_last100"]["mean"] + 0.05
            else "; in this run the difference in regret is small."),
         "",
-        "## Wall time",
-        "",
-        md_table(["phase", "seconds"], [[k, f"{v:.1f}"] for k, v in sorted(
-            info["seconds"].items(), key=lambda kv: (kv[0].startswith("total"), kv[0] == "figures", not kv[0].startswith("build"), kv[0]))]),
-        "",
-        f"The process had {100 * info['seconds']['total_cpu'] / max(info['seconds']['total'], 1e-9):.0f}% of a core on "
-        "average (the 2-core machine was shared with other jobs); on an otherwise idle machine the wall time is close "
-        "to the CPU time (`total_cpu`), since every simulation runs on one thread.",
+        *wall_time_section(info["seconds"]),
         "",
         "Outputs: `results.json` (every number above), `summary.csv`, `table_2b.csv`, `steps.csv` (per-step means and "
         "SEMs of every curve), `figure2a.csv`, and the PNG figures. (The copy under `docs/reports/` keeps the report, "

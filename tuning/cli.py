@@ -16,22 +16,14 @@ import sys
 import time
 from pathlib import Path
 
+from bayes_safe.cli import _positive_int
+
 __all__ = ["FULL", "QUICK", "add_tune_parser", "default_ab_test", "run_tune"]
 
 #: the A/B test of a full study (per arm: TS-ASC, vanilla TS, baseline on the same users)
 FULL = {"n_users": 20_000, "batches": 4, "warmup": 4_000, "model": {}}
 #: --quick: a smoke-sized A/B test (seconds per trial)
 QUICK = {"n_users": 4_000, "batches": 2, "warmup": 4_000, "model": {"nn_epochs": 4, "nn_min_steps": 200}}
-
-
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return v
 
 
 def _common(p: argparse.ArgumentParser) -> None:
