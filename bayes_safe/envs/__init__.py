@@ -27,3 +27,8 @@ __all__ = [
     "PROBLEMS", "LinearBandit", "Step", "VideoUpload", "daulton2019", "kazerouni2017", "kazerouni2017_neurips",
     "make_problem", "video_upload",
 ]
+
+from .movies import load_movielens, movie_recommendation, synthetic_movielens  # noqa: E402
+from .warfarin import load_iwpc, warfarin  # noqa: E402
+
+__all__ += ["load_iwpc", "load_movielens", "movie_recommendation", "synthetic_movielens", "warfarin"]
