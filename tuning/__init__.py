@@ -8,6 +8,8 @@ Daulton et al. (2019), section 5.3. The pieces:
 * :class:`Study` is the persistent Ax experiment (``ax.api.Client``, Sobol then BoTorch with
   qLogNoisyExpectedImprovement, outcome constraints) in SQLite or a server database, run with
   several trials in flight in local processes or on a Dask cluster, resumable after a crash;
+* :class:`LoggedDataProblem` makes the trials off-policy estimates from logged data instead
+  of simulations (train on part of the logs, estimate value and violations on the rest);
 * :func:`write_report` draws the paper's Figure 3 and writes ``report.md``.
 
 Example:
@@ -18,12 +20,14 @@ Example:
 """
 
 from .ab_test import ABProblem, ABTest, Range, VideoUploadProblem, make_problem
+from .logged import LoggedDataProblem
 from .report import write_report
 from .study import Study, make_generation_strategy
 
 __all__ = [
            "ABProblem",
            "ABTest",
+           "LoggedDataProblem",
            "Range",
            "Study",
            "VideoUploadProblem",

@@ -123,6 +123,10 @@ class ABProblem:
       per-unit values whose means are compared with the baseline's (``mask`` restricts a
       metric to some units, e.g. uploads with a 1080p source).
 
+    Offline problems (``offline = True``, e.g. :class:`tuning.logged.LoggedDataProblem`) replace
+    the simulation: ``estimate(parameters, seed)`` returns the trial's ``{metric: (mean, sem)}``
+    directly and ``metric_names()`` lists every metric by its full name.
+
     Optional: ``level_metrics(env, units, outcomes, baseline_outcomes, parameters)`` ->
     ``{name: values [n]}`` reported as means (not as changes); ``config()`` (a JSON-safe dict
     that rebuilds the problem through :func:`make_problem`, so a stored study can be resumed
@@ -132,6 +136,10 @@ class ABProblem:
 
     name: str = "custom"
     policies: tuple[str, ...] = ()
+    #: arms compared with the tuned one by default (``ABTest(compare=None)``)
+    compare: tuple[str, ...] = ()
+    #: True: trials are estimated by ``estimate`` (no simulation)
+    offline: bool = False
     parameters: tuple[Range, ...] = ()
     objective: str | None = None
     outcome_constraints: tuple[str, ...] = ()
@@ -164,6 +172,10 @@ class ABProblem:
 
     def config(self) -> dict | None:
         return None
+
+    def estimate(self, parameters: Mapping, seed: int) -> dict[str, tuple[float, float]]:
+        """An offline problem's trial: ``{metric: (mean, sem)}`` for ``parameters``."""
+        raise NotImplementedError(f"problem {self.name!r}: estimate() is for offline problems (offline = True)")
 
 
 #: the paper's search space (section 5.3): omega_360p = 1 fixed; the open lower bounds (0, ...]
@@ -212,6 +224,7 @@ class VideoUploadProblem(ABProblem):
 
     name = "video-upload"
     policies = ("ts-asc", "ts")
+    compare = ("ts",)
     parameters = VIDEO_UPLOAD_PARAMETERS
     objective = "q_1080p_change"
     outcome_constraints = ("reliability_change >= 0",)
@@ -320,13 +333,20 @@ class VideoUploadProblem(ABProblem):
 PROBLEMS: dict[str, Callable[..., ABProblem]] = {"video-upload": VideoUploadProblem}
 
 
+def _problems() -> dict[str, Callable[..., ABProblem]]:
+    from .logged import LoggedDataProblem
+
+    return {**PROBLEMS, "logged-data": LoggedDataProblem}
+
+
 def make_problem(config: Mapping | str) -> ABProblem:
-    """Build a problem from its name or its ``config()`` dict."""
+    """Build a problem from its name (``"video-upload"``, ``"logged-data"``) or its ``config()`` dict."""
     cfg = {"name": config} if isinstance(config, str) else dict(config)
     name = cfg.pop("name", None)
-    if name not in PROBLEMS:
-        raise ValueError(f"problem: expected one of {sorted(PROBLEMS)}, got {name!r}")
-    return PROBLEMS[name](**cfg)
+    problems = _problems()
+    if name not in problems:
+        raise ValueError(f"problem: expected one of {sorted(problems)}, got {name!r}")
+    return problems[name](**cfg)
 
 
 # ---------------------------------------------------------------------- the A/B test
@@ -354,11 +374,16 @@ class ABTest:
             (except the last: nothing is decided after it).
         policy: the arm being tuned (``"ts-asc"``).
         compare: further learning arms evaluated on the same units, reported with the prefix
-            ``"<arm>_"`` (``("ts",)``: vanilla TS for the paper's Figure 3c). ``()`` for none.
+            ``"<arm>_"`` (``("ts",)``: vanilla TS for the paper's Figure 3c). ``()`` for none;
+            ``None`` (default) for the problem's own choice (``problem.compare``).
         policy_factory: ``(kind, parameters, env, *, seed, refit_every) -> Policy`` to use
             instead of ``problem.make_policy``.
 
-    :meth:`evaluate` returns ``{metric: (mean, sem)}`` with, for each per-unit metric ``m``
+    For an offline problem (``problem.offline``: trials estimated from logs, see
+    :mod:`tuning.logged`) :meth:`evaluate` returns ``problem.estimate(parameters, seed)``;
+    ``n_users``, ``batches``, ``policy`` and ``compare`` do not apply.
+
+    Otherwise :meth:`evaluate` returns ``{metric: (mean, sem)}`` with, for each per-unit metric ``m``
     of the problem: ``m_change`` (% change of the tuned arm against the baseline),
     ``m`` (the tuned arm's level), ``baseline_m`` (the baseline's level) and, for each
     compared arm ``c``, ``c_m_change`` and ``c_m``; and the problem's level metrics (``v``,
@@ -369,7 +394,7 @@ class ABTest:
     n_users: int = 20_000
     batches: int = 4
     policy: str = "ts-asc"
-    compare: tuple[str, ...] = ("ts",)
+    compare: tuple[str, ...] | None = None
     policy_factory: Callable | None = None
 
     def __post_init__(self):
@@ -381,7 +406,14 @@ class ABTest:
                 raise ValueError(f"{key}: expected a positive int, got {v!r}")
         if self.n_users < 2 * self.batches:
             raise ValueError(f"n_users: expected at least 2 units per batch ({2 * self.batches}), got {self.n_users}")
-        self.compare = tuple(self.compare)
+        self.compare = tuple(self.problem.compare if self.compare is None else self.compare)
+        if self.problem.offline:
+            if self.compare:
+                raise ValueError(f"compare: problem {self.problem.name!r} estimates trials from logs; it has no "
+                                 f"arms to compare, got {self.compare}")
+            if self.policy_factory is not None:
+                raise ValueError(f"policy_factory: problem {self.problem.name!r} trains its own policy from logs")
+            return
         arms = (self.policy, *self.compare)
         if len(set(arms)) != len(arms):
             raise ValueError(f"compare: expected arms different from each other and from policy={self.policy!r}, got {self.compare}")
@@ -396,6 +428,8 @@ class ABTest:
     # -- metadata
     def metric_names(self) -> list[str]:
         """Every metric :meth:`evaluate` can report (objective and constraints must be among them)."""
+        if self.problem.offline:
+            return list(self.problem.metric_names())
         base = list(self.problem.metric_names())
         levels = list(self.problem.level_metric_names())
         names = [f"{m}_change" for m in base] + base + [f"baseline_{m}" for m in base] + levels
@@ -429,6 +463,8 @@ class ABTest:
             raise TypeError(f"seed: expected an int, got {type(seed).__name__}")
         if not isinstance(parameters, Mapping):
             raise TypeError(f"parameters: expected a mapping of parameter name to value, got {type(parameters).__name__}")
+        if self.problem.offline:
+            return self.problem.estimate(parameters, int(seed))
         seeds = np.random.SeedSequence([int(seed) & 0xFFFFFFFF, 7_919]).generate_state(2 + len(self.compare), dtype=np.uint32)
         sizes = self.batch_sizes()
         with single_thread():

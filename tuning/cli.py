@@ -1,6 +1,7 @@
 """``bayes-safe tune``: run, resume and report tuning studies from the command line.
 
     bayes-safe tune video-upload --trials 30 --parallel 2 --out DIR [--quick] [--storage URL] [--scheduler ADDRESS]
+    bayes-safe tune logged-data --source synthetic --method minimax --trials 20 --out DIR
     bayes-safe tune resume --out DIR [--trials N] [--parallel K] [--storage URL] [--name NAME]
 
 The study lives in ``DIR/study.sqlite`` unless ``--storage URL`` names another database; at the
@@ -40,14 +41,13 @@ def _common(p: argparse.ArgumentParser) -> None:
 def add_tune_parser(subparsers) -> argparse.ArgumentParser:
     """Add ``tune`` (with ``video-upload`` ... and ``resume``) to a ``bayes-safe`` subparsers object."""
     from .ab_test import PROBLEMS
-    from .study import ACQUISITION_FUNCTIONS
 
     tune = subparsers.add_parser("tune", help="tune alpha and reward offsets with Ax/BoTorch (trials are A/B tests)")
     sub = tune.add_subparsers(dest="tune_command", required=True)
     for name in PROBLEMS:
         p = sub.add_parser(name, help=f"start a new tuning study of the {name} problem")
         _common(p)
-        p.add_argument("--trials", type=_positive_int, default=30, help="completed trials to reach (default 30)")
+        _study_options(p)
         p.add_argument("--quick", action="store_true",
                        help=f"small A/B tests for a smoke run ({QUICK['n_users']:,} users, {QUICK['batches']} batches)")
         p.add_argument("--users", type=_positive_int, default=None, help=f"users per arm of each A/B test (default {FULL['n_users']:,})")
@@ -55,22 +55,56 @@ def add_tune_parser(subparsers) -> argparse.ArgumentParser:
         p.add_argument("--warmup", type=_positive_int, default=None, help="size of the exploration log of the warm start")
         p.add_argument("--model-epochs", type=_positive_int, default=None, help="feature-network epochs per ProbitGP refit")
         p.add_argument("--no-compare", action="store_true", help="do not also run vanilla TS in each trial (no Figure 3c TS points)")
-        p.add_argument("--sobol", type=_positive_int, default=None, help="Sobol initialisation trials (default 2 x parameters)")
-        p.add_argument("--parameter", action="append", default=None, metavar="NAME=LOW:HIGH",
-                       help="declare a tuned parameter (repeat; replaces the default search space); e.g. alpha=0:0.03")
-        p.add_argument("--objective", default=None, help="Ax objective over the A/B test's metrics (default q_1080p_change)")
-        p.add_argument("--constraint", action="append", default=None, metavar="EXPR",
-                       help="outcome constraint (repeat; default 'reliability_change >= 0'); 'none' for no constraint")
-        p.add_argument("--acquisition", choices=ACQUISITION_FUNCTIONS, default=ACQUISITION_FUNCTIONS[0])
-        p.add_argument("--name", default=None, help="the study's name in the database (default: the problem's name)")
-        p.add_argument("--overwrite", action="store_true",
-                       help="replace a study already in OUT/study.sqlite (default storage only) instead of failing")
-        p.add_argument("--seed", type=int, default=0)
+    p = sub.add_parser("logged-data", help="start a tuning study whose trials are off-policy estimates from logs "
+                       "(train on part of the logs, estimate value and violations on the rest)")
+    _common(p)
+    _study_options(p)
+    p.add_argument("--source", default="synthetic",
+                   help="'synthetic' (skill-routing logs), 'open-bandit' (the Open Bandit sample; `make data`), or a "
+                        ".csv / .parquet file of logs (then name its columns with --column)")
+    p.add_argument("--column", action="append", default=None, metavar="ARG=VALUE",
+                   help="a column argument of LoggedData.from_dataframe for a file source (repeat), e.g. "
+                        "action_column=action; list arguments take comma-separated names")
+    p.add_argument("--rows", type=_positive_int, default=None, help="rows of the synthetic logs (default 50,000)")
+    p.add_argument("--method", choices=("ips", "quadratic", "minimax", "meta"), default="minimax",
+                   help="training method whose hyperparameters are tuned (default minimax: eta, gamma)")
+    p.add_argument("--benchmark", default="default",
+                   help="replication-constraint benchmark name or JSON path (default: critical / obd-critical)")
+    p.add_argument("--max-violation", type=float, default=0.2,
+                   help="default outcome constraint violation_macro <= this (default 0.2)")
+    p.add_argument("--epochs", type=_positive_int, default=8, help="training epochs per trial (default 8)")
+    p.add_argument("--holdout", type=float, default=0.3, help="share of the logs held out for the estimates (default 0.3)")
     r = sub.add_parser("resume", help="continue a stored study (after a crash, or with more --trials) and rewrite its report")
     _common(r)
     r.add_argument("--trials", type=_positive_int, default=None, help="completed trials to reach (default: the stored target)")
     r.add_argument("--name", default=None, help="the study's name (default: the only study in the database)")
     return tune
+
+
+def _study_options(p: argparse.ArgumentParser) -> None:
+    """Options every new study takes (search space, objective, Ax, storage name, seed)."""
+    from .study import ACQUISITION_FUNCTIONS
+
+    p.add_argument("--trials", type=_positive_int, default=30, help="completed trials to reach (default 30)")
+    p.add_argument("--sobol", type=_positive_int, default=None, help="Sobol initialisation trials (default 2 x parameters)")
+    p.add_argument("--parameter", action="append", default=None, metavar="NAME=LOW:HIGH",
+                   help="declare a tuned parameter (repeat; replaces the default search space); e.g. alpha=0:0.03")
+    p.add_argument("--objective", default=None, help="Ax objective over the trial's metrics (default: the problem's)")
+    p.add_argument("--constraint", action="append", default=None, metavar="EXPR",
+                   help="outcome constraint (repeat; default: the problem's); 'none' for no constraint")
+    p.add_argument("--acquisition", choices=ACQUISITION_FUNCTIONS, default=ACQUISITION_FUNCTIONS[0])
+    p.add_argument("--name", default=None, help="the study's name in the database (default: the problem's name)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace a study already in OUT/study.sqlite (default storage only) instead of failing")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def _value(mean_se, metric: str, se: bool = True) -> str:
+    """``+1.23 ± 0.45 %`` for a % change, ``0.8123 ± 0.0045`` for a level."""
+    m, s = mean_se
+    if metric.endswith("_change"):
+        return f"{m:+.2f} ± {s:.2f} %" if se else f"{m:+.2f} %"
+    return f"{m:.4g} ± {s:.2g}" if se else f"{m:.4g}"
 
 
 def _progress_printer(study, total: int):
@@ -79,14 +113,14 @@ def _progress_printer(study, total: int):
     names = study.parameter_names
 
     def fmt(metrics, m):
-        return f"{m} {metrics[m][0]:+.2f} ± {metrics[m][1]:.2f} %" if m in metrics else f"{m} n/a"
+        return f"{m} {_value(metrics[m], m)}" if m in metrics else f"{m} n/a"
 
     def show(event):
         kind = event["event"]
         if kind == "completed":
             params = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in event["parameters"].items() if k in names)
             best = event.get("best")
-            best_text = (f"best feasible: trial {best['trial']} ({best['metrics'][obj][0]:+.2f} %)" if best else "best feasible: none yet")
+            best_text = (f"best feasible: trial {best['trial']} ({_value(best['metrics'][obj], obj, se=False)})" if best else "best feasible: none yet")
             line = (f"[{event['completed']:>3}/{total}] trial {event['trial']} ({event.get('node') or '?'}) {params} | "
                     + "  ".join(fmt(event["metrics"], m) for m in [obj, *cons])
                     + f" | sim {event['sim_seconds']:.1f} s | {best_text}")
@@ -118,7 +152,34 @@ def default_ab_test(problem: str = "video-upload", quick: bool = False, *, users
     return ABTest(problem=prob, n_users=users or base["n_users"], batches=batches or base["batches"], compare=arms)
 
 
+def _column_options(items) -> dict:
+    out = {}
+    for item in items or ():
+        key, sep, value = str(item).partition("=")
+        if not sep or not key.strip().isidentifier():
+            raise ValueError(f"--column: expected ARG=VALUE (e.g. action_column=action), got {item!r}")
+        key = key.strip()
+        out[key] = [v.strip() for v in value.split(",")] if key.endswith("_columns") else value.strip()
+    return out
+
+
 def _build_ab_test(args):
+    if args.tune_command == "logged-data":
+        from .ab_test import ABTest
+        from .logged import LoggedDataProblem
+
+        options = _column_options(args.column)
+        if args.column and args.source in ("synthetic", "open-bandit"):
+            raise ValueError(f"--column: only for a file source, not --source {args.source}")
+        if args.rows is not None:
+            if args.source != "synthetic":
+                raise ValueError("--rows: only for --source synthetic")
+            options["n"] = args.rows
+        if args.source == "synthetic":
+            options.setdefault("seed", args.seed)
+        problem = LoggedDataProblem(source=args.source, options=options, method=args.method, benchmark=args.benchmark,
+                                    max_violation=args.max_violation, epochs=args.epochs, holdout=args.holdout)
+        return ABTest(problem)
     return default_ab_test(args.tune_command, args.quick, users=args.users, batches=args.batches, warmup=args.warmup,
                            model_epochs=args.model_epochs, compare=not args.no_compare, seed=args.seed)
 
@@ -172,9 +233,11 @@ def run_tune(args) -> int:
                 args.out.rmdir()  # bad input leaves nothing behind
             raise
         trials, parallel = args.trials, args.parallel or 1
-        print(f"study {study.name!r} in {storage.display_url(url)}: {trials} trials, {parallel} in flight, A/B tests of "
-              f"{ab_test.n_users:,} users per arm in {ab_test.batches} batches"
-              + (", vanilla TS compared" if ab_test.compare else ""), flush=True)
+        what = (f"trials estimated from the logs ({ab_test.problem.method} training)" if ab_test.problem.offline else
+                f"A/B tests of {ab_test.n_users:,} users per arm in {ab_test.batches} batches"
+                + (", vanilla TS compared" if ab_test.compare else ""))
+        print(f"study {study.name!r} in {storage.display_url(url)}: {trials} trials, {parallel} in flight, {what}",
+              flush=True)
     progress = None if args.no_progress else _progress_printer(study, trials)
     try:
         summary = study.run(trials=trials, parallel=parallel, scheduler=args.scheduler, progress=progress)
@@ -192,8 +255,8 @@ def run_tune(args) -> int:
     if best is not None:
         obj = study.objective_name
         print(f"best feasible: trial {best['trial']} " + " ".join(f"{k}={v:.4g}" for k, v in best["parameters"].items())
-              + f" | {obj} predicted {best['predicted'][obj][0]:+.2f} %, observed {best['observed'][obj][0]:+.2f} ± "
-              f"{best['observed'][obj][1]:.2f} %")
+              + f" | {obj} predicted {_value(best['predicted'][obj], obj, se=False)}, observed "
+              f"{_value(best['observed'][obj], obj)}")
     else:
         print("best feasible: none predicted feasible")
     print(f"wrote {args.out}/report.md, " + ", ".join(result["figures"] + ["trials.csv", "best.json", "study.json"]))

@@ -68,6 +68,23 @@ def _csv(study, rows) -> str:
     return buf.getvalue()
 
 
+def _unit(metric: str) -> str:
+    """Axis-label suffix: ``*_change`` metrics are % changes against the baseline."""
+    return " (% vs baseline)" if metric.endswith("_change") else ""
+
+
+def _reference(study, metric: str) -> float | None:
+    """The level that matters for ``metric``: a constraint's bound, 0 for a % change, else None."""
+    for weights, _, bound in study.constraints:
+        if list(weights) == [metric]:
+            return bound
+    return 0.0 if metric.endswith("_change") else None
+
+
+def _is_offline(study) -> bool:
+    return bool(getattr(study.ab_test.problem, "offline", False))
+
+
 def _surface_params(study) -> tuple[str, str] | None:
     from ax.core.parameter import RangeParameter
 
@@ -101,10 +118,15 @@ def _surfaces(study, model, center: dict, out: Path, grid: int) -> str | None:
     for ax, metric, label in zip(axes[0], metrics, "ab"):
         z = np.array([p[metric][0] for p in preds]).reshape(grid, grid)
         lo, hi = float(z.min()), float(z.max())
-        norm = TwoSlopeNorm(vcenter=0.0, vmin=min(lo, -1e-9), vmax=max(hi, 1e-9))
-        cs = ax.contourf(xs, ys, z, levels=21, cmap="RdBu", norm=norm)
-        ax.contour(xs, ys, z, levels=[0.0], colors="k", linewidths=1.2)
-        fig.colorbar(cs, ax=ax, label=f"{metric} (% vs baseline, model mean)")
+        ref = _reference(study, metric)
+        if ref is not None and lo < ref < hi:
+            norm = TwoSlopeNorm(vcenter=ref, vmin=lo, vmax=hi)
+            cs = ax.contourf(xs, ys, z, levels=21, cmap="RdBu", norm=norm)
+            ax.contour(xs, ys, z, levels=[ref], colors="k", linewidths=1.2)
+        else:
+            cs = ax.contourf(xs, ys, z, levels=21, cmap="viridis")
+        unit = _unit(metric)
+        fig.colorbar(cs, ax=ax, label=f"{metric} ({unit[2:-1] + ', ' if unit else ''}model mean)")
         tx = [study.experiment.trials[i].arm.parameters[px] for i in observed]
         ty = [study.experiment.trials[i].arm.parameters[py] for i in observed]
         ax.scatter(tx, ty, s=18, c="k", marker="x", label="completed trials (projected)")
@@ -126,7 +148,8 @@ def _tradeoff(study, rows, out: Path) -> tuple[str | None, dict]:
     if not cons:
         return None, {}
     con = cons[0]
-    arms = {"TS-ASC": ("", "tab:blue", "o")}
+    problem = study.ab_test.problem
+    arms = {f"{problem.method} training" if _is_offline(study) else "TS-ASC": ("", "tab:blue", "o")}
     compare = list(getattr(study.ab_test, "compare", ()))
     for kind in compare:
         arms["vanilla TS" if kind == "ts" else kind] = (kind.replace("-", "_") + "_", "tab:orange", "s")
@@ -156,9 +179,11 @@ def _tradeoff(study, rows, out: Path) -> tuple[str | None, dict]:
                  if con in r["metrics"] and "ts_" + con in r["metrics"]]
         if diffs:
             trade["paired"] = {"n": len(diffs), "asc_above": sum(d > 0 for d in diffs), "mean_difference": sum(diffs) / len(diffs)}
-    ax.axhline(0, color="k", lw=0.8)
-    ax.axvline(0, color="k", lw=0.8)
-    ax.set(xlabel=f"{con} (% vs baseline)", ylabel=f"{obj} (% vs baseline)",
+    for line, metric in ((ax.axhline, obj), (ax.axvline, con)):
+        ref = _reference(study, metric)
+        if ref is not None:
+            line(ref, color="k", lw=0.8)
+    ax.set(xlabel=f"{con}{_unit(con)}", ylabel=f"{obj}{_unit(obj)}",
            title="Metric trade-offs of every parameterization (bars: 95% intervals)")
     ax.grid(alpha=0.3)
     ax.legend()
@@ -189,7 +214,7 @@ def _progress(study, rows, out: Path) -> str | None:
     if bx:
         ax.step(bx, by, where="post", color="k", label="best observed feasible")
         ax.legend()
-    ax.set(xlabel="trial", ylabel=f"{obj} (% vs baseline)",
+    ax.set(xlabel="trial", ylabel=f"{obj}{_unit(obj)}",
            title="Trials (o: observed feasible, x: infeasible; bars 95%)")
     ax.grid(alpha=0.3)
     save_figure(fig, out / "progress.png")
@@ -292,7 +317,13 @@ def _markdown(study, rows, result, title, export=True, note=None) -> str:
     obj = study.objective_name
     cons_text = [c.expression for c in study.experiment.optimization_config.outcome_constraints]
     counts = study.counts()
+    offline = _is_offline(study)
     ab_text = f"{ab.n_users:,} users per arm in {ab.batches} batches (the policy refits after each); tuned arm `{ab.policy}`"
+    if offline:
+        pr = ab.problem
+        ab_text = (f"logs `{pr.source if pr.logged_data is None else 'in memory'}` {pr.options or ''}; method `{pr.method}`, "
+                   f"constraint benchmark `{pr.benchmark}`; {pr.holdout:.0%} of the logs held out; a two-layer MLP "
+                   f"({pr.hidden} hidden units) trained {pr.epochs} epochs at batch {pr.batch_size}")
     if ab.compare:
         ab_text += ", compared arms " + ", ".join(f"`{c}`" for c in ab.compare)
     if hasattr(ab.problem, "warmup"):
@@ -304,9 +335,15 @@ def _markdown(study, rows, result, title, export=True, note=None) -> str:
     intro = ("Bayesian optimisation of TS-ASC's alpha and reward offsets (Daulton et al. 2019, section 5.3): each trial "
              "is a simulated A/B test of one parameterization against the baseline policy on common random numbers; "
              "metrics are % changes against the baseline with paired delta-method standard errors.")
+    if offline:
+        intro = ("Bayesian optimisation of a constrained off-policy training method's hyperparameters (Kachuee & Lee "
+                 "2022, s.4.3, with the tuning loop of Daulton et al. 2019, s.5.3): each trial trains a policy on part "
+                 "of the logs and estimates its metrics off-policy on the held-out part (`reward`: SNIPS value; "
+                 "`violation_macro` / `violation_micro`: shares of held-out contexts outside their domain's "
+                 "replication range), each with its standard error.")
     lines = [
         f"# {title or 'Tuning study ' + repr(study.name)}", "", intro, "", *([note, ""] if note else []), "## Set-up", "",
-        f"- Problem: `{ab.problem.name}`; A/B test: {ab_text}.",
+        f"- Problem: `{ab.problem.name}`; {'trials' if offline else 'A/B test'}: {ab_text}.",
         f"- Search space: {space}.",
         f"- Objective: {'minimise' if study.minimize else 'maximise'} `{obj}`.",
         f"- Outcome constraints: {', '.join(f'`{c}`' for c in cons_text) or 'none'}.",
@@ -328,7 +365,8 @@ def _markdown(study, rows, result, title, export=True, note=None) -> str:
         rule = ("Chosen as the completed trial with the highest model-predicted objective among those whose predicted "
                 "constraint metrics satisfy the constraints (Ax's in-sample best-point rule).")
         lines += [f"Trial {best['trial']}: {params}.", "", rule, "",
-                  "| metric | predicted (model mean ± sd) | observed (A/B test mean ± SE) |", "|---|---|---|"]
+                  f"| metric | predicted (model mean ± sd) | observed ({'estimate' if offline else 'A/B test mean'} ± SE) |",
+                  "|---|---|---|"]
         for m in [obj] + [c for w, _, _ in study.constraints for c in w]:
             p = best["predicted"].get(m)
             o = best["observed"].get(m)
@@ -341,16 +379,19 @@ def _markdown(study, rows, result, title, export=True, note=None) -> str:
     if result["figures"]:
         lines += ["## Figures", ""]
         captions = {
-            "surfaces.png": "Figure 3a/3b: modelled % change in the objective and the constraint metric over the two "
-                            "surface parameters (black line: 0), other parameters at the best point.",
-            "tradeoff.png": "Figure 3c: every parameterization's objective change against its constraint change.",
+            "surfaces.png": "Figure 3a/3b: modelled objective and constraint metric over the two surface parameters "
+                            "(black line: the constraint's bound, or 0 for a % change), other parameters at the best point.",
+            "tradeoff.png": "Figure 3c: every parameterization's objective against its constraint metric.",
             "progress.png": "Each trial's objective; the line is the best observed feasible value so far.",
         }
         for f in result["figures"]:
             lines += [f"![{f}]({f})", "", captions.get(f, ""), ""]
     cons = [c for w, _, _ in study.constraints for c in w]
     has_ts = "ts" in ab.compare
-    header = ["trial", "node", "status", *study.parameter_names, f"{obj} %", *[f"{c} %" for c in cons]]
+    def pct(m):
+        return f"{m} %" if m.endswith("_change") else m
+
+    header = ["trial", "node", "status", *study.parameter_names, pct(obj), *[pct(c) for c in cons]]
     if has_ts:
         header += [f"vanilla TS {obj} %", "vanilla TS " + "/".join(cons) + " %"]
     header.append("sim s")
@@ -374,8 +415,8 @@ def _markdown(study, rows, result, title, export=True, note=None) -> str:
     for i, s in enumerate(sessions):
         lines.append(f"- Run {i + 1} ({s.get('runner')}): wall {s['wall_seconds']:.0f} s for {s['trials_completed']} trials; "
                      f"Ax {s['ax_seconds_per_trial']:.2f} s per trial (generation {s['ax_gen_seconds']:.1f} s, "
-                     f"completion and storage {s['ax_complete_seconds']:.1f} s in all); simulation "
-                     f"{s['sim_seconds_per_trial']:.1f} s per trial in the workers.")
+                     f"completion and storage {s['ax_complete_seconds']:.1f} s in all); "
+                     f"{'training and estimation' if offline else 'simulation'} {s['sim_seconds_per_trial']:.1f} s per trial in the workers.")
     if not sessions:
         lines.append("- No completed run recorded.")
     if result["notes"]:

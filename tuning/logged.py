@@ -1,0 +1,214 @@
+"""Tuning against logs: trials whose metrics are off-policy estimates instead of simulations.
+
+A simulated A/B test (:class:`~tuning.ab_test.VideoUploadProblem`) needs a simulator of the
+production system. Teams that have only logs of their production policy can still tune: a
+trial trains a policy with the parameterization on part of the logs and estimates its value
+and its constraint violations on the held-out part (Kachuee & Lee 2022, section 4.3 metrics;
+:func:`bayes_safe.offline.ab_test.evaluate_offline`). :class:`LoggedDataProblem` plugs that
+into :class:`~tuning.ABTest` and :class:`~tuning.Study` unchanged: the Ax loop, storage,
+parallel trials, crash recovery and the report work as for simulated A/B tests.
+
+Example (tune Algorithm 1's ``eta, gamma`` on the synthetic skill-routing logs)::
+
+    from tuning import ABTest, LoggedDataProblem, Study
+    problem = LoggedDataProblem(source="synthetic", method="minimax", benchmark="critical")
+    study = Study(ABTest(problem), storage="runs/logged.sqlite")
+    study.run(trials=12)
+
+Choices (the paper tunes by grid search and keeps the best macro violation rate, s.4.3):
+
+* the default search space is the paper's grid turned into ranges: quadratic ``weight`` in
+  ``[0.1, 1000]`` (log), minimax ``eta`` in ``[0.01, 1]`` (log) and ``gamma`` in
+  ``[0.995, 1]``, meta-gradient ``lam`` in ``[0.01, 1]``, IPS the Adam rate ``lr`` in
+  ``[1e-4, 1e-2]`` (log);
+* the default objective maximises the held-out SNIPS value ``reward`` subject to
+  ``violation_macro <= max_violation`` (0.2 by default: a bound that depends on the data and
+  the constraint benchmark; set your own);
+* a trial is a pure function of ``(parameters, seed)``: the seed draws the split (stratified by
+  domain), the policy's initialisation, the shuffles and the bootstrap.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .ab_test import ABProblem, Range
+
+__all__ = ["METHOD_PARAMETERS", "LoggedDataProblem"]
+
+#: the default search space of each training method (module docstring)
+METHOD_PARAMETERS: dict[str, tuple[Range, ...]] = {
+    "ips": (Range("lr", 1e-4, 1e-2, log=True),),
+    "quadratic": (Range("weight", 0.1, 1000.0, log=True),),
+    "minimax": (Range("eta", 0.01, 1.0, log=True), Range("gamma", 0.995, 1.0)),
+    "meta": (Range("lam", 0.01, 1.0),),
+}
+#: parameters each method's factory reads (``lr`` is the policy's Adam rate, for every method)
+_READS = {"ips": {"lr"}, "quadratic": {"weight", "lr"}, "minimax": {"eta", "gamma", "tau", "xi", "lr"},
+          "meta": {"eta", "lam", "lr"}}
+_SOURCES = ("synthetic", "open-bandit")
+_DEFAULT_BENCHMARK = {"synthetic": "critical", "open-bandit": "obd-critical"}
+_DATA_CACHE: dict = {}
+
+
+def _load(source: str, options: Mapping):
+    """The logged data of ``source`` (cached per process: every trial of a study reads the same logs)."""
+    from bayes_safe.offline import LoggedData, load_open_bandit, skill_routing_logs
+
+    key = (source, repr(sorted(options.items())))
+    data = _DATA_CACHE.get(key)
+    if data is None:
+        opts = dict(options)
+        if source == "synthetic":
+            data = skill_routing_logs(n=int(opts.pop("n", 50_000)), seed=int(opts.pop("seed", 0)), **opts)
+        elif source == "open-bandit":
+            data = load_open_bandit(**opts)
+        elif str(source).lower().endswith(".parquet"):
+            data = LoggedData.from_parquet(source, **opts)
+        else:
+            data = LoggedData.from_csv(source, **opts)
+        if len(_DATA_CACHE) >= 2:
+            _DATA_CACHE.pop(next(iter(_DATA_CACHE)))
+        _DATA_CACHE[key] = data
+    return data
+
+
+@dataclass
+class LoggedDataProblem(ABProblem):
+    """Trials estimated off-policy from logged data (module docstring).
+
+    Args:
+        source: ``"synthetic"`` (the skill-routing generator of
+            :mod:`bayes_safe.offline.synthetic`), ``"open-bandit"`` (the Open Bandit sample,
+            ``make data`` fetches it) or the path of a ``.csv`` / ``.parquet`` file of logs.
+        options: keyword arguments of the source: ``n``, ``seed`` for ``"synthetic"``;
+            ``behavior``, ``campaigns`` for ``"open-bandit"``; the column names of
+            :meth:`~bayes_safe.offline.LoggedData.from_dataframe` for a file.
+        logged_data: logs already in memory (a :class:`~bayes_safe.offline.LoggedData`),
+            instead of ``source``. Such a study cannot be resumed from the command line
+            (pass the same A/B test to :meth:`Study.load <tuning.Study.load>`).
+        method: the training method tuned: ``"ips"``, ``"quadratic"``, ``"minimax"``, ``"meta"``.
+        benchmark: replication-constraint benchmark (a name of
+            :func:`~bayes_safe.offline.available_benchmarks` or a JSON path); default
+            ``"critical"`` (synthetic) / ``"obd-critical"`` (Open Bandit); ``None`` for a file
+            source means no constraints (then only value metrics exist).
+        max_violation: the default outcome constraint ``violation_macro <= max_violation``.
+        holdout: share of the logs held out for the estimates.
+        epochs, hidden, batch_size: training of the two-layer MLP policy.
+        n_boot: bootstrap resamples of the value's standard error.
+        defaults: values of the method's hyperparameters a study does not tune.
+    """
+
+    source: str = "synthetic"
+    options: dict = field(default_factory=dict)
+    logged_data: object = None
+    method: str = "minimax"
+    benchmark: str | None = "default"
+    max_violation: float = 0.2
+    holdout: float = 0.3
+    epochs: int = 8
+    hidden: int = 64
+    batch_size: int = 1024
+    n_boot: int = 200
+    defaults: dict = field(default_factory=dict)
+
+    name = "logged-data"
+    offline = True
+    objective = "reward"
+    surface = None
+
+    def __post_init__(self):
+        from bayes_safe.offline import LoggedData
+        from bayes_safe.offline.training import METHODS
+
+        if self.method not in METHODS:
+            raise ValueError(f"method: expected one of {sorted(METHODS)}, got {self.method!r}")
+        if self.logged_data is not None:
+            if not isinstance(self.logged_data, LoggedData):
+                raise TypeError(f"logged_data: expected a LoggedData, got {type(self.logged_data).__name__}")
+        elif not isinstance(self.source, (str, os.PathLike)):
+            raise TypeError(f"source: expected 'synthetic', 'open-bandit' or a file path, got {self.source!r}")
+        elif str(self.source) not in _SOURCES:
+            path = Path(self.source)
+            if path.suffix.lower() not in (".csv", ".parquet"):
+                raise ValueError(f"source: expected 'synthetic', 'open-bandit' or a .csv / .parquet file, got {str(self.source)!r}")
+            if not path.is_file():
+                raise FileNotFoundError(f"source: no such file {str(path)!r}")
+            self.source = str(path)
+        if not isinstance(self.options, dict):
+            raise TypeError(f"options: expected a dict of keyword arguments of the source, got {type(self.options).__name__}")
+        if self.benchmark == "default":
+            self.benchmark = _DEFAULT_BENCHMARK.get(str(self.source)) if self.logged_data is None else None
+        if self.method != "ips" and self.benchmark is None:
+            raise ValueError(f"benchmark: method {self.method!r} trains under replication constraints; name a "
+                             "constraint benchmark (e.g. 'critical') or use method='ips'")
+        if self.benchmark is not None:
+            from bayes_safe.offline import load_benchmark
+
+            load_benchmark(self.benchmark)  # an unknown name fails here, before any trial
+        if not 0 < float(self.holdout) < 1:
+            raise ValueError(f"holdout: expected a share in (0, 1), got {self.holdout!r}")
+        if not 0 <= float(self.max_violation) <= 1:
+            raise ValueError(f"max_violation: expected a rate in [0, 1], got {self.max_violation!r}")
+        for key in ("epochs", "hidden", "batch_size", "n_boot"):
+            v = getattr(self, key)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{key}: expected a positive int, got {v!r}")
+        unknown = set(self.defaults) - _READS[self.method]
+        if unknown:
+            raise ValueError(f"defaults: method {self.method!r} does not read {sorted(unknown)}; "
+                             f"expected some of {sorted(_READS[self.method])}")
+
+    # -- metadata
+    @property
+    def parameters(self) -> tuple[Range, ...]:
+        return METHOD_PARAMETERS[self.method]
+
+    @property
+    def outcome_constraints(self) -> tuple[str, ...]:
+        return (f"violation_macro <= {self.max_violation}",) if self.benchmark is not None else ()
+
+    def metric_names(self) -> tuple[str, ...]:
+        from bayes_safe.offline import offline_metric_names
+
+        return tuple(offline_metric_names(self.benchmark))
+
+    def check_parameters(self, ranges: Sequence[Range]) -> None:
+        reads = _READS[self.method]
+        for r in ranges:
+            if r.name not in reads:
+                raise ValueError(f"parameter {r.name!r}: method {self.method!r} reads only {', '.join(sorted(reads))}")
+            if r.low < 0 or (r.name in ("lr", "tau", "xi") and r.low <= 0):
+                raise ValueError(f"parameter {r.name!r}: bounds [{r.low}, {r.high}] must be positive")
+            if r.name in ("gamma", "lam") and r.high > 1:
+                raise ValueError(f"parameter {r.name!r}: bounds [{r.low}, {r.high}] must lie in [0, 1]")
+
+    def config(self) -> dict | None:
+        if self.logged_data is not None:
+            return None
+        return {"name": self.name, "source": str(self.source), "options": dict(self.options), "method": self.method,
+                "benchmark": self.benchmark, "max_violation": self.max_violation, "holdout": self.holdout,
+                "epochs": self.epochs, "hidden": self.hidden, "batch_size": self.batch_size, "n_boot": self.n_boot,
+                "defaults": dict(self.defaults)}
+
+    # -- the trial
+    def data(self):
+        """The logs (loaded once per process)."""
+        return self.logged_data if self.logged_data is not None else _load(str(self.source), self.options)
+
+    def estimate(self, parameters: Mapping, seed: int) -> dict[str, tuple[float, float]]:
+        """Train with ``parameters`` (over :attr:`defaults`) and estimate ``{metric: (mean, sem)}`` off-policy."""
+        from bayes_safe.offline import ReplicationConstraints, evaluate_offline, trained_policy_factory
+
+        data = self.data()
+        cons = None
+        if self.benchmark is not None:
+            cons = ReplicationConstraints.from_benchmark(self.benchmark, data.domain_names)
+        factory = trained_policy_factory(self.method, constraints=cons, hidden=self.hidden, epochs=self.epochs,
+                                         batch_size=self.batch_size)
+        params = {**self.defaults, **{k: float(v) for k, v in parameters.items()}}
+        return evaluate_offline(data, factory, params, seed=int(seed), constraints=cons, holdout=float(self.holdout),
+                                n_boot=self.n_boot)
