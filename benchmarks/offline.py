@@ -11,7 +11,8 @@ Reported: logged samples per second per epoch (wall clock, one torch thread; and
 process CPU time, which a shared machine disturbs less), the meta-gradient's time per step
 over plain IPS's (early in training, and the median epoch of a 16-epoch run), and the share
 of training rows violating a constraint during the timed epochs: the meta-gradient's extra
-passes run on those rows only (see :func:`bayes_safe.offline.training._meta_core`).
+passes run on those rows only (see :func:`bayes_safe.offline.training._meta_core`; the MLP
+goes through the closed-form engine of :mod:`bayes_safe.offline.jet`).
 
 Targets (issue 8): >= 200,000 samples/s for IPS; meta-gradient <= 3x IPS per step.
 """
@@ -69,8 +70,9 @@ def run(quick: bool = False) -> list[dict]:
             rows.append(row)
         rows.append(_ratio_row(times["meta"], times["ips"], batch_size, "after 1 warm-up epoch"))
     if not quick:  # a whole training run: fewer rows violate as it proceeds, and the extra passes shrink
-        whole = {m.name: measure(m, data, cons, 4_096, epochs=16, warmup=0) for m in (methods[0], methods[3])}
-        rows.append(_ratio_row(whole["meta"], whole["ips"], 4_096, "median epoch of a 16-epoch run"))
+        for batch_size in (32_768, 4_096):
+            whole = {m.name: measure(m, data, cons, batch_size, epochs=16, warmup=0) for m in (methods[0], methods[3])}
+            rows.append(_ratio_row(whole["meta"], whole["ips"], batch_size, "median epoch of a 16-epoch run"))
     # two intra-op threads for the large batch (the machine has 2 cores)
     t2 = measure(IPS(), data, cons, 32_768, epochs, threads=2)
     rows.append({"benchmark": "offline training ips, MLP 39-64-8, B=32768, 2 threads", "value": n / t2["wall"],

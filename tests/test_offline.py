@@ -270,8 +270,9 @@ def _batches(data, size=256, mask=False):
     return Batch.take(data, torch.arange(size), p0a), Batch.take(data, torch.arange(size, 2 * size), p0a)
 
 
+@pytest.mark.parametrize("engine", ["jet", "autograd"])
 @pytest.mark.parametrize("lam,mask", [(1.0, False), (0.3, False), (1.0, True)])
-def test_meta_gradient_matches_differentiating_through_the_inner_step(small, lam, mask):
+def test_meta_gradient_matches_differentiating_through_the_inner_step(small, lam, mask, engine):
     data, _ = small
     b1, b2 = _batches(data, mask=mask)
     cons = ReplicationConstraints.uniform(data.domain_names, c_min=0.75, c_max=0.95)
@@ -280,20 +281,21 @@ def test_meta_gradient_matches_differentiating_through_the_inner_step(small, lam
     u = 0.3 * torch.randn(27, generator=g, dtype=torch.float64)
     v = 0.3 * torch.randn(27, generator=g, dtype=torch.float64)
     prior = data.domain_prior()
-    fast = meta_gradient(policy, b1, b2, cons, u, v, eta=0.5, lam=lam, prior=prior)
+    fast = meta_gradient(policy, b1, b2, cons, u, v, eta=0.5, lam=lam, prior=prior, engine=engine)
     ref = meta_gradient_reference(policy, b1, b2, cons, u, v, eta=0.5, lam=lam, prior=prior)
     for a, b in zip(fast, ref):
         assert torch.allclose(a, b.detach(), rtol=1e-9, atol=1e-15)
     assert fast[0].abs().max() > 0
 
 
-def test_final_step_gradient_is_eq5_at_the_new_weights(small):
+@pytest.mark.parametrize("engine", ["jet", "autograd"])
+def test_final_step_gradient_is_eq5_at_the_new_weights(small, engine):
     data, _ = small
     b1, b2 = _batches(data)
     cons = ReplicationConstraints.uniform(data.domain_names, c_min=0.75, c_max=0.95)
     policy = mlp_policy(data.n_features, data.n_actions, seed=1).double()
     u = torch.zeros(27, dtype=torch.float64)
-    _, _, finish, _ = _meta_core(policy, b1, b2, cons, u, u.clone(), 0.5, 1.0, data.domain_prior())
+    _, _, finish, _ = _meta_core(policy, b1, b2, cons, u, u.clone(), 0.5, 1.0, data.domain_prior(), engine)
     u_new = u + torch.linspace(-0.2, 0.3, 27, dtype=torch.float64)
     got = finish(u_new, u)
     probs = policy(b1.x)
@@ -425,3 +427,68 @@ def test_evaluate_offline_shape(small):
     factory = trained_policy_factory("quadratic", constraints=cons, epochs=1, batch_size=1024)
     trained = evaluate_offline(data, factory, {"weight": 10.0}, seed=1, constraints=cons, n_boot=50)
     assert trained["violation_macro"][0] < 1.0 and trained["reward"][1] > 0
+
+
+# ---------------------------------------------------------------------- jet
+@pytest.mark.parametrize("layers", ["relu", "tanh-deep"])
+@pytest.mark.parametrize("mask", [False, True])
+def test_sequential_jet_matches_autograd(layers, mask):
+    from torch import nn
+
+    from bayes_safe.offline.jet import AutogradJet, SequentialJet, supports
+    from bayes_safe.offline.policy import mask_probs
+
+    torch.manual_seed(0)
+    if layers == "relu":
+        policy = mlp_policy(6, 4, hidden=8, seed=2).double()
+    else:
+        policy = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 5, bias=False), nn.ReLU(), nn.Linear(5, 4),
+                               nn.Softmax(dim=-1)).double()
+    assert supports(policy)
+    x = torch.randn(30, 6, dtype=torch.float64)
+    m = None
+    if mask:
+        m = torch.ones(30, 4, dtype=torch.bool)
+        m[::3, 0] = False
+    params = {n: p.detach() for n, p in policy.named_parameters()}
+    tangents = {n: torch.randn_like(p) for n, p in params.items()}
+    rows = torch.tensor([0, 3, 4, 17, 29])
+    fast, slow = SequentialJet(policy, params, x, m), AutogradJet(policy, params, x, m)
+    assert torch.allclose(fast.probs, slow.probs, atol=1e-14)
+    assert torch.allclose(fast.probs, mask_probs(policy(x), m), atol=1e-14)
+    cot = torch.randn(30, 4, dtype=torch.float64)
+    for r, c in ((None, cot), (rows, cot[rows])):
+        assert torch.allclose(fast.jvp(tangents, r), slow.jvp(tangents, r), atol=1e-12)
+        gf, gs = fast.vjp(c, r), slow.vjp(c, r)
+        assert list(gf) == list(params)
+        for n in params:
+            assert torch.allclose(gf[n], gs[n], atol=1e-12), n
+
+
+def test_jet_falls_back_to_autograd_for_other_modules(small):
+    from torch import nn
+
+    from bayes_safe.offline.jet import supports
+
+    class Wrapped(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = mlp_policy(39, 8, seed=0)
+
+        def forward(self, x):
+            return self.net(x)
+
+    assert not supports(Wrapped())
+    assert not supports(nn.Sequential(nn.ReLU(), nn.Linear(39, 8), nn.Softmax(dim=-1)))  # must start with Linear
+    assert not supports(nn.Sequential(nn.Linear(39, 8), nn.Dropout(), nn.Linear(8, 8), nn.Softmax(dim=-1)))
+    data, _ = small
+    data = _float64(data)
+    b1, b2 = _batches(data)
+    cons = ReplicationConstraints.uniform(data.domain_names, c_min=0.75, c_max=0.95)
+    policy = Wrapped().double()
+    u = torch.zeros(27, dtype=torch.float64)
+    auto = meta_gradient(policy, b1, b2, cons, u, u.clone(), eta=0.5, lam=1.0, prior=data.domain_prior())
+    ref = meta_gradient_reference(policy, b1, b2, cons, u, u.clone(), eta=0.5, lam=1.0, prior=data.domain_prior())
+    assert torch.allclose(auto[0], ref[0].detach(), rtol=1e-9, atol=1e-15)
+    with pytest.raises(ValueError, match="engine: expected 'auto', 'jet' or 'autograd'"):
+        meta_gradient(policy, b1, b2, cons, u, u.clone(), eta=0.5, lam=1.0, prior=data.domain_prior(), engine="fast")
