@@ -184,9 +184,15 @@ class ReplicationConstraints:
             Two ``[..., N]`` tensors in ``rate``'s dtype (``torch.relu``: the gradient is exactly
             zero for a sample that does not violate, which the meta-gradient relies on).
         """
-        lo = self.c_min.to(rate.dtype)[domains]
-        hi = self.c_max.to(rate.dtype)[domains]
-        return torch.relu(lo - rate), torch.relu(rate - hi)
+        lo, hi = self._bounds(rate.dtype)
+        return torch.relu(lo[domains] - rate), torch.relu(rate - hi[domains])
+
+    def _bounds(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """``c_min, c_max`` in ``dtype`` (converted once per dtype: training asks every step)."""
+        cache = self.__dict__.setdefault("_bounds_cache", {})
+        if dtype not in cache:
+            cache[dtype] = (self.c_min.to(dtype), self.c_max.to(dtype))
+        return cache[dtype]
 
     def violated(self, rate: torch.Tensor, domains: torch.Tensor) -> torch.Tensor:
         """``[..., N]`` bool: ``R(x) < c_min_k`` or ``R(x) > c_max_k``."""

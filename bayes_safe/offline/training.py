@@ -253,23 +253,26 @@ def _meta_objective(ips_i, hmin, hmax, k, lam: float, prior: torch.Tensor) -> to
 
 
 @torch.no_grad()
-def _output_grads(probs: torch.Tensor, b: Batch, constraints: ReplicationConstraints):
+def _output_grads(probs: torch.Tensor, b: Batch, constraints: ReplicationConstraints, ips: bool = True):
     """Gradients of the per-sample terms with respect to the policy's output ``probs [B, A]``.
 
     Returns ``g_ips``, ``g_min``, ``g_max`` (``[B, A]``: the derivatives of the batch sums of
     ``-r p_a / p0_a``, ``max(0, c_min - R)`` and ``max(0, R - c_max)``), the hinges
     ``hmin``, ``hmax`` and the IPS loss terms ``ips_i`` (``[B]``). Closed forms of what autograd gives for :func:`_terms`
     (``d|z|/dz = sign(z)``, 0 at 0; ``d relu(z)/dz = 1[z > 0]``), checked in the tests.
+    ``ips=False`` skips the IPS terms (returned as None) when the caller does not need them.
     """
-    coef = (-b.r / b.p0a).to(probs.dtype)
-    ips_i = coef * probs.gather(1, b.a[:, None])[:, 0]
-    g_ips = torch.zeros_like(probs).scatter_(1, b.a[:, None], coef[:, None])
+    g_ips = ips_i = None
+    if ips:
+        coef = (-b.r / b.p0a).to(probs.dtype)
+        ips_i = coef * probs.gather(1, b.a[:, None])[:, 0]
+        g_ips = torch.zeros_like(probs).scatter_(1, b.a[:, None], coef[:, None])
     diff = probs - b.pi0
     rate = 1.0 - 0.5 * diff.abs().sum(-1)
     hmin, hmax = constraints.hinges(rate, b.k)
-    half_sign = 0.5 * torch.sign(diff)  # = -dR/dprobs
+    half_sign = torch.sign(diff).mul_(0.5)  # = -dR/dprobs
     g_min = half_sign * (hmin > 0).to(probs.dtype)[:, None]
-    g_max = -half_sign * (hmax > 0).to(probs.dtype)[:, None]
+    g_max = half_sign.mul_((hmax > 0).to(probs.dtype)[:, None]).neg_()
     return g_ips, g_min, g_max, hmin, hmax, ips_i
 
 
@@ -322,28 +325,31 @@ def _meta_core(policy: nn.Module, b1: Batch, b2: Batch, constraints: Replication
     k = b1.k
 
     def cotangent(uu, vv, kk, gi, gmin, gmax):
-        wu = torch.exp(uu).to(gi.dtype)[kk, None]
-        wv = torch.exp(vv).to(gi.dtype)[kk, None]
-        return (gi + wu * gmin + wv * gmax) / n1
+        wu = torch.exp(uu).div_(n1).to(gi.dtype)[kk, None]
+        wv = torch.exp(vv).div_(n1).to(gi.dtype)[kk, None]
+        return (gi / n1).addcmul_(wu, gmin).addcmul_(wv, gmax)
 
     g_inner = jet1.vjp(cotangent(u, v, k, g_ips, g_min, g_max))
-    rows1 = ((hmin > 0) | (hmax > 0)).nonzero().reshape(-1)
+    violating = (hmin > 0) | (hmax > 0)
+    rows1 = violating.nonzero().reshape(-1)
     zero = torch.zeros(m, dtype=torch.float64)
-    info = {"violating": int(rows1.numel()),
-            "loss": float(_penalised(ips_i, hmin, hmax, k, u, v))}
+    info = {"violating": int(rows1.numel()), "loss": float(_penalised(ips_i, hmin, hmax, k, u, v))}
     if rows1.numel() == 0:  # no violation in the inner batch: every meta-gradient is exactly zero
         return zero, zero.clone(), lambda uu, vv: g_inner, info
 
     # 2. meta pass at theta' = theta - eta g_inner, seeded with eq. (6)'s output cotangent
     clone = {nm: params[nm] - eta * g_inner[nm] for nm in names}
     jet2 = jet_class(policy, clone, b2.x, b2.mask)
-    c2ips, c2min, c2max, lo2, hi2, _ = _output_grads(jet2.probs, b2, constraints)
+    c2ips, c2min, c2max, lo2, hi2, _ = _output_grads(jet2.probs, b2, constraints, ips=lam != 1.0)
     g_meta = None
-    if lam != 1.0 or bool(((lo2 > 0) | (hi2 > 0)).any()):
+    if lam != 1.0:
         c2 = (lam / n2 / prior).to(jet2.probs.dtype)[b2.k][:, None] * (c2min + c2max)
-        if lam != 1.0:
-            c2 = c2 + ((1.0 - lam) / n2) * c2ips
-        g_meta = jet2.vjp(c2)
+        g_meta = jet2.vjp(c2.add_(c2ips, alpha=(1.0 - lam) / n2))
+    else:  # only the rows of b2 that violate at theta' have a cotangent
+        rows2 = ((lo2 > 0) | (hi2 > 0)).nonzero().reshape(-1)
+        if rows2.numel():
+            c2 = (1.0 / n2 / prior).to(jet2.probs.dtype)[b2.k[rows2]][:, None] * (c2min[rows2] + c2max[rows2])
+            g_meta = jet2.vjp(c2, rows2)
     del jet2
 
     # 3. J g_meta on the violating rows of b1 (what finish's VJP reuses)
