@@ -9,22 +9,17 @@ against a 2-minute target instead.
 
 from __future__ import annotations
 
-import importlib.util
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
 
 TARGET_FULL_SECONDS = 600.0
 TARGET_QUICK_SECONDS = 120.0
 
 
 def run(quick: bool = False) -> list[dict]:
-    # loaded from its file: benchmarks/studies.py shadows the ``studies`` package on this folder's path
-    spec = importlib.util.spec_from_file_location("_bench_bcts_warfarin", ROOT / "studies" / "bcts_warfarin.py")
-    bcts_warfarin = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bcts_warfarin)
+    from studies import bcts_warfarin
 
     target = TARGET_QUICK_SECONDS if quick else TARGET_FULL_SECONDS
     with tempfile.TemporaryDirectory(prefix="bench-bcts-") as tmp:

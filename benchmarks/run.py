@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-BENCHMARKS = ["linear_ts", "probit_gp", "studies", "acol", "bcts", "offline", "tuning"]
+BENCHMARKS = ["linear_ts", "probit_gp", "linear_studies", "acol", "bcts", "offline", "tuning"]
 
 
 def _fmt(v) -> str:

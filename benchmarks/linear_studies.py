@@ -1,7 +1,7 @@
 """Wall time of the full linear-bandit studies (the issue's speed targets).
 
-    python benchmarks/studies.py            # both full studies: ~10 + ~5 minutes on an idle 2-core machine
-    python benchmarks/studies.py --quick    # their --quick versions (smoke; target 2 minutes each)
+    python benchmarks/linear_studies.py            # both full studies: ~10 + ~5 minutes on an idle 2-core machine
+    python benchmarks/linear_studies.py --quick    # their --quick versions (smoke; target 2 minutes each)
 
 * ``ts-asc-synthetic``: 1,000 realisations, three policies, four alphas, T = 10,000
   (plus the study's sensitivity and baseline-rank runs); target 15 minutes.
@@ -16,7 +16,6 @@ waiting for a core, the CPU time does not. ``run(quick)`` returns the rows for
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import sys
 import tempfile
 import time
@@ -31,22 +30,11 @@ TARGETS = {"ts-asc-synthetic": 15 * 60, "clucb-synthetic": 10 * 60}
 QUICK_TARGET = 120
 
 
-def _study_package():
-    """The project's ``studies`` package. (Imported from its path: inside ``benchmarks/run.py``
-    the name ``studies`` is this very module, which shadows the package.)"""
-    name = "_project_studies"
-    if name not in sys.modules:
-        init = ROOT / "studies" / "__init__.py"
-        spec = importlib.util.spec_from_file_location(name, init, submodule_search_locations=[str(init.parent)])
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
 def time_study(name: str, quick: bool, seed: int = 0) -> dict:
     """Run study ``name`` once into a temporary directory; wall and CPU seconds."""
-    module = _study_package().get_study(name)
+    from studies import get_study
+
+    module = get_study(name)
     with tempfile.TemporaryDirectory(prefix=f"bench-{name}-") as tmp:
         wall0, cpu0 = time.perf_counter(), time.process_time()
         module.run(Path(tmp) / "out", quick=quick, seed=seed)
