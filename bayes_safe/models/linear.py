@@ -33,17 +33,17 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.distributions as tdist
 
 from .. import _validation
 from .._validation import as_tensor, check_finite, check_positive
-from ..threads import single_thread
 from ..random import Generator, standard_gamma, standard_normal, standard_uniform
+from ..threads import single_thread
 
-__all__ = ["BayesianLinear", "gaussian_prior_parameters"]
+__all__ = ["BayesianLinear", "check_real_support", "gaussian_prior_parameters"]
 
 _DTYPE = torch.float64
 
@@ -66,6 +66,37 @@ def gaussian_prior_parameters(prior) -> tuple[torch.Tensor, torch.Tensor] | None
         loc, var = torch.broadcast_tensors(loc, var)
         return loc, torch.diag_embed(var)
     return None
+
+
+def check_real_support(prior, name: str = "prior") -> None:
+    """Raise ``ValueError`` unless the distribution ``prior`` is supported on all of ``R^d``.
+
+    The weights ``w`` of ``y = x^T w + noise`` take any real value, so a prior on them must put
+    its mass on the whole real line in every coordinate: ``Normal``, ``Laplace``,
+    ``StudentT``, ``Cauchy`` (each ``.expand([d]).to_event(1)``), ``MultivariateNormal``,
+    ``LowRankMultivariateNormal``. A prior on a subset (``Gamma``, ``HalfCauchy``, ``Beta``,
+    ``Uniform``, ``Dirichlet``, a discrete distribution) is rejected with a message naming
+    ``name`` and the support found. A distribution that does not declare its support is
+    accepted (it cannot be checked).
+
+    Args:
+        prior: a ``torch`` / ``pyro`` distribution with event shape ``[d]``.
+        name: the argument (or Pyro site) named in the error message.
+    """
+    try:
+        support = prior.support
+    except NotImplementedError:
+        return
+    base = support
+    while isinstance(base, tdist.constraints.independent):
+        base = base.base_constraint
+    if isinstance(base, type(tdist.constraints.real)) and not support.is_discrete:
+        return
+    raise ValueError(
+        f"{name}: its support is {support}, but linear weights take any real value; use a prior on R^d "
+        "(e.g. Normal, Laplace, StudentT or Cauchy .expand([d]).to_event(1), MultivariateNormal), or a callable "
+        "Pyro model whose positive hyperparameters scale unconstrained weights (e.g. a horseshoe)"
+    )
 
 
 def _cholesky(matrix: torch.Tensor) -> torch.Tensor:
@@ -110,8 +141,10 @@ class BayesianLinear:
 
     Args:
         prior: a ``pyro.distributions`` distribution with event shape ``[d]`` (batch shape
-            broadcastable to ``batch_shape``), or a callable Pyro model that samples its own
-            hyperparameters and returns ``w`` of shape ``[d]`` (then pass ``dim=d``).
+            broadcastable to ``batch_shape``) supported on all of ``R^d`` (a ``Gamma`` or
+            ``Beta`` prior on the weights is rejected, see :func:`check_real_support`), or a
+            callable Pyro model that samples its own hyperparameters and returns ``w`` of shape
+            ``[d]`` (then pass ``dim=d``).
         noise_std: known noise standard deviation (> 0). Exactly one of ``noise_std`` and
             ``noise_prior`` is required.
         noise_prior: ``InverseGamma(a0, b0)`` prior on the noise variance. With a Gaussian
@@ -165,6 +198,7 @@ class BayesianLinear:
                     f"prior: expected a distribution with event shape [d] (e.g. Normal(0, 1).expand([d]).to_event(1)), "
                     f"got event shape {list(prior.event_shape)}"
                 )
+            check_real_support(prior, "prior")
             d = int(prior.event_shape[0])
             if dim is not None and int(dim) != d:
                 raise ValueError(f"dim: got {dim} but the prior's event shape is [{d}]")

@@ -40,6 +40,8 @@ from pyro.infer.autoguide import AutoMultivariateNormal
 from pyro.infer.autoguide.initialization import init_to_median, init_to_uniform
 from pyro.optim import Adam
 
+from .linear import check_real_support
+
 __all__ = ["PyroLinearPosterior"]
 
 _DTYPE = torch.float64
@@ -127,6 +129,10 @@ class PyroLinearPosterior:
             A callable is run once at construction to check what it returns. It must not use
             the site names ``"y"`` and ``"noise_var"``, and a site it names ``"w"`` must be
             the returned weights. Float32 priors work: their draws are cast to float64.
+            The weights take any real value, so a distribution prior (or the site a callable
+            returns) must be supported on all of ``R^d``: ``Gamma``, ``Beta``, ``HalfCauchy``
+            ... on the weights raise ``ValueError`` naming ``prior`` (hyperparameters of a
+            callable may have any support).
         dim: ``d``, the number of weights.
         noise_std: the known noise standard deviation ``sigma > 0``. Give exactly one of
             ``noise_std`` and ``noise_prior``.
@@ -274,6 +280,7 @@ class PyroLinearPosterior:
                     f"prior must have batch_shape [] (problems in a batch share the prior), "
                     f"got batch_shape {list(prior.batch_shape)}"
                 )
+            check_real_support(prior, "prior")
             with _seeded(_child_seed(self.seed, _CHECK_STREAM)):
                 return _as_float64_distribution(prior), None
         if not callable(prior):
@@ -309,6 +316,9 @@ class PyroLinearPosterior:
                     f"prior: the site name {_WEIGHT_SITE!r} is reserved for the returned "
                     "weights; rename the site or return its value"
                 )
+            if node["value"] is w or name == _WEIGHT_SITE:
+                # the weights are this site's draw: its distribution must cover R^d
+                check_real_support(node["fn"], f"prior (site {name!r}, the returned weights)")
         return None, prior
 
     # ------------------------------------------------------------------ the model
