@@ -79,6 +79,7 @@ Example:
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Sequence
 
@@ -537,6 +538,80 @@ class ProbitGP:
             raise ValueError(f"features: expected shape [R, K, {self.input_dim}] or [K, {self.input_dim}], got {list(features.shape)}")
         w = self.sample(generator, key=key, shape=phi.shape[:-2])
         return (phi * w[..., None, :]).sum(-1)
+
+    # ------------------------------------------------------------------ stored data, saving
+    @property
+    def weight_names(self) -> list[str]:
+        """Names of the ``p`` GP inputs (the weights ``w``): ``phi0 .. phi{p-2}`` (learned features), ``intercept``."""
+        return [f"phi{i}" for i in range(self.feature_dim - 1)] + ["intercept"]
+
+    def observations(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The stored observations ``(X [n, D], y [n])`` (float64, in arrival order; ``n = 0`` before any update)."""
+        if not self._X:
+            return torch.zeros(0, self.input_dim, dtype=_F64), torch.zeros(0, dtype=_F64)
+        return torch.cat(self._X), torch.cat(self._y)
+
+    def compact(self, max_observations: int | None = None) -> ProbitGP:
+        """An independent copy for saving: same fitted posterior, at most ``max_observations`` stored rows.
+
+        The copy has the network, the variational GP and ``q(w)`` of this model; it keeps an
+        evenly spaced subset (over arrival order) of the stored observations (all of them if
+        ``max_observations`` is ``None``) and none of the per-decision draw state the views
+        share. ``num_observations`` still counts every observation the posterior was fitted on;
+        a refit of the copy would use the kept rows only. For diagnostics (``bayes_safe.diagnostics``
+        draws the latent function at the stored points) and small model files.
+
+        Args:
+            max_observations: positive int, or ``None`` to keep every stored row.
+
+        Returns:
+            a new :class:`ProbitGP`.
+        """
+        if max_observations is not None and (isinstance(max_observations, bool) or int(max_observations) < 1):
+            raise ValueError(f"max_observations: expected a positive int or None, got {max_observations!r}")
+        X, y = self.observations()
+        keep = torch.arange(X.shape[0])
+        if max_observations is not None and X.shape[0] > int(max_observations):
+            keep = torch.linspace(0, X.shape[0] - 1, int(max_observations), dtype=_F64).round().long().unique()
+        saved = (self._X, self._y, self._draw_state, self._update_state)
+        self._X, self._y, self._draw_state, self._update_state = [], [], None, None
+        try:
+            out = copy.deepcopy(self)
+        finally:
+            self._X, self._y, self._draw_state, self._update_state = saved
+        if X.shape[0]:
+            out._X, out._y = [X[keep].clone()], [y[keep].clone()]
+        return out
+
+    # ------------------------------------------------------------------ pickling (torch.save)
+    def __getstate__(self) -> dict:
+        """Picklable state: GPyTorch's ``LinearKernel`` holds its variance prior through local
+        lambdas, which cannot be pickled, so the GP is stored as its inducing points and
+        ``state_dict`` and rebuilt by :meth:`__setstate__` (``torch.save`` / ``torch.load``)."""
+        state = dict(self.__dict__)
+        gp = state.pop("gp")
+        state["_gp_state"] = {
+            "inducing_points": gp.variational_strategy.inducing_points.detach().clone(),
+            "state_dict": {k: v.detach().clone() for k, v in gp.state_dict().items()},
+            "training": gp.training,
+        }
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        saved = state.pop("_gp_state")
+        self.__dict__.update(state)
+        gp = self._build_gp(saved["inducing_points"])
+        gp.load_state_dict(saved["state_dict"])
+        gp.train(saved["training"])
+        self.gp = gp
+
+    def __deepcopy__(self, memo: dict) -> ProbitGP:
+        """The default deep copy (every attribute copied, the GP module included), bypassing
+        the pickling state of :meth:`__getstate__`."""
+        out = type(self).__new__(type(self))
+        memo[id(self)] = out
+        out.__dict__.update(copy.deepcopy(self.__dict__, memo))
+        return out
 
     # ------------------------------------------------------------------ shared draws of views
     def _joint_latent(self, view, features, generator: Generator, key: str) -> torch.Tensor:
