@@ -222,6 +222,11 @@ class BCTSResult:
             that the learned posterior mean classifies correctly (allowed iff mean > 1/2).
         seconds: wall time of the teaching and online phases.
         config: the arguments of the run.
+        models: the fitted posteriors at the end of the run, ``{name: {role: CTSPosterior}}``,
+            each with batch ``[R]`` (replications): ``{label: {"reward": ...}}`` per BCTS setting,
+            ``{"constraint: <teaching> teaching, N=<n>": {"constraint": ...}}`` per learned
+            constraint posterior, ``{"Constraint Mask": {"reward": ...}}``; for
+            :func:`~bayes_safe.diagnostics.save_models`.
     """
 
     settings: list[dict]
@@ -232,6 +237,7 @@ class BCTSResult:
     constraint_accuracy: dict
     seconds: dict
     config: dict
+    models: dict = field(default_factory=dict, repr=False)
 
     @property
     def horizon(self) -> int:
@@ -444,12 +450,22 @@ def run_bcts(problem: BCTSProblem, *, sigmas: Sequence[float] = PAPER_SIGMAS,
                         arr[p, -1] = cum_m[k].numpy()
                 p += 1
         timings["online"] = time.perf_counter() - start
+    # the fitted posteriors, split by setting (outside inference mode: ordinary tensors)
+    models: dict[str, dict[str, CTSPosterior]] = {}
+    if B:
+        for i, setting in enumerate(settings[: len(settings) - int(mask)]):
+            models[setting["label"]] = {"reward": policy.reward_model.take(torch.arange(i * R, (i + 1) * R))}
+        for n in budgets:
+            for g, t in enumerate(teaching):
+                models[f"constraint: {t} teaching, N={n}"] = {"constraint": snapshots[n].take(torch.arange(g * R, (g + 1) * R))}
+    if mask:
+        models["Constraint Mask"] = {"reward": masker.reward_model.clone()}
     config = {"problem": problem.name, "sigmas": sigmas, "teaching": teaching, "num_teaching": budgets,
               "horizon": T, "replications": R, "seed": int(seed), "v": float(v), "mask": bool(mask),
               "teaching_size": problem.teaching_size, "num_contexts": problem.num_contexts, "num_arms": K, "dim": d,
               "batch_rows": B + (R if mask else 0)}
     return BCTSResult(settings=settings, steps=record, cumulative_regret=regret, constrained_regret=cregret,
-                      errors=errors, constraint_accuracy=accuracy, seconds=timings, config=config)
+                      errors=errors, constraint_accuracy=accuracy, seconds=timings, config=config, models=models)
 
 
 # ---------------------------------------------------------------------------------------- reporting

@@ -13,6 +13,10 @@ Choices where the paper is silent (restated in the report): the set of candidate
 (:func:`bayes_safe.identification.driving.driving_problem`: 69 hand-made controllers plus CEM
 solutions, less those within 0.05 of the normalised boundary), the lambda and beta grids, CEM
 seeds (best of 3 restarts per lambda), a query budget for the Proposition 3 greedy learners.
+
+No fitted models: the learners hold no posterior (least-squares estimates with frequentist
+confidence intervals, Propositions 2 and 3) and are discarded after each run, so ``models/``
+holds only ``NO_MODELS.txt`` saying so, and ``bayes-safe diagnose OUT`` stops with that reason.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
+from bayes_safe.diagnostics import save_no_models
 from bayes_safe.identification import driving as drv
 from bayes_safe.identification import single_blas_thread
 from bayes_safe.identification.experiments import fmt_median, run_algorithm, summarise
@@ -37,6 +42,12 @@ from ._common import md_table
 
 NAME = "acol-driving"
 DESCRIPTION = "Lindner et al. (2022) s.4.3: driving preferences as constraints (Figures 4 and 5)"
+
+#: why models/ holds no fitted models (read by bayes-safe diagnose)
+NO_MODELS = ("ACOL, G-ACOL and their baselines (Lindner et al. 2022) fit no posterior: each learner keeps a "
+             "least-squares estimate of the constraint parameter with frequentist confidence intervals "
+             "(Propositions 2 and 3) and is discarded after its run; the study records the number of "
+             "queries and the recommendation of every run (results.json), nothing for diagnose.")
 
 FULL = {"lambdas": [0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0], "restarts": 3, "seeds": 30,
         "theory": ["Oracle", "G-Allocation", "Uniform", "ACOL", "G-ACOL", "Greedy Max Var", "Adaptive Uniform"],
@@ -173,6 +184,7 @@ def run(out, quick: bool = False, seed: int = 0) -> dict:
         _plot5(f5, tmp / "fig5.png")
         atomic_write_json(tmp / "results.json", payload)
         atomic_write_text(tmp / "report.md", _report(payload))
+        save_no_models(tmp / "models", NO_MODELS)
     return payload
 
 

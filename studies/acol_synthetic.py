@@ -18,6 +18,10 @@ Choices where the paper is silent (restated in the report):
   Figure 6 at the irrelevant-dimensions base point only. Tuned greedy learners get a budget
   too (a few unit-sphere draws have a relevant arm within 10^-3 of the boundary). Max Rew-F "gets stuck" outside the 1-d instance (the
   paper) and is run there only.
+
+No fitted models: the learners hold no posterior (least-squares estimates with frequentist
+confidence intervals, Propositions 2 and 3) and are discarded after each run, so ``models/``
+holds only ``NO_MODELS.txt`` saying so, and ``bayes-safe diagnose OUT`` stops with that reason.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 
+from bayes_safe.diagnostics import save_no_models
 from bayes_safe.identification import (
     connected_1d,
     irrelevant_dimensions,
@@ -52,6 +57,12 @@ CHEAP = ["Oracle", "G-Allocation", "Uniform", "ACOL", "Greedy Max Var (tuned)", 
 THEORY_MAIN = ["G-ACOL"]
 THEORY_EXTRA = ["Greedy Max Var", "Adaptive Uniform", "G-ACOL Uniform", "Max Rew-U"]
 FIG3 = ["G-ACOL (tuned)", "Max Rew-U (tuned)", "Max Rew-F (tuned)", "G-ACOL", "Max Rew-U", "Max Rew-F"]
+
+#: why models/ holds no fitted models (read by bayes-safe diagnose)
+NO_MODELS = ("ACOL, G-ACOL and their baselines (Lindner et al. 2022) fit no posterior: each learner keeps a "
+             "least-squares estimate of the constraint parameter with frequentist confidence intervals "
+             "(Propositions 2 and 3) and is discarded after its run; the study records the number of "
+             "queries and the recommendation of every run (results.json), nothing for diagnose.")
 
 FULL = {"seeds": 30, "eps": [0.025, 0.05, 0.075, 0.1], "irr_d": [5, 10, 20, 50], "sphere_n": [25, 50, 75, 100],
         "sphere_d": [10, 30, 50, 100], "budget": 10**9, "tuned_budget": 20_000, "theory_budget": 50_000,
@@ -171,6 +182,7 @@ def run(out, quick: bool = False, seed: int = 0) -> dict:
         _plot_fig3(fig3, tmp / "fig3.png")
         atomic_write_json(tmp / "results.json", payload)
         atomic_write_text(tmp / "report.md", _report(payload))
+        save_no_models(tmp / "models", NO_MODELS)
     return payload
 
 

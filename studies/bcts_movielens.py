@@ -14,7 +14,10 @@ teaching movies, and the Constraint Mask run as one batch
 (:func:`bayes_safe.bcts_run.run_bcts`). Outputs: ``results.json``, ``summary.csv``,
 ``figure1.png`` (R(t)/t and E(t) at N = 50,000), ``errors_by_budget.png`` and
 ``report.md`` with the paper's Tables 1 and 2 beside ours and the checks of their robust
-patterns.
+patterns, and ``models/``: the fitted posteriors at the end of the run
+(:attr:`bayes_safe.bcts_run.BCTSResult.models`: each setting's reward posterior, each learned
+constraint posterior, the Constraint Mask's reward posterior; batch = folds), which
+``bayes-safe diagnose OUT`` reads.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from bayes_safe.bcts_run import (
     plot_errors_by_budget,
     run_bcts,
 )
+from bayes_safe.diagnostics import save_models
 from bayes_safe.envs.movies import (
     AGE_BANDS,
     MOVIE_GENRES,
@@ -294,4 +298,6 @@ def run(out, quick: bool = False, seed: int = 0, config: dict | None = None) -> 
                   title=f"BCTS, movie recommendation ({'real' if 'synthetic' not in problem.info['source'] else 'synthetic'} ratings)")
         plot_errors_by_budget(result, tmp / "errors_by_budget.png", title="BCTS, movie recommendation")
         atomic_write_text(tmp / "report.md", _report(cfg, problem, result, summary, found, seconds, quick))
+        for name, models in result.models.items():
+            save_models(models, tmp / "models", prefix=name)
     return payload

@@ -10,7 +10,9 @@ Every ``sigma_online`` in {0, 0.25, 0.5, 0.75, 1}, teaching by CTS and by random
 exploration with N = 50,000 examples, T = 20,000 online steps, 5 cross-validation folds of
 200 teaching patients, and the Constraint Mask, all in one batch
 (:func:`bayes_safe.bcts_run.run_bcts`). Outputs: ``results.json``, ``summary.csv``,
-``figure1.png`` and ``report.md`` with the paper's findings beside ours.
+``figure1.png``, ``report.md`` with the paper's findings beside ours, and ``models/``: the
+fitted posteriors at the end of the run (:attr:`bayes_safe.bcts_run.BCTSResult.models`; batch =
+folds), which ``bayes-safe diagnose OUT`` reads.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import time
 from pathlib import Path
 
 from bayes_safe.bcts_run import PAPER_SIGMAS, markdown_table, plot_bcts, run_bcts
+from bayes_safe.diagnostics import save_models
 from bayes_safe.envs.warfarin import DOSE_LEVELS, DOSE_THRESHOLDS, warfarin
 from bayes_safe.io import atomic_output_dir, atomic_write_json, atomic_write_text
 
@@ -192,4 +195,6 @@ def run(out, quick: bool = False, seed: int = 0, config: dict | None = None) -> 
         atomic_write_text(tmp / "summary.csv", buf.getvalue())
         plot_bcts(result, tmp / "figure1.png", num_teaching=n, title="BCTS, warfarin dosing (IWPC)")
         atomic_write_text(tmp / "report.md", _report(cfg, problem, result, summary, found, seconds, quick))
+        for name, models in result.models.items():
+            save_models(models, tmp / "models", prefix=name)
     return payload

@@ -5,7 +5,9 @@ The ``kazerouni2017`` problem (arXiv v3: 100 arms with features ``U[-1, 1]^10``,
 mean reward the average of the 2nd and 3rd best arms), 20 realisations, horizon 70,000,
 alpha in {0.01, 0.05, 0.1}. Outputs: Figure 1 (expected reward per period, with average
 regret) and the number of steps at which each algorithm violates the performance
-constraint (3), ``sum_i r_{a_i} >= (1 - alpha) sum_i r_{b_i}``.
+constraint (3), ``sum_i r_{a_i} >= (1 - alpha) sum_i r_{b_i}``; ``models/`` holds each run's
+fitted ridge model (``<policy>__reward.pt``, batch = realisations: the Bayesian reading of the
+ridge estimate and ellipsoid the UCB rules use; ``bayes-safe diagnose OUT`` reads them).
 
 Choices where the paper is silent (restated in the report):
 
@@ -31,6 +33,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 
+from bayes_safe.diagnostics import save_models  # noqa: E402
 from bayes_safe.envs import make_problem  # noqa: E402
 from bayes_safe.factory import make_policy, ridge_model  # noqa: E402
 from bayes_safe.io import atomic_output_dir, atomic_write_json  # noqa: E402
@@ -77,7 +80,7 @@ def _curves(trace) -> dict:
 
 
 def run(out, quick: bool = False, seed: int = 0) -> dict:
-    """Run the study and write results.json, CSVs, the figure and report.md into ``out``."""
+    """Run the study and write results.json, CSVs, the figure, report.md and models/ into ``out``."""
     cfg = QUICK if quick else FULL
     out = Path(out)
     timer = Timer()
@@ -87,6 +90,7 @@ def run(out, quick: bool = False, seed: int = 0) -> dict:
     base = env.baseline_expected[:, 0]
     gap = env.optimal_reward - base
     curves, summary, violations = {}, {}, {}
+    fitted: dict = {}  # policy name -> {role: model} at the end of its run
 
     policy = make_policy("lucb", env, ridge=cfg["ridge"], delta=cfg["delta"])
     with timer("simulate LUCB"):
@@ -95,6 +99,7 @@ def run(out, quick: bool = False, seed: int = 0) -> dict:
     violations["LUCB"] = {str(a): _violations(trace, a) for a in alphas}
     summary["LUCB"] = {"cumulative_regret": _ms(trace.regret.sum(0)), "elapsed_seconds": trace.attrs["elapsed_seconds"],
                        "share_of_steps_on_baseline": _ms((trace.actions == trace.baseline).double().mean(0))}
+    fitted["LUCB"] = policy.models()
     del trace
     for alpha in alphas:
         name = f"CLUCB alpha={alpha:g}"
@@ -112,6 +117,7 @@ def run(out, quick: bool = False, seed: int = 0) -> dict:
             "last_conservative_step": {**_ms(last_conservative.double()), "max": int(last_conservative.max())},
             "elapsed_seconds": trace.attrs["elapsed_seconds"],
         }
+        fitted[name] = policy.models()
         del trace, policy
 
     # sensitivity: LUCB with a confidence set as wide as eq. (6)'s
@@ -123,6 +129,7 @@ def run(out, quick: bool = False, seed: int = 0) -> dict:
         trace = simulate(policy, env, T, seed=seed + 1)
     violations[wide_name] = {str(a): _violations(trace, a) for a in alphas}
     summary[wide_name] = {"cumulative_regret": _ms(trace.regret.sum(0)), "elapsed_seconds": trace.attrs["elapsed_seconds"]}
+    fitted[wide_name] = policy.models()
     del trace, policy
 
     with atomic_output_dir(out) as tmp:
@@ -170,6 +177,8 @@ def run(out, quick: bool = False, seed: int = 0) -> dict:
         }
         atomic_write_json(tmp / "results.json", info)
         (tmp / "report.md").write_text(_report(info, cfg))
+        for name, models in fitted.items():
+            save_models(models, tmp / "models", prefix=name)
     return info
 
 

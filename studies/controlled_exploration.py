@@ -32,6 +32,13 @@ Choices where the paper is silent (restated in the report):
 * **Benchmarks** are the JSON files of ``bayes_safe/offline/benchmarks`` (the paper's
   bounds are only in its Figure 5, an image; ours are set so that the IPS policy violates
   most of them).
+
+Fitted models: ``models/`` holds every Table 1 policy network
+(``<data>__<benchmark>__<method>__seed<s>__policy.pt``; the IPS policy, trained once per seed,
+as ``<data>__seed<s>__ips__policy.pt``) and the ridge reward model of the DR estimates
+(``<data>__seed<s>__reward_model.pt``). They are point estimates trained by (constrained)
+off-policy optimisation, not posteriors, so ``bayes-safe diagnose OUT`` stops with an error
+naming their types; load them with :func:`bayes_safe.diagnostics.load_models`.
 """
 
 from __future__ import annotations
@@ -47,6 +54,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import torch
 
+from bayes_safe.diagnostics import save_models
 from bayes_safe.io import atomic_output_dir, atomic_write_json, atomic_write_text
 from bayes_safe.offline import (
     IPS,
@@ -187,16 +195,24 @@ def _evaluate(ds: _Dataset, parts: dict, policy, cons, q, n_boot: int, seed: int
     return ev
 
 
-def _table1(ds: _Dataset, cfg: dict, seeds: list[int], timer: Timer, log: list) -> tuple[list, dict]:
-    """Every (benchmark, method, seed) run on one data source; IPS trained once per seed."""
+def _table1(ds: _Dataset, cfg: dict, seeds: list[int], timer: Timer, log: list,
+            fitted: dict | None = None) -> tuple[list, dict]:
+    """Every (benchmark, method, seed) run on one data source; IPS trained once per seed.
+
+    ``fitted`` (optional) collects the trained models, ``{name parts: {role: model}}``.
+    """
     runs = []
     traces = {}
+    fitted = {} if fitted is None else fitted
     for seed in seeds:
         parts = ds.splits(seed)
         test = parts["test"]
-        q = fit_reward_model(parts["train"]).predict(test.contexts)
+        reward_model = fit_reward_model(parts["train"])
+        q = reward_model.predict(test.contexts)
         with timer(f"{ds.name}: train ips"):
             ips_policy, ips_res = _train(ds, parts, None, IPS(), seed)
+        fitted[(ds.name, f"seed{seed}")] = {"reward_model": reward_model}
+        fitted[(ds.name, f"seed{seed}", "ips")] = {"policy": ips_policy}
         for bench in cfg["benchmarks"]:
             cons = ds.constraints(bench, test.domain_names)
             hp = PAPER_TABLE2[bench]
@@ -206,6 +222,7 @@ def _table1(ds: _Dataset, cfg: dict, seeds: list[int], timer: Timer, log: list) 
                 with timer(f"{ds.name}: train {name}"):
                     policy, res = _train(ds, parts, cons, _method(name, hp), seed)
                 rows[name] = (_evaluate(ds, parts, policy, cons, q, cfg["n_boot"], seed), res)
+                fitted[(ds.name, bench, name, f"seed{seed}")] = {"policy": policy}
                 if seed == seeds[0] and bench == cfg["figure4"]["benchmark"]:
                     traces[name] = res.log_weights["u"][: cfg["figure4"]["iterations"]]
             for name, (ev, res) in rows.items():
@@ -532,7 +549,7 @@ def render_report(out) -> None:
 
 
 def run(out, quick: bool = False, seed: int = 0) -> dict:
-    """Run the study; write results.json, table CSVs, figure3.png, figure4.png and report.md into ``out``."""
+    """Run the study; write results.json, table CSVs, figure3.png, figure4.png, report.md and models/ into ``out``."""
     cfg = QUICK if quick else FULL
     out = Path(out)
     timer = Timer()
@@ -544,7 +561,8 @@ def run(out, quick: bool = False, seed: int = 0) -> dict:
 
     syn_ds = _Dataset("synthetic", cfg["synthetic"], timer)
     syn_cfg = {**cfg, "n_boot": cfg["n_boot"]}
-    runs, extra = _table1(syn_ds, syn_cfg, seeds, timer, log)
+    fitted: dict = {}  # the Table 1 models, saved to models/
+    runs, extra = _table1(syn_ds, syn_cfg, seeds, timer, log, fitted)
     sample = syn_ds.env.sample(cfg["synthetic"]["n"], seed=seeds[0])
     results["synthetic"] = {"table": extra["table"], "runs": runs, "n_rows": cfg["synthetic"]["n"],
                             "logging_value": 100 * float((sample.logging_probs * sample.expected_rewards).sum(1).mean()),
@@ -565,7 +583,7 @@ def run(out, quick: bool = False, seed: int = 0) -> dict:
     results["figure3"] = f3
 
     obd_ds = _Dataset("open_bandit", cfg["obd"], timer)
-    obd_runs, obd_extra = _table1(obd_ds, cfg, seeds, timer, log)
+    obd_runs, obd_extra = _table1(obd_ds, cfg, seeds, timer, log, fitted)
     parts = obd_ds.splits(seeds[0])
     results["open_bandit"] = {"table": obd_extra["table"], "runs": obd_runs, "n_rows": len(obd_ds.data),
                               "logging_ctr": 100 * float(parts["test"].rewards.mean()),
@@ -603,6 +621,8 @@ def run(out, quick: bool = False, seed: int = 0) -> dict:
                                      for r in results["synthetic"]["runs"] + results["open_bandit"]["runs"]])
         atomic_write_json(tmp / "results.json", _jsonable(results))
         atomic_write_text(tmp / "report.md", _report(results, quick))
+        for name, models in fitted.items():
+            save_models(models, tmp / "models", prefix=name)
     return results
 
 

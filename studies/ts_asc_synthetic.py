@@ -5,7 +5,9 @@ baseline the 20th best arm by constraint among the 30 best by reward, instances 
 the constraint costs reward), alpha in {0.1, 0.01, 0.001, 0.0001}, 1,000 realisations.
 Outputs: Figure 1a (per-step regret), Figure 1b (moving average of instance-level
 violations), Figure 2a (expected constraint of each policy in one realisation at alpha = 0.01)
-and the Figure 2b table (TS-ASC's normalised expected constraint over the last 100 steps).
+and the Figure 2b table (TS-ASC's normalised expected constraint over the last 100 steps);
+``models/`` holds the fitted models of the main runs (``alpha=<alpha>__<policy>__<role>.pt``,
+batch = realisations; ``bayes-safe diagnose OUT`` reads them).
 
 Choices where the paper is silent (each is restated in the report):
 
@@ -48,6 +50,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pyro.distributions as dist  # noqa: E402
 import torch  # noqa: E402
 
+from bayes_safe.diagnostics import save_models  # noqa: E402
 from bayes_safe.envs import daulton2019  # noqa: E402
 from bayes_safe.factory import make_policy, ridge_model  # noqa: E402
 from bayes_safe.io import atomic_output_dir, atomic_write_json  # noqa: E402
@@ -207,7 +210,7 @@ def _figure2a(series, alpha, path, seed):
 
 
 def run(out, quick: bool = False, seed: int = 0) -> dict:
-    """Run the study and write results.json, CSVs, figures and report.md into ``out``."""
+    """Run the study and write results.json, CSVs, figures, report.md and models/ into ``out``."""
     cfg = QUICK if quick else FULL
     out = Path(out)
     timer = Timer()
@@ -217,6 +220,7 @@ def run(out, quick: bool = False, seed: int = 0) -> dict:
     fig2a: dict = {}
     fig2a_stats: dict = {}
     gaps: dict = {}
+    fitted: dict = {}  # (alpha, policy) -> {role: model} at the end of the main runs
     for alpha in alphas:
         with timer("build problems"):
             env = daulton2019(replications=R, seed=seed, alpha=alpha)
@@ -228,6 +232,7 @@ def run(out, quick: bool = False, seed: int = 0) -> dict:
             with timer(f"simulate {name}"):
                 trace = simulate(policy, env, T, seed=seed + 1)
             results[alpha][name] = _reduce(trace, env, W)
+            fitted[(alpha, name)] = policy.models()
             if alpha == cfg["figure2a_alpha"]:
                 r = cfg["figure2a_replication"]
                 c = trace.expected[:, r, 1].clone()
@@ -319,6 +324,8 @@ def run(out, quick: bool = False, seed: int = 0) -> dict:
         }
         atomic_write_json(tmp / "results.json", info)
         (tmp / "report.md").write_text(_report(info, cfg))
+        for (alpha, name), models in fitted.items():
+            save_models(models, tmp / "models", prefix=(f"alpha={alpha:g}", name))
     return info
 
 

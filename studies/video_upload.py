@@ -31,6 +31,13 @@ Design (choices where the paper is silent):
   (:func:`~bayes_safe.envs.video_upload.percent_change`). The SEs are those an A/B test would
   report: they treat the learned policies as given and do not include the variability of a
   rerun of the learning itself.
+
+Outputs: ``results.json``, ``summary.csv``, ``report.md``, the figures and ``models/``: each
+replication's fitted models at the end of the stream (``rep<r>__<policy>__<role>.pt``; TS-ASC's
+reward and constraint views share one ProbitGP and are saved together as
+``rep<r>__ts-asc_alpha=<a>__reward+constraint0.pt``), each GP with at most
+``SAVED_OBSERVATIONS`` of its stored uploads (evenly spaced) so that ``bayes-safe diagnose OUT``
+can draw the latent function and check calibration there without the full data.
 """
 
 from __future__ import annotations
@@ -45,6 +52,7 @@ from pathlib import Path
 
 import torch
 
+from bayes_safe.diagnostics import save_models
 from bayes_safe.envs.video_upload import (
     ACTION_NAMES,
     CONNECTIONS,
@@ -83,6 +91,9 @@ QUICK = {
     "replications": 1,
     "model": {"nn_epochs": 4, "nn_min_steps": 200},
 }
+
+#: stored uploads kept with each saved ProbitGP (the posterior itself is saved whole)
+SAVED_OBSERVATIONS = 5_000
 
 GROUPS = {
     "connection": CONNECTIONS,
@@ -552,7 +563,7 @@ def rerender(out) -> None:
 
 
 def run(out, quick: bool = False, seed: int = 0, config: dict | None = None) -> dict:
-    """Run the study and write ``results.json``, ``summary.csv``, ``report.md`` and figures into ``out``.
+    """Run the study and write ``results.json``, ``summary.csv``, ``report.md``, figures and ``models/`` into ``out``.
 
     Args:
         out: output directory (written atomically).
@@ -582,4 +593,7 @@ def run(out, quick: bool = False, seed: int = 0, config: dict | None = None) -> 
         (tmp / "summary.csv").write_text(_csv({**summary, **{f"reference {k}": v for k, v in reference.items() if k != "baseline"}}))
         results["figures"] = _figures(summary, tmp)
         (tmp / "report.md").write_text(_report(results))
+        for r, sim in enumerate(sims):
+            for name, policy in sim["policies"].items():
+                save_models(policy, tmp / "models", prefix=(f"rep{r}", name), max_observations=SAVED_OBSERVATIONS)
     return results
