@@ -39,6 +39,18 @@ def test_tutorial_runs(tutorial, tmp_path, monkeypatch):
         exec(compile(block, f"{tutorial.name} block {i + 1}", "exec"), namespace)
 
 
+GUIDES = sorted(p for p in (ROOT / "docs").glob("*.md") if _python_blocks(p))
+
+
+@pytest.mark.parametrize("page", GUIDES, ids=[p.stem for p in GUIDES])
+def test_guide_examples_run(page, tmp_path, monkeypatch):
+    """Every python block of every guide page runs, in order, in a fresh directory."""
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {"__name__": "__guide__"}
+    for i, block in enumerate(_python_blocks(page)):
+        exec(compile(block, f"{page.name} block {i + 1}", "exec"), namespace)
+
+
 def test_documentation_site_builds_strict(tmp_path):
     env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
     result = subprocess.run(
