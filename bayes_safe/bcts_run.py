@@ -474,7 +474,7 @@ def plot_bcts(result: BCTSResult, path=None, *, num_teaching: int | None = None,
     one column per teaching strategy, every ``sigma_online`` and the Constraint Mask (mean
     over replications, band = 2 standard errors). ``E(t)`` is on a symmetric-log axis so the
     few errors of small ``sigma_online`` and the many of ``sigma_online = 1`` both show."""
-    from .plots import plt, save_figure
+    from .plots import plt
 
     budgets = result.config["num_teaching"]
     n = budgets[-1] if num_teaching is None else int(num_teaching)
@@ -505,11 +505,22 @@ def plot_bcts(result: BCTSResult, path=None, *, num_teaching: int | None = None,
         ax_r.set(xlabel="online step t", ylabel="cumulative average regret R(t)/t",
                  title=f"R(t)/t, {name} teaching, N = {n:,}")
         ax_e.set(xlabel="online step t", ylabel="behavioural errors E(t)", title=f"E(t), {name} teaching, N = {n:,}")
-        ax_e.set_yscale("symlog", linthresh=10)
-        ax_e.set_ylim(bottom=0)
-        for ax in (ax_r, ax_e):
-            ax.grid(alpha=0.3)
-            ax.legend(fontsize=8)
+        _finish_axes(ax_e, (ax_r, ax_e), {"fontsize": 8})
+    return _finish_figure(fig, title, path)
+
+
+def _finish_axes(errors_ax, axes, legend: dict) -> None:
+    """Error counts on a symlog axis from 0 (they span 0 to tens of thousands); grids, legends."""
+    errors_ax.set_yscale("symlog", linthresh=10)
+    errors_ax.set_ylim(bottom=0)
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.legend(**legend)
+
+
+def _finish_figure(fig, title: str | None, path):
+    from .plots import save_figure
+
     if title:
         fig.suptitle(title)
     fig.tight_layout()
@@ -520,7 +531,7 @@ def plot_bcts(result: BCTSResult, path=None, *, num_teaching: int | None = None,
 
 def plot_errors_by_budget(result: BCTSResult, path=None, *, title: str | None = None):
     """``E(T)`` (left) and ``R(T)/T`` (right) against the teaching budget ``N``, per strategy and sigma."""
-    from .plots import plt, save_figure
+    from .plots import plt
 
     rows = [r for r in result.summary() if r["policy"] == "bcts"]
     fig, (ax_e, ax_r) = plt.subplots(1, 2, figsize=(12, 4.5))
@@ -539,18 +550,9 @@ def plot_errors_by_budget(result: BCTSResult, path=None, *, title: str | None = 
     if mask:
         ax_r.axhline(mask[0]["regret_mean"], color="black", linestyle="--", label="Constraint Mask")
     ax_e.set(xscale="log", xlabel="teaching examples N", ylabel="E(T)", title=f"Behavioural errors at T = {result.horizon:,}")
-    ax_e.set_yscale("symlog", linthresh=10)
-    ax_e.set_ylim(bottom=0)
     ax_r.set(xscale="log", xlabel="teaching examples N", ylabel="R(T)/T", title=f"Average regret at T = {result.horizon:,}")
-    for ax in (ax_e, ax_r):
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, ncol=2)
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    if path is not None:
-        save_figure(fig, path)
-    return fig
+    _finish_axes(ax_e, (ax_e, ax_r), {"fontsize": 7, "ncol": 2})
+    return _finish_figure(fig, title, path)
 
 
 def markdown_table(headers: Sequence[str], rows: Sequence[Sequence]) -> str:

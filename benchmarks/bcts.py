@@ -13,7 +13,6 @@ import tempfile
 import time
 from pathlib import Path
 
-
 TARGET_FULL_SECONDS = 600.0
 TARGET_QUICK_SECONDS = 120.0
 

@@ -57,15 +57,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="time the --quick versions")
     args = parser.parse_args(argv)
-    rows = run(quick=args.quick)
-    headers = ["benchmark", "value", "unit", "target", "ratio"]
-    cells = [[r["benchmark"], f"{r['value']:,.1f}", r["unit"], r["target"], "" if r["ratio"] is None else f"{r['ratio']:.2f}"]
-             for r in rows]
-    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(headers)]
-    print(" | ".join(h.ljust(w) for h, w in zip(headers, widths)))
-    print("-|-".join("-" * w for w in widths))
-    for c in cells:
-        print(" | ".join(x.ljust(w) for x, w in zip(c, widths)))
+    from run import print_table
+
+    print_table(run(quick=args.quick), headers=("benchmark", "value", "unit", "target", "ratio"))
     return 0
 
 

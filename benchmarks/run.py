@@ -39,14 +39,18 @@ def main(argv=None) -> int:
     for name in names:
         module = importlib.import_module(name)
         rows.extend(module.run(quick=args.quick))
-    headers = ["benchmark", "value", "unit", "target", "ratio", "vs_numpy"]
+    print_table(rows)
+    return 0
+
+
+def print_table(rows: list[dict], headers=("benchmark", "value", "unit", "target", "ratio", "vs_numpy")) -> None:
+    """Print benchmark rows as an aligned text table."""
     table = [[_fmt(r.get(h)) for h in headers] for r in rows]
     widths = [max(len(h), *(len(row[i]) for row in table)) for i, h in enumerate(headers)]
     print(" | ".join(h.ljust(w) for h, w in zip(headers, widths)))
     print("-|-".join("-" * w for w in widths))
     for row in table:
         print(" | ".join(c.ljust(w) for c, w in zip(row, widths)))
-    return 0
 
 
 if __name__ == "__main__":

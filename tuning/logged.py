@@ -201,7 +201,11 @@ class LoggedDataProblem(ABProblem):
 
     def estimate(self, parameters: Mapping, seed: int) -> dict[str, tuple[float, float]]:
         """Train with ``parameters`` (over :attr:`defaults`) and estimate ``{metric: (mean, sem)}`` off-policy."""
-        from bayes_safe.offline import ReplicationConstraints, evaluate_offline, trained_policy_factory
+        from bayes_safe.offline import (
+            ReplicationConstraints,
+            evaluate_offline,
+            trained_policy_factory,
+        )
 
         data = self.data()
         cons = None
