@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pyro.distributions as dist
+import torch
 
 from .models import BayesianLinear
 from .policies import CLUCB, CLUCB2ASC, LUCB, TSASC, Greedy, LinUCB, Random, ThompsonSampling
@@ -19,7 +20,9 @@ def ridge_model(env, metric: int = 0, ridge: float = 1.0) -> BayesianLinear:
     (Daulton et al. 2019 s.4.1 use ``ridge = 1``): its posterior mean is the ridge estimate.
     """
     sigma = float(env.noise_std[metric])
-    prior = dist.Normal(0.0, sigma / ridge**0.5).expand([env.dim]).to_event(1)
+    # float64 parameters: Normal(0.0, 0.1) from Python floats would round the scale to float32
+    scale = torch.tensor(sigma / ridge**0.5, dtype=torch.float64)
+    prior = dist.Normal(torch.zeros((), dtype=torch.float64), scale).expand([env.dim]).to_event(1)
     return BayesianLinear(prior, noise_std=sigma, batch_shape=[env.replications])
 
 

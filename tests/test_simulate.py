@@ -169,3 +169,18 @@ def test_batched_run_equals_single_runs_on_a_one_metric_problem():
 def test_daulton_generator_rejects_impossible_settings():
     with pytest.raises(ValueError, match="no instance with a reward/constraint trade-off"):
         daulton2019(replications=1, seed=0, baseline_rank=30, top_reward=30)
+
+
+def test_ridge_prior_is_exact_in_float64():
+    """The factory's ridge prior N(0, sigma^2 / ridge I) keeps sigma in float64 (a Python-float
+    Normal would round it to float32 and shift the posterior by ~1e-8)."""
+    from bayes_safe.envs import daulton2019
+    from bayes_safe.factory import ridge_model
+    from bayes_safe.models.linear import gaussian_prior_parameters
+
+    env = daulton2019(replications=2, seed=0)
+    loc, cov = gaussian_prior_parameters(ridge_model(env, 0, ridge=3.0).prior)
+    sigma = float(env.noise_std[0])
+    assert loc.dtype == torch.float64
+    want = torch.full((env.dim,), sigma**2 / 3.0, dtype=torch.float64)
+    assert torch.allclose(torch.diagonal(cov, dim1=-2, dim2=-1), want, rtol=1e-14, atol=0.0)
