@@ -242,6 +242,9 @@ class BayesianLinear:
                 # running y^T y + m0^T Lambda0 m0, for b_n = b0 + (sq - eta^T Lambda^-1 eta) / 2
                 self._sq = (loc[..., None, :] @ self._prior_precision @ loc[..., None])[..., 0, 0]
             self._factor: torch.Tensor | None = None
+            # batch elements whose precision changed since the factor was computed (None: none,
+            # or the whole factor is stale); masked updates refactor only these
+            self._dirty: torch.Tensor | None = None
         else:
             from .pyro_inference import PyroLinearPosterior
 
@@ -316,7 +319,11 @@ class BayesianLinear:
                 if self.noise_prior is not None:
                     self._sq = self._sq + (y * y).sum(-1)
                     self._a = self._a + 0.5 * n
-            self._factor = None
+            if weight is None or self._factor is None:
+                self._factor, self._dirty = None, None
+            else:
+                changed = weight > 0
+                self._dirty = changed if self._dirty is None else self._dirty | changed
             return
         if weight is not None:
             raise ValueError("masked updates need a conjugate model")
@@ -327,6 +334,32 @@ class BayesianLinear:
         self._since_fit += n
         if self.refit_every is not None and self._since_fit >= self.refit_every:
             self.fit()
+
+    def _update_elements(self, index: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> None:
+        """Trusted conjugate update of some batch elements only: element ``index[i]`` (a flat
+        index into ``batch_shape``) observes ``x [n, d]`` row ``i`` with outcome ``y [n]``.
+
+        What per-arm models do each step (only the played arm of each replication learns):
+        ``O(n d^2)`` work and a refactorisation of those elements only, instead of a masked
+        update of every element. Indices may repeat (their contributions add up).
+        """
+        d = self.dim
+        s = self._scale
+        ones = torch.ones_like(index)
+        flat_count = torch.zeros(self.batch_shape.numel(), dtype=torch.long).index_add_(0, index, ones)
+        count = flat_count.reshape(self.batch_shape)
+        self._masked_count = count if self._masked_count is None else self._masked_count + count
+        self.precision.view(-1, d, d).index_add_(0, index, x[:, :, None] * x[:, None, :], alpha=s)
+        self.eta.view(-1, d).index_add_(0, index, y[:, None] * x, alpha=s)
+        if self.noise_prior is not None:
+            self._sq = self._sq.clone()
+            self._sq.view(-1).index_add_(0, index, y * y)
+            self._a = self._a + 0.5 * count.to(self._a.dtype)
+        if self._factor is None:
+            self._dirty = None
+        else:
+            changed = count > 0
+            self._dirty = changed if self._dirty is None else self._dirty | changed
 
     def fit(self) -> None:
         """Refit a non-conjugate posterior on all data so far (conjugate models are always exact)."""
@@ -343,20 +376,35 @@ class BayesianLinear:
         self._since_fit = 0
 
     # ------------------------------------------------------------------ conjugate state
+    def _stale(self) -> bool:
+        return self._factor is None or self._dirty is not None
+
     def _factorize(self) -> None:
+        if self._factor is not None and self._dirty is not None:
+            # masked updates (per-arm models) changed some batch elements only: refactor those
+            d = self.dim
+            idx = self._dirty.reshape(-1).nonzero().reshape(-1)
+            self._dirty = None
+            if idx.numel():
+                sub = _cholesky(self.precision.reshape(-1, d, d).index_select(0, idx))
+                u_sub = torch.linalg.solve_triangular(sub, self.eta.reshape(-1, d, 1).index_select(0, idx), upper=False)
+                # out of place: a factor handed out earlier keeps describing the posterior it came from
+                self._factor = self._factor.reshape(-1, d, d).index_copy(0, idx, sub).reshape(self._factor.shape)
+                self._u = self._u.reshape(-1, d, 1).index_copy(0, idx, u_sub).reshape(self._u.shape)
+            return
         self._factor = _cholesky(self.precision)
         self._u = torch.linalg.solve_triangular(self._factor, self.eta[..., None], upper=False)
 
     @property
     def factor(self) -> torch.Tensor:
         """Lower Cholesky factor ``L`` of the posterior precision ``L L^T = Lambda``, ``[*batch, d, d]`` (cached)."""
-        if self._factor is None:
+        if self._stale():
             self._factorize()
         return self._factor
 
     def _whitened_mean(self) -> torch.Tensor:
         """``L^-1 eta``, ``[*batch, d, 1]`` (cached with the factor): the mean is ``L^-T`` of it."""
-        if self._factor is None:
+        if self._stale():
             self._factorize()
         return self._u
 
@@ -436,7 +484,7 @@ class BayesianLinear:
         """
         if self.conjugate:
             z = standard_normal(self._column_shape, generator, key=key)  # [*batch, d, 1]
-            if self._factor is None:
+            if self._stale():
                 self._factorize()
             if self.noise_prior is not None:
                 a, b = self._noise_posterior()

@@ -68,9 +68,10 @@ class PerArmLinear:
             raise ValueError(f"y, actions: expected shape {list(self.batch_shape)}, got {list(y.shape)} and {list(a.shape)}")
         if bool(((a < 0) | (a >= self.num_arms)).any()):
             raise ValueError(f"actions: expected indices in [0, {self.num_arms}), got {a.tolist()}")
-        mask = torch.nn.functional.one_hot(a, self.num_arms).to(torch.float64)  # [*b, K]
-        X = mask[..., None] * c[..., None, :]  # zero rows for unplayed arms add nothing
-        self.arms._update_rows(X, mask * y[..., None], single=True, weight=mask)
+        # only the played arm of each batch element learns: flat index b * K + a into [*b, K]
+        n = self.batch_shape.numel()
+        index = torch.arange(n) * self.num_arms + a.reshape(-1)
+        self.arms._update_elements(index, c.reshape(n, self.dim).to(torch.float64), y.reshape(n).to(torch.float64))
 
     def predict(self, features) -> tuple[torch.Tensor, torch.Tensor]:
         """Mean and variance of each arm's linear function at ``features [*batch, K, d]`` -> ``[*batch, K]``."""
