@@ -22,7 +22,19 @@ from .trace import Trace
 __version__ = "0.1.0"
 
 __all__ = [
-    "BayesianLinear", "PerArmLinear", "ThompsonSampling", "TSASC", "LinUCB", "Greedy", "Random",
-    "daulton2019", "kazerouni2017", "kazerouni2017_neurips", "make_problem", "simulate", "Trace",
-    "ReplicationRNG", "replication_seeds",
+    "TSASC",
+    "BayesianLinear",
+    "Greedy",
+    "LinUCB",
+    "PerArmLinear",
+    "Random",
+    "ReplicationRNG",
+    "ThompsonSampling",
+    "Trace",
+    "daulton2019",
+    "kazerouni2017",
+    "kazerouni2017_neurips",
+    "make_problem",
+    "replication_seeds",
+    "simulate",
 ]

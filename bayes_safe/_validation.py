@@ -6,7 +6,7 @@ import math
 
 import torch
 
-__all__ = ["as_tensor", "check_finite", "check_positive", "check_probability", "check_in_range", "trusted_inputs"]
+__all__ = ["as_tensor", "check_finite", "check_in_range", "check_positive", "check_probability", "trusted_inputs"]
 
 import contextlib
 

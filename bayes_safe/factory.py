@@ -8,7 +8,7 @@ import torch
 from .models import BayesianLinear
 from .policies import CLUCB, CLUCB2ASC, LUCB, TSASC, Greedy, LinUCB, Random, ThompsonSampling
 
-__all__ = ["POLICIES", "ridge_model", "make_policy"]
+__all__ = ["POLICIES", "make_policy", "ridge_model"]
 
 POLICIES = ("ts", "ts-asc", "linucb", "greedy", "random", "lucb", "clucb", "clucb2-asc-c", "clucb2-asc-i")
 

@@ -9,7 +9,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-__all__ = ["atomic_output_dir", "atomic_write_text", "atomic_write_json"]
+__all__ = ["atomic_output_dir", "atomic_write_json", "atomic_write_text"]
 
 
 @contextlib.contextmanager

@@ -7,8 +7,13 @@ import torch
 from .trace import Trace
 
 __all__ = [
-    "cumulative_regret", "mean_and_sem", "moving_average", "violation_rate",
-    "cumulative_constraint_satisfied", "normalized_constraint", "summary",
+    "cumulative_constraint_satisfied",
+    "cumulative_regret",
+    "mean_and_sem",
+    "moving_average",
+    "normalized_constraint",
+    "summary",
+    "violation_rate",
 ]
 
 

@@ -8,10 +8,10 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-from .metrics import cumulative_regret, mean_and_sem  # noqa: E402
-from .trace import Trace  # noqa: E402
+from .metrics import cumulative_regret, mean_and_sem
+from .trace import Trace
 
 __all__ = ["plot_regret", "save_figure"]
 

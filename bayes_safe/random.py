@@ -26,7 +26,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-__all__ = ["ReplicationRNG", "replication_seeds", "standard_normal", "standard_uniform", "Generator"]
+__all__ = ["Generator", "ReplicationRNG", "replication_seeds", "standard_normal", "standard_uniform"]
 
 
 def replication_seeds(seed: int | Sequence[int], replications: int | None = None) -> list[int]:
@@ -64,7 +64,7 @@ class _Stream:
     replications in a simulation.
     """
 
-    __slots__ = ("gens", "shape", "kind", "buffer", "pos", "block", "dtype")
+    __slots__ = ("block", "buffer", "dtype", "gens", "kind", "pos", "shape")
 
     def __init__(self, seeds: list[int], key: str, shape: tuple[int, ...], kind: str, block: int, dtype):
         salt = zlib.crc32(key.encode())
@@ -106,7 +106,7 @@ class ReplicationRNG:
         self._streams: dict[tuple, _Stream] = {}
 
     @classmethod
-    def from_seed(cls, seed: int | Sequence[int], replications: int | None = None, **kwargs) -> "ReplicationRNG":
+    def from_seed(cls, seed: int | Sequence[int], replications: int | None = None, **kwargs) -> ReplicationRNG:
         return cls(replication_seeds(seed, replications), **kwargs)
 
     @property

@@ -48,7 +48,7 @@ class Trace:
     def replications(self) -> int:
         return self.actions.shape[1]
 
-    def replication(self, r: int) -> "Trace":
+    def replication(self, r: int) -> Trace:
         """The trace of replication ``r`` alone (a ``[T, 1]`` trace)."""
         sl = slice(r, r + 1)
         return Trace(
@@ -103,12 +103,12 @@ class Trace:
         self.to_xarray().to_netcdf(path, engine="h5netcdf")
 
     @classmethod
-    def from_netcdf(cls, path) -> "Trace":
+    def from_netcdf(cls, path) -> Trace:
         import xarray as xr
 
         with xr.open_dataset(path, engine="h5netcdf") as ds:
             ds = ds.load()
-        t = lambda name, dtype=torch.float64: torch.as_tensor(ds[name].values).to(dtype)  # noqa: E731
+        t = lambda name, dtype=torch.float64: torch.as_tensor(ds[name].values).to(dtype)
         return cls(
             t("action", torch.long), t("baseline", torch.long), t("expected"), t("baseline_expected"), t("observed"),
             t("optimal_reward"), t("regret"), t("violation", torch.bool), [str(m) for m in ds["metric"].values],

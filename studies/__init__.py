@@ -30,12 +30,12 @@ def available_studies() -> dict[str, tuple[str, str]]:
         tree = ast.parse((Path(__path__[0]) / f"{info.name}.py").read_text())
         consts = {}
         for node in tree.body:
-            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-                if node.targets[0].id in ("NAME", "DESCRIPTION"):
-                    try:
-                        consts[node.targets[0].id] = ast.literal_eval(node.value)
-                    except ValueError:
-                        continue
+            if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+                    and node.targets[0].id in ("NAME", "DESCRIPTION")):
+                try:
+                    consts[node.targets[0].id] = ast.literal_eval(node.value)
+                except ValueError:
+                    continue
         if "NAME" in consts:
             found[consts["NAME"]] = (info.name, consts.get("DESCRIPTION", ""))
     return found

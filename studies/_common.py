@@ -11,7 +11,7 @@ import torch
 
 from bayes_safe.metrics import mean_and_sem
 
-__all__ = ["Timer", "band", "write_csv", "md_table", "fmt", "per_step_mean_sem", "thin"]
+__all__ = ["Timer", "band", "fmt", "md_table", "per_step_mean_sem", "thin", "write_csv"]
 
 
 class Timer:
@@ -95,7 +95,7 @@ def fmt(x, digits: int = 4) -> str:
 
 def wall_time_section(seconds: dict[str, float]) -> list[str]:
     """Report lines: the wall time of each phase and the share of a core the process had."""
-    order = lambda kv: (kv[0].startswith("total"), kv[0] == "figures", not kv[0].startswith("build"), kv[0])  # noqa: E731
+    order = lambda kv: (kv[0].startswith("total"), kv[0] == "figures", not kv[0].startswith("build"), kv[0])
     share = 100 * seconds["total_cpu"] / max(seconds["total"], 1e-9)
     return [
         "## Wall time",

@@ -25,24 +25,34 @@ Choices where the paper is silent (restated in the report):
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import torch  # noqa: E402
+import matplotlib.pyplot as plt
+import torch
 
-from bayes_safe.diagnostics import save_models  # noqa: E402
-from bayes_safe.envs import make_problem  # noqa: E402
-from bayes_safe.factory import make_policy, ridge_model  # noqa: E402
-from bayes_safe.io import atomic_output_dir, atomic_write_json  # noqa: E402
-from bayes_safe.metrics import cumulative_constraint_satisfied, mean_and_sem  # noqa: E402
-from bayes_safe.plots import save_figure  # noqa: E402
-from bayes_safe.policies import LUCB  # noqa: E402
-from bayes_safe.simulate import simulate  # noqa: E402
+from bayes_safe.diagnostics import save_models
+from bayes_safe.envs import make_problem
+from bayes_safe.factory import make_policy, ridge_model
+from bayes_safe.io import atomic_output_dir, atomic_write_json
+from bayes_safe.metrics import cumulative_constraint_satisfied, mean_and_sem
+from bayes_safe.plots import save_figure
+from bayes_safe.policies import LUCB
+from bayes_safe.simulate import simulate
 
-from ._common import Timer, band, fmt, md_table, per_step_mean_sem, thin, wall_time_section, write_csv  # noqa: E402
+from ._common import (
+    Timer,
+    band,
+    fmt,
+    md_table,
+    per_step_mean_sem,
+    thin,
+    wall_time_section,
+    write_csv,
+)
 
 NAME = "clucb-synthetic"
 DESCRIPTION = "Kazerouni et al. (2017) s.6: LUCB vs CLUCB, expected reward per period and violations of constraint (3)"
@@ -193,7 +203,7 @@ def _report(info: dict, cfg: dict) -> str:
                      "-" if r["paper_lucb"] is None else f"{r['paper_lucb']:,}", str(r["paper_clucb"])])
     lu01 = next(r for r in info["violations_table"] if r["alpha"] == min(alphas))
     last = [info["summary"][f"CLUCB alpha={a:g}"]["last_conservative_step"]["mean"] for a in sorted(alphas)]
-    ends_earlier = all(x >= y for x, y in zip(last, last[1:]))
+    ends_earlier = all(x >= y for x, y in itertools.pairwise(last))
     lu_reg = info["summary"]["LUCB"]["cumulative_regret"]["mean"]
     cl_regs = [info["summary"][f"CLUCB alpha={a:g}"]["cumulative_regret"]["mean"] for a in alphas]
     cl_vs_lu = ", ".join(f"{c / T:.3f} (alpha = {a:g})" for a, c in zip(alphas, cl_regs))

@@ -46,26 +46,35 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pyro.distributions as dist  # noqa: E402
-import torch  # noqa: E402
+import matplotlib.pyplot as plt
+import pyro.distributions as dist
+import torch
 
-from bayes_safe.diagnostics import save_models  # noqa: E402
-from bayes_safe.envs import daulton2019  # noqa: E402
-from bayes_safe.factory import make_policy, ridge_model  # noqa: E402
-from bayes_safe.io import atomic_output_dir, atomic_write_json  # noqa: E402
-from bayes_safe.metrics import (  # noqa: E402
+from bayes_safe.diagnostics import save_models
+from bayes_safe.envs import daulton2019
+from bayes_safe.factory import make_policy, ridge_model
+from bayes_safe.io import atomic_output_dir, atomic_write_json
+from bayes_safe.metrics import (
     cumulative_constraint_satisfied,
     mean_and_sem,
     normalized_constraint,
     violation_rate,
 )
-from bayes_safe.models import BayesianLinear  # noqa: E402
-from bayes_safe.plots import save_figure  # noqa: E402
-from bayes_safe.policies import TSASC  # noqa: E402
-from bayes_safe.simulate import simulate  # noqa: E402
+from bayes_safe.models import BayesianLinear
+from bayes_safe.plots import save_figure
+from bayes_safe.policies import TSASC
+from bayes_safe.simulate import simulate
 
-from ._common import Timer, band, fmt, md_table, per_step_mean_sem, thin, wall_time_section, write_csv  # noqa: E402
+from ._common import (
+    Timer,
+    band,
+    fmt,
+    md_table,
+    per_step_mean_sem,
+    thin,
+    wall_time_section,
+    write_csv,
+)
 
 NAME = "ts-asc-synthetic"
 DESCRIPTION = "Daulton et al. (2019) s.4: TS-ASC vs CLUCB2-ASC-C/-I on the synthetic problem (Figures 1a, 1b, 2a, 2b)"

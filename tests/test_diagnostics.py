@@ -8,8 +8,15 @@ import torch
 from bayes_safe import BayesianLinear, simulate
 from bayes_safe.cli import main
 from bayes_safe.diagnostics import (
-    PosteriorRecorder, brier_score, diagnose_run, expected_calibration_error, interval_coverage,
-    prior_predictive, reliability_diagram, summary, to_inference_data,
+    PosteriorRecorder,
+    brier_score,
+    diagnose_run,
+    expected_calibration_error,
+    interval_coverage,
+    prior_predictive,
+    reliability_diagram,
+    summary,
+    to_inference_data,
 )
 from bayes_safe.envs import daulton2019
 from bayes_safe.factory import make_policy

@@ -5,7 +5,12 @@ import torch
 from bayes_safe import TSASC, BayesianLinear, ThompsonSampling, simulate
 from bayes_safe.envs import daulton2019, kazerouni2017, kazerouni2017_neurips, make_problem
 from bayes_safe.factory import make_policy
-from bayes_safe.metrics import cumulative_constraint_satisfied, moving_average, normalized_constraint, summary
+from bayes_safe.metrics import (
+    cumulative_constraint_satisfied,
+    moving_average,
+    normalized_constraint,
+    summary,
+)
 from bayes_safe.random import ReplicationRNG, replication_seeds, standard_gamma
 from bayes_safe.trace import Trace
 
@@ -78,7 +83,7 @@ def test_thompson_sampling_learns_on_kazerouni():
 def test_ts_asc_with_a_near_certain_posterior_plays_the_best_feasible_arm():
     env = daulton2019(replications=16, seed=5, alpha=0.01)
     d = env.dim
-    tight = lambda m: BayesianLinear(  # noqa: E731
+    tight = lambda m: BayesianLinear(
         dist.MultivariateNormal(env.parameters[:, m], 1e-10 * torch.eye(d, dtype=torch.float64)), noise_std=0.1,
         batch_shape=[16])
     policy = TSASC(tight(0), [tight(1)], alpha=0.01)

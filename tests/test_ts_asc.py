@@ -109,7 +109,7 @@ def test_several_constraint_metrics_with_one_alpha_each():
 
 def test_ts_asc_learns_to_respect_the_constraint_unlike_vanilla_ts():
     env = daulton2019(replications=16, seed=7, alpha=0.01)
-    prior = lambda: _model(16, env.dim)  # noqa: E731  N(0, I): the distribution theta is drawn from
+    prior = lambda: _model(16, env.dim)
     asc = simulate(TSASC(prior(), [prior()], alpha=0.01), env, 400, seed=8)
     ts = simulate(make_policy("ts", env, ridge=0.01), env, 400, seed=8)
     assert asc.violation[-100:].float().mean() < 0.15

@@ -28,7 +28,7 @@ __all__ = [
     "make_problem", "video_upload",
 ]
 
-from .movies import load_movielens, movie_recommendation, synthetic_movielens  # noqa: E402
-from .warfarin import load_iwpc, warfarin  # noqa: E402
+from .movies import load_movielens, movie_recommendation, synthetic_movielens
+from .warfarin import load_iwpc, warfarin
 
 __all__ += ["load_iwpc", "load_movielens", "movie_recommendation", "synthetic_movielens", "warfarin"]

@@ -23,7 +23,7 @@ import torch
 from .._validation import check_in_range, check_positive
 from ..random import Generator, replication_seeds, standard_normal
 
-__all__ = ["Step", "LinearBandit", "kazerouni2017", "kazerouni2017_neurips", "daulton2019"]
+__all__ = ["LinearBandit", "Step", "daulton2019", "kazerouni2017", "kazerouni2017_neurips"]
 
 
 @dataclass

@@ -273,7 +273,7 @@ class RoundBased(ConstraintLearner):
         return self.delta**2 / (t**2 * self.n)
 
     def round_length(self, t: int) -> int:
-        return int(math.ceil(self.growth**t * math.log(1.0 / self.delta_t(t))))
+        return math.ceil(self.growth**t * math.log(1.0 / self.delta_t(t)))
 
     def beta_t(self, t: int) -> float:
         return self.noise_scale * math.sqrt(2.0 * math.log(1.0 / self.delta_t(t)))
@@ -455,7 +455,7 @@ class ACOL(RoundBased):
 
     def round_length(self, t: int) -> int:
         n_t = 2.0 ** (2 * t + 3) * self.noise_scale**2 * math.log(1.0 / self.delta_t(t)) * (1 + self.epsilon) * self._rho
-        return max(int(math.ceil(n_t)), rounding_min_samples(self._support, self.epsilon), 1)
+        return max(math.ceil(n_t), rounding_min_samples(self._support, self.epsilon), 1)
 
 
 # ====================================================================== greedy (adaptive)

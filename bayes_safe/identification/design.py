@@ -266,7 +266,7 @@ def rounding_min_samples(support: int, epsilon: float) -> int:
     ``||x||^2_{(sum n x x^T)^-1} <= N / (N - p) * ||x||^2_{A(lambda)^-1} / N``: the rounding is
     ``epsilon``-approximate (``N / (N - p) <= 1 + epsilon``) once ``N >= (1 + epsilon) p / epsilon``.
     """
-    return int(math.ceil((1.0 + epsilon) * support / epsilon))
+    return math.ceil((1.0 + epsilon) * support / epsilon)
 
 
 def round_design(weights, n_samples: int) -> np.ndarray:

@@ -6,7 +6,7 @@
 from .linear import BayesianLinear
 from .per_arm import PerArmLinear
 
-__all__ = ["BayesianLinear", "PerArmLinear", "ProbitGP", "SuccessProbability", "ScaledOutcome"]
+__all__ = ["BayesianLinear", "PerArmLinear", "ProbitGP", "ScaledOutcome", "SuccessProbability"]
 
 _LAZY = {"ProbitGP", "SuccessProbability", "ScaledOutcome"}
 

@@ -8,4 +8,4 @@ from .thompson import ThompsonSampling
 from .ts_asc import TSASC
 from .ucb import EllipsoidConfidence, LinUCB
 
-__all__ = ["Policy", "ThompsonSampling", "TSASC", "LinUCB", "EllipsoidConfidence", "Greedy", "Random", "LUCB", "CLUCB", "CLUCB2ASC", "BCTS", "ConstraintMask", "CTSPosterior"]
+__all__ = ["BCTS", "CLUCB", "CLUCB2ASC", "LUCB", "TSASC", "CTSPosterior", "ConstraintMask", "EllipsoidConfidence", "Greedy", "LinUCB", "Policy", "Random", "ThompsonSampling"]

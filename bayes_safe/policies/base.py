@@ -15,7 +15,7 @@ import torch
 
 from ..random import Generator
 
-__all__ = ["Policy", "masked_argmax", "check_step_inputs"]
+__all__ = ["Policy", "check_step_inputs", "masked_argmax"]
 
 
 def masked_argmax(scores: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:

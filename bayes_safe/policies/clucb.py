@@ -66,7 +66,7 @@ from ..random import Generator
 from .base import Policy, check_step_inputs, masked_argmax
 from .ucb import EllipsoidConfidence, LinUCB
 
-__all__ = ["LUCB", "CLUCB", "CLUCB2ASC"]
+__all__ = ["CLUCB", "CLUCB2ASC", "LUCB"]
 
 _DTYPE = torch.float64
 

@@ -17,7 +17,7 @@ from .._validation import check_probability
 from ..random import Generator
 from .base import Policy, masked_argmax
 
-__all__ = ["LinUCB", "EllipsoidConfidence"]
+__all__ = ["EllipsoidConfidence", "LinUCB"]
 
 
 class EllipsoidConfidence:
