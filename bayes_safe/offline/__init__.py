@@ -37,7 +37,6 @@ from .estimators import (
     violation_rates,
     violation_reduction,
 )
-from .open_bandit import load_open_bandit
 from .policy import mlp_policy, policy_probs
 from .synthetic import SkillRouting, skill_routing_logs
 from .training import (
@@ -87,3 +86,13 @@ __all__ = [
     "violation_rates",
     "violation_reduction",
 ]
+
+
+def __getattr__(name: str):
+    # imported on first use: `python -m bayes_safe.offline.open_bandit --fetch` (make data) then
+    # runs the module without it having been imported by the package first
+    if name == "load_open_bandit":
+        from .open_bandit import load_open_bandit
+
+        return load_open_bandit
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
