@@ -22,7 +22,11 @@ from torch import nn
 
 from .policy import Softmax, mask_probs
 
-__all__ = ["AutogradJet", "SequentialJet", "make_jet", "supports"]
+__all__ = ["ENGINES", "AutogradJet", "SequentialJet", "check_engine", "jet_class", "supports"]
+
+#: how the meta-gradient differentiates the policy: the closed forms when they apply, or always
+#: the closed forms (``nn.Sequential`` MLPs only), or autograd (any module)
+ENGINES = ("auto", "jet", "autograd")
 
 _ELEMENTWISE = (nn.ReLU, nn.Tanh)
 
@@ -204,7 +208,16 @@ class AutogradJet:
         return {n: torch.zeros_like(leaves[n]) if g is None else g for n, g in zip(names, grads)}
 
 
-def make_jet(policy: nn.Module, params: dict[str, torch.Tensor], x: torch.Tensor, mask: torch.Tensor | None = None):
-    """:class:`SequentialJet` when :func:`supports` the policy, else :class:`AutogradJet`."""
-    cls = SequentialJet if supports(policy) else AutogradJet
-    return cls(policy, params, x, mask)
+def check_engine(engine: str, name: str = "engine") -> str:
+    """``engine`` if it is one of :data:`ENGINES`, else a ``ValueError`` naming ``name``."""
+    if engine not in ENGINES:
+        choices = ", ".join(repr(e) for e in ENGINES[:-1]) + f" or {ENGINES[-1]!r}"
+        raise ValueError(f"{name}: expected {choices}, got {engine!r}")
+    return engine
+
+
+def jet_class(policy: nn.Module, engine: str = "auto") -> type:
+    """:class:`SequentialJet` for ``engine="jet"``, or ``"auto"`` when :func:`supports` the
+    policy; :class:`AutogradJet` otherwise."""
+    check_engine(engine)
+    return SequentialJet if engine == "jet" or (engine == "auto" and supports(policy)) else AutogradJet

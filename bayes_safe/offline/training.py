@@ -73,7 +73,7 @@ from ..threads import single_thread
 from .constraints import ReplicationConstraints, replication_rate
 from .data import LoggedData
 from .estimators import snips, violation_rates
-from .jet import AutogradJet, SequentialJet, supports
+from .jet import check_engine, jet_class
 from .policy import check_policy_output, mask_probs, policy_probs
 
 __all__ = [
@@ -179,8 +179,7 @@ class MetaGradient:
             raise ValueError(f"MetaGradient.lam: expected a value in [0, 1], got {self.lam!r}")
         if not (math.isfinite(float(self.u_max)) and 0 <= float(self.u_max) <= 80):
             raise ValueError(f"MetaGradient.u_max: expected a number in [0, 80], got {self.u_max!r}")
-        if self.engine not in ("auto", "jet", "autograd"):
-            raise ValueError(f"MetaGradient.engine: expected 'auto', 'jet' or 'autograd', got {self.engine!r}")
+        check_engine(self.engine, "MetaGradient.engine")
 
     def to_dict(self) -> dict:
         return {"method": self.name, "eta": self.eta, "lam": self.lam, "lr": self.lr, "u_max": self.u_max}
@@ -311,16 +310,14 @@ def _meta_core(policy: nn.Module, b1: Batch, b2: Batch, constraints: Replication
     Returns ``(grad_u [M], grad_v [M], finish, info)``; both gradients are float64; ``info``
     holds the number of violating rows of ``b1`` and the penalised loss (eq. 5) at ``u, v``.
     """
-    if engine not in ("auto", "jet", "autograd"):
-        raise ValueError(f"engine: expected 'auto', 'jet' or 'autograd', got {engine!r}")
+    Jet = jet_class(policy, engine)
     params, _ = _params(policy)
     n1, n2 = b1.x.shape[0], b2.x.shape[0]
     m = constraints.n_domains
     names = list(params)
-    jet_class = SequentialJet if engine == "jet" or (engine == "auto" and supports(policy)) else AutogradJet
 
     # 1. inner pass: forward on b1 at theta, closed-form output cotangent, VJP
-    jet1 = jet_class(policy, params, b1.x, b1.mask)
+    jet1 = Jet(policy, params, b1.x, b1.mask)
     g_ips, g_min, g_max, hmin, hmax, ips_i = _output_grads(jet1.probs, b1, constraints)
     k = b1.k
 
@@ -339,7 +336,7 @@ def _meta_core(policy: nn.Module, b1: Batch, b2: Batch, constraints: Replication
 
     # 2. meta pass at theta' = theta - eta g_inner, seeded with eq. (6)'s output cotangent
     clone = {nm: params[nm] - eta * g_inner[nm] for nm in names}
-    jet2 = jet_class(policy, clone, b2.x, b2.mask)
+    jet2 = Jet(policy, clone, b2.x, b2.mask)
     c2ips, c2min, c2max, lo2, hi2, _ = _output_grads(jet2.probs, b2, constraints, ips=lam != 1.0)
     g_meta = None
     if lam != 1.0:
