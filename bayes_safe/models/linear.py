@@ -319,11 +319,7 @@ class BayesianLinear:
                 if self.noise_prior is not None:
                     self._sq = self._sq + (y * y).sum(-1)
                     self._a = self._a + 0.5 * n
-            if weight is None or self._factor is None:
-                self._factor, self._dirty = None, None
-            else:
-                changed = weight > 0
-                self._dirty = changed if self._dirty is None else self._dirty | changed
+            self._invalidate(None if weight is None else weight > 0)
             return
         if weight is not None:
             raise ValueError("masked updates need a conjugate model")
@@ -355,11 +351,7 @@ class BayesianLinear:
             self._sq = self._sq.clone()
             self._sq.view(-1).index_add_(0, index, y * y)
             self._a = self._a + 0.5 * count.to(self._a.dtype)
-        if self._factor is None:
-            self._dirty = None
-        else:
-            changed = count > 0
-            self._dirty = changed if self._dirty is None else self._dirty | changed
+        self._invalidate(count > 0)
 
     def fit(self) -> None:
         """Refit a non-conjugate posterior on all data so far (conjugate models are always exact)."""
@@ -376,6 +368,14 @@ class BayesianLinear:
         self._since_fit = 0
 
     # ------------------------------------------------------------------ conjugate state
+    def _invalidate(self, changed: torch.Tensor | None) -> None:
+        """The precision of the batch elements ``changed [*batch]`` (bool; None: all) moved: their
+        factor is recomputed on next use, the others' is kept."""
+        if changed is None or self._factor is None:
+            self._factor, self._dirty = None, None
+        else:
+            self._dirty = changed if self._dirty is None else self._dirty | changed
+
     def _stale(self) -> bool:
         return self._factor is None or self._dirty is not None
 
