@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 
-__all__ = ["as_tensor", "check_finite", "check_in_range", "check_positive", "check_probability", "trusted_inputs"]
+__all__ = ["as_tensor", "check_finite", "check_in_range", "check_positive", "check_positive_int", "check_probability",
+           "trusted_inputs"]
 
 import contextlib
 
@@ -47,6 +49,16 @@ def check_finite(t: torch.Tensor, name: str) -> torch.Tensor:
         bad = int((~torch.isfinite(t)).sum())
         raise ValueError(f"{name}: expected finite values, found {bad} NaN or inf entries (shape {list(t.shape)})")
     return t
+
+
+def check_positive_int(value, name: str, allow_none: bool = False) -> int | None:
+    """``value`` as a Python ``int`` if it is an integer >= 1 (``bool`` is not; numpy integers
+    are), ``None`` if allowed; else a ``ValueError`` naming ``name``."""
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or int(value) < 1:
+        raise ValueError(f"{name}: expected a positive int{' or None' if allow_none else ''}, got {value!r}")
+    return int(value)
 
 
 def check_positive(value, name: str) -> float:

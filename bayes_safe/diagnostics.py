@@ -35,6 +35,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ._validation import check_positive_int
+
 __all__ = [
     "ACCEPTED_MODELS",
     "NO_MODELS_FILE",
@@ -112,14 +114,6 @@ def _converter(model) -> str | None:
     return None
 
 
-def _positive(value, name: str, allow_none: bool = False) -> int | None:
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or int(value) < 1:
-        raise ValueError(f"{name}: expected a positive int{' or None' if allow_none else ''}, got {value!r}")
-    return int(value)
-
-
 def to_inference_data(model, *, X=None, y=None, num_draws: int = 1000, feature_names: Sequence[str] | None = None,
                       seed: int = 0, max_batch: int | None = None, max_points: int = 500):
     """An ``arviz.InferenceData`` of ``model``'s posterior.
@@ -173,9 +167,9 @@ def to_inference_data(model, *, X=None, y=None, num_draws: int = 1000, feature_n
     kind = _converter(model)
     if kind is None:
         raise TypeError(f"model: no InferenceData converter for {type(model).__name__}; expected {ACCEPTED_MODELS}")
-    num_draws = _positive(num_draws, "num_draws")
-    max_batch = _positive(max_batch, "max_batch", allow_none=True)
-    max_points = _positive(max_points, "max_points")
+    num_draws = check_positive_int(num_draws, "num_draws")
+    max_batch = check_positive_int(max_batch, "max_batch", allow_none=True)
+    max_points = check_positive_int(max_points, "max_points")
     if kind == "own":
         return model.to_inference_data(X=X, y=y, num_draws=num_draws, seed=seed)
     if kind == "cts":
@@ -623,7 +617,7 @@ def save_models(source, directory, *, prefix: str | Sequence[str] | None = None,
     models = source.models() if callable(getattr(source, "models", None)) else source
     if not isinstance(models, Mapping):
         raise TypeError(f"source: expected a policy (with .models()) or a mapping {{role: model}}, got {type(source).__name__}")
-    max_observations = _positive(max_observations, "max_observations", allow_none=True)
+    max_observations = check_positive_int(max_observations, "max_observations", allow_none=True)
     parts = [] if prefix is None else [prefix] if isinstance(prefix, str) else list(prefix)
     stem = "__".join(_name_part(p, "prefix") for p in parts)
     directory = Path(directory)
@@ -899,9 +893,9 @@ def diagnose_run(run_dir, *, num_draws: int = 500, max_batch: int | None = 10, s
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise FileNotFoundError(f"RUN_DIR: {run_dir} is not a directory")
-    num_draws = _positive(num_draws, "num_draws")
-    max_batch = _positive(max_batch, "max_batch", allow_none=True)
-    show_batch = _positive(show_batch, "show_batch")
+    num_draws = check_positive_int(num_draws, "num_draws")
+    max_batch = check_positive_int(max_batch, "max_batch", allow_none=True)
+    show_batch = check_positive_int(show_batch, "show_batch")
     models = load_models(run_dir / "models")
     groups: dict[int, list[str]] = {}
     for key, model in models.items():

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from bayes_safe._validation import check_positive_int
 from bayes_safe.envs.video_upload import (
     ACTION_NAMES,
     CONNECTIONS,
@@ -401,9 +402,7 @@ class ABTest:
         if not isinstance(self.problem, ABProblem):
             raise TypeError(f"problem: expected an ABProblem, got {type(self.problem).__name__}")
         for key in ("n_users", "batches"):
-            v = getattr(self, key)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{key}: expected a positive int, got {v!r}")
+            setattr(self, key, check_positive_int(getattr(self, key), key))
         if self.n_users < 2 * self.batches:
             raise ValueError(f"n_users: expected at least 2 units per batch ({2 * self.batches}), got {self.n_users}")
         self.compare = tuple(self.problem.compare if self.compare is None else self.compare)

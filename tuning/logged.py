@@ -35,6 +35,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bayes_safe._validation import check_positive_int
+
 from .ab_test import ABProblem, Range
 
 __all__ = ["METHOD_PARAMETERS", "LoggedDataProblem"]
@@ -154,9 +156,7 @@ class LoggedDataProblem(ABProblem):
         if not 0 <= float(self.max_violation) <= 1:
             raise ValueError(f"max_violation: expected a rate in [0, 1], got {self.max_violation!r}")
         for key in ("epochs", "hidden", "batch_size", "n_boot"):
-            v = getattr(self, key)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{key}: expected a positive int, got {v!r}")
+            setattr(self, key, check_positive_int(getattr(self, key), key))
         unknown = set(self.defaults) - _READS[self.method]
         if unknown:
             raise ValueError(f"defaults: method {self.method!r} does not read {sorted(unknown)}; "

@@ -88,7 +88,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .._validation import as_tensor, check_finite
+from .._validation import as_tensor, check_finite, check_positive_int
 from ..random import Generator, standard_normal
 from .linear import _cholesky
 
@@ -567,8 +567,7 @@ class ProbitGP:
         Returns:
             a new :class:`ProbitGP`.
         """
-        if max_observations is not None and (isinstance(max_observations, bool) or int(max_observations) < 1):
-            raise ValueError(f"max_observations: expected a positive int or None, got {max_observations!r}")
+        max_observations = check_positive_int(max_observations, "max_observations", allow_none=True)
         X, y = self.observations()
         keep = torch.arange(X.shape[0])
         if max_observations is not None and X.shape[0] > int(max_observations):
