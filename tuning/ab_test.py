@@ -178,6 +178,28 @@ class ABProblem:
         """An offline problem's trial: ``{metric: (mean, sem)}`` for ``parameters``."""
         raise NotImplementedError(f"problem {self.name!r}: estimate() is for offline problems (offline = True)")
 
+    # -- how the report (tuning.report) words a study of this problem
+    #: what one trial is, in the set-up line; its observed metrics; the work a trial does
+    trial_noun: str = "A/B test"
+    observed_label: str = "A/B test mean"
+    trial_work: str = "simulation"
+    report_intro: str = (
+        "Bayesian optimisation of TS-ASC's alpha and reward offsets (Daulton et al. 2019, section 5.3): each trial "
+        "is a simulated A/B test of one parameterization against the baseline policy on common random numbers; "
+        "metrics are % changes against the baseline with paired delta-method standard errors.")
+
+    def tuned_label(self, ab_test) -> str:
+        """The tuned arm's name in the figures."""
+        return "TS-ASC" if ab_test.policy == "ts-asc" else ab_test.policy
+
+    def describe(self, ab_test) -> str:
+        """How a trial runs, for the report's set-up line."""
+        text = (f"{ab_test.n_users:,} users per arm in {ab_test.batches} batches (the policy refits after each); "
+                f"tuned arm `{ab_test.policy}`")
+        if ab_test.compare:
+            text += ", compared arms " + ", ".join(f"`{c}`" for c in ab_test.compare)
+        return text
+
 
 #: the paper's search space (section 5.3): omega_360p = 1 fixed; the open lower bounds (0, ...]
 #: become 1e-4 (omega must be positive: the reward must strictly increase with quality)
@@ -264,6 +286,10 @@ class VideoUploadProblem(ABProblem):
     def config(self) -> dict:
         return {"name": self.name, "warmup": self.warmup, "warmup_seed": self.warmup_seed, "model": dict(self.model),
                 "defaults": dict(self.defaults)}
+
+    def describe(self, ab_test) -> str:
+        text = super().describe(ab_test) + f"; warm start from an exploration log of {self.warmup:,} uploads"
+        return text + (f"; model options {self.model}" if self.model else "")
 
     # -- the problem
     def _value(self, parameters: Mapping, name: str) -> float:

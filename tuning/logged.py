@@ -121,6 +121,15 @@ class LoggedDataProblem(ABProblem):
     offline = True
     objective = "reward"
     surface = None
+    trial_noun = "trials"
+    observed_label = "estimate"
+    trial_work = "training and estimation"
+    report_intro = (
+        "Bayesian optimisation of a constrained off-policy training method's hyperparameters (Kachuee & Lee "
+        "2022, s.4.3, with the tuning loop of Daulton et al. 2019, s.5.3): each trial trains a policy on part "
+        "of the logs and estimates its metrics off-policy on the held-out part (`reward`: SNIPS value; "
+        "`violation_macro` / `violation_micro`: shares of held-out contexts outside their domain's "
+        "replication range), each with its standard error.")
 
     def __post_init__(self):
         from bayes_safe.offline import LoggedData
@@ -193,6 +202,15 @@ class LoggedDataProblem(ABProblem):
                 "benchmark": self.benchmark, "max_violation": self.max_violation, "holdout": self.holdout,
                 "epochs": self.epochs, "hidden": self.hidden, "batch_size": self.batch_size, "n_boot": self.n_boot,
                 "defaults": dict(self.defaults)}
+
+    def tuned_label(self, ab_test) -> str:
+        return f"{self.method} training"
+
+    def describe(self, ab_test) -> str:
+        logs = self.source if self.logged_data is None else "in memory"
+        return (f"logs `{logs}` {self.options or ''}; method `{self.method}`, constraint benchmark `{self.benchmark}`; "
+                f"{self.holdout:.0%} of the logs held out; a two-layer MLP ({self.hidden} hidden units) trained "
+                f"{self.epochs} epochs at batch {self.batch_size}")
 
     # -- the trial
     def data(self):

@@ -68,9 +68,13 @@ def _csv(study, rows) -> str:
     return buf.getvalue()
 
 
-def _unit(metric: str) -> str:
-    """Axis-label suffix: ``*_change`` metrics are % changes against the baseline."""
-    return " (% vs baseline)" if metric.endswith("_change") else ""
+def _is_change(metric: str) -> bool:
+    """``*_change`` metrics are % changes against the baseline; the others are levels."""
+    return metric.endswith("_change")
+
+
+def _axis_label(metric: str) -> str:
+    return f"{metric} (% vs baseline)" if _is_change(metric) else metric
 
 
 def _reference(study, metric: str) -> float | None:
@@ -78,11 +82,7 @@ def _reference(study, metric: str) -> float | None:
     for weights, _, bound in study.constraints:
         if list(weights) == [metric]:
             return bound
-    return 0.0 if metric.endswith("_change") else None
-
-
-def _is_offline(study) -> bool:
-    return bool(getattr(study.ab_test.problem, "offline", False))
+    return 0.0 if _is_change(metric) else None
 
 
 def _surface_params(study) -> tuple[str, str] | None:
@@ -125,8 +125,7 @@ def _surfaces(study, model, center: dict, out: Path, grid: int) -> str | None:
             ax.contour(xs, ys, z, levels=[ref], colors="k", linewidths=1.2)
         else:
             cs = ax.contourf(xs, ys, z, levels=21, cmap="viridis")
-        unit = _unit(metric)
-        fig.colorbar(cs, ax=ax, label=f"{metric} ({unit[2:-1] + ', ' if unit else ''}model mean)")
+        fig.colorbar(cs, ax=ax, label=f"{metric} ({'% vs baseline, ' if _is_change(metric) else ''}model mean)")
         tx = [study.experiment.trials[i].arm.parameters[px] for i in observed]
         ty = [study.experiment.trials[i].arm.parameters[py] for i in observed]
         ax.scatter(tx, ty, s=18, c="k", marker="x", label="completed trials (projected)")
@@ -148,8 +147,7 @@ def _tradeoff(study, rows, out: Path) -> tuple[str | None, dict]:
     if not cons:
         return None, {}
     con = cons[0]
-    problem = study.ab_test.problem
-    arms = {f"{problem.method} training" if _is_offline(study) else "TS-ASC": ("", "tab:blue", "o")}
+    arms = {study.ab_test.problem.tuned_label(study.ab_test): ("", "tab:blue", "o")}
     compare = list(getattr(study.ab_test, "compare", ()))
     for kind in compare:
         arms["vanilla TS" if kind == "ts" else kind] = (kind.replace("-", "_") + "_", "tab:orange", "s")
@@ -183,7 +181,7 @@ def _tradeoff(study, rows, out: Path) -> tuple[str | None, dict]:
         ref = _reference(study, metric)
         if ref is not None:
             line(ref, color="k", lw=0.8)
-    ax.set(xlabel=f"{con}{_unit(con)}", ylabel=f"{obj}{_unit(obj)}",
+    ax.set(xlabel=_axis_label(con), ylabel=_axis_label(obj),
            title="Metric trade-offs of every parameterization (bars: 95% intervals)")
     ax.grid(alpha=0.3)
     ax.legend()
@@ -214,7 +212,7 @@ def _progress(study, rows, out: Path) -> str | None:
     if bx:
         ax.step(bx, by, where="post", color="k", label="best observed feasible")
         ax.legend()
-    ax.set(xlabel="trial", ylabel=f"{obj}{_unit(obj)}",
+    ax.set(xlabel="trial", ylabel=_axis_label(obj),
            title="Trials (o: observed feasible, x: infeasible; bars 95%)")
     ax.grid(alpha=0.3)
     save_figure(fig, out / "progress.png")
@@ -317,33 +315,12 @@ def _markdown(study, rows, result, title, export=True, note=None) -> str:
     obj = study.objective_name
     cons_text = [c.expression for c in study.experiment.optimization_config.outcome_constraints]
     counts = study.counts()
-    offline = _is_offline(study)
-    ab_text = f"{ab.n_users:,} users per arm in {ab.batches} batches (the policy refits after each); tuned arm `{ab.policy}`"
-    if offline:
-        pr = ab.problem
-        ab_text = (f"logs `{pr.source if pr.logged_data is None else 'in memory'}` {pr.options or ''}; method `{pr.method}`, "
-                   f"constraint benchmark `{pr.benchmark}`; {pr.holdout:.0%} of the logs held out; a two-layer MLP "
-                   f"({pr.hidden} hidden units) trained {pr.epochs} epochs at batch {pr.batch_size}")
-    if ab.compare:
-        ab_text += ", compared arms " + ", ".join(f"`{c}`" for c in ab.compare)
-    if hasattr(ab.problem, "warmup"):
-        ab_text += f"; warm start from an exploration log of {ab.problem.warmup:,} uploads"
-    if getattr(ab.problem, "model", None):
-        ab_text += f"; model options {ab.problem.model}"
+    problem = ab.problem
     space = ", ".join(f"{n} in [{_param(p.lower)}, {_param(p.upper)}]" if hasattr(p, "lower") else f"{n} in {p.values}"
                       for n, p in study.experiment.search_space.parameters.items())
-    intro = ("Bayesian optimisation of TS-ASC's alpha and reward offsets (Daulton et al. 2019, section 5.3): each trial "
-             "is a simulated A/B test of one parameterization against the baseline policy on common random numbers; "
-             "metrics are % changes against the baseline with paired delta-method standard errors.")
-    if offline:
-        intro = ("Bayesian optimisation of a constrained off-policy training method's hyperparameters (Kachuee & Lee "
-                 "2022, s.4.3, with the tuning loop of Daulton et al. 2019, s.5.3): each trial trains a policy on part "
-                 "of the logs and estimates its metrics off-policy on the held-out part (`reward`: SNIPS value; "
-                 "`violation_macro` / `violation_micro`: shares of held-out contexts outside their domain's "
-                 "replication range), each with its standard error.")
     lines = [
-        f"# {title or 'Tuning study ' + repr(study.name)}", "", intro, "", *([note, ""] if note else []), "## Set-up", "",
-        f"- Problem: `{ab.problem.name}`; {'trials' if offline else 'A/B test'}: {ab_text}.",
+        f"# {title or 'Tuning study ' + repr(study.name)}", "", problem.report_intro, "", *([note, ""] if note else []), "## Set-up", "",
+        f"- Problem: `{problem.name}`; {problem.trial_noun}: {problem.describe(ab)}.",
         f"- Search space: {space}.",
         f"- Objective: {'minimise' if study.minimize else 'maximise'} `{obj}`.",
         f"- Outcome constraints: {', '.join(f'`{c}`' for c in cons_text) or 'none'}.",
@@ -365,7 +342,7 @@ def _markdown(study, rows, result, title, export=True, note=None) -> str:
         rule = ("Chosen as the completed trial with the highest model-predicted objective among those whose predicted "
                 "constraint metrics satisfy the constraints (Ax's in-sample best-point rule).")
         lines += [f"Trial {best['trial']}: {params}.", "", rule, "",
-                  f"| metric | predicted (model mean ± sd) | observed ({'estimate' if offline else 'A/B test mean'} ± SE) |",
+                  f"| metric | predicted (model mean ± sd) | observed ({problem.observed_label} ± SE) |",
                   "|---|---|---|"]
         for m in [obj] + [c for w, _, _ in study.constraints for c in w]:
             p = best["predicted"].get(m)
@@ -389,7 +366,7 @@ def _markdown(study, rows, result, title, export=True, note=None) -> str:
     cons = [c for w, _, _ in study.constraints for c in w]
     has_ts = "ts" in ab.compare
     def pct(m):
-        return f"{m} %" if m.endswith("_change") else m
+        return f"{m} %" if _is_change(m) else m
 
     header = ["trial", "node", "status", *study.parameter_names, pct(obj), *[pct(c) for c in cons]]
     if has_ts:
@@ -416,7 +393,7 @@ def _markdown(study, rows, result, title, export=True, note=None) -> str:
         lines.append(f"- Run {i + 1} ({s.get('runner')}): wall {s['wall_seconds']:.0f} s for {s['trials_completed']} trials; "
                      f"Ax {s['ax_seconds_per_trial']:.2f} s per trial (generation {s['ax_gen_seconds']:.1f} s, "
                      f"completion and storage {s['ax_complete_seconds']:.1f} s in all); "
-                     f"{'training and estimation' if offline else 'simulation'} {s['sim_seconds_per_trial']:.1f} s per trial in the workers.")
+                     f"{problem.trial_work} {s['sim_seconds_per_trial']:.1f} s per trial in the workers.")
     if not sessions:
         lines.append("- No completed run recorded.")
     if result["notes"]:
