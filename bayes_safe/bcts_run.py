@@ -55,7 +55,6 @@ __all__ = [
     "BCTSProblem",
     "BCTSResult",
     "SharedStreams",
-    "markdown_table",
     "plot_bcts",
     "plot_errors_by_budget",
     "run_bcts",
@@ -553,10 +552,3 @@ def plot_errors_by_budget(result: BCTSResult, path=None, *, title: str | None = 
     ax_r.set(xscale="log", xlabel="teaching examples N", ylabel="R(T)/T", title=f"Average regret at T = {result.horizon:,}")
     _finish_axes(ax_e, (ax_e, ax_r), {"fontsize": 7, "ncol": 2})
     return _finish_figure(fig, title, path)
-
-
-def markdown_table(headers: Sequence[str], rows: Sequence[Sequence]) -> str:
-    """A GitHub-flavoured markdown table."""
-    out = ["| " + " | ".join(str(h) for h in headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
-    out += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return "\n".join(out)

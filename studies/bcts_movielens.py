@@ -22,15 +22,12 @@ constraint posterior, the Constraint Mask's reward posterior; batch = folds), wh
 
 from __future__ import annotations
 
-import csv
-import io
 import os
 import time
 from pathlib import Path
 
 from bayes_safe.bcts_run import (
     PAPER_SIGMAS,
-    markdown_table,
     plot_bcts,
     plot_errors_by_budget,
     run_bcts,
@@ -43,6 +40,8 @@ from bayes_safe.envs.movies import (
     synthetic_movielens,
 )
 from bayes_safe.io import atomic_output_dir, atomic_write_json, atomic_write_text
+
+from ._common import md_table, write_csv
 
 NAME = "bcts-movielens"
 DESCRIPTION = "Balakrishnan et al. (2018): BCTS on constrained movie recommendation (Fig. 1a-b, d-e, Tables 1-2)"
@@ -184,9 +183,9 @@ def _tables_markdown(summary: list[dict], cfg: dict) -> str:
                           *(f"{ref[s][0]:.3f}, {ref[s][1]:.1f}" if s in ref else "" for s in cfg["sigmas"])])
         name = "CTS" if t == "cts" else "random"
         parts.append(f"**Ours, {name} teaching** (T = {cfg['horizon']:,}, mean over {cfg['replications']} folds; the "
-                     f"Constraint Mask does not depend on N and is one run)\n\n" + markdown_table(headers, ours))
+                     f"Constraint Mask does not depend on N and is one run)\n\n" + md_table(headers, ours))
         parts.append(f"**Paper, Table {number} ({name} teaching)** (T = 50,000, mean over 5 folds)\n\n"
-                     + markdown_table(headers, paper))
+                     + md_table(headers, paper))
     return "\n\n".join(parts)
 
 
@@ -223,7 +222,7 @@ def _report(cfg, problem, result, summary, found, seconds, quick) -> str:
         "",
         "## Checks: the paper's robust patterns",
         "",
-        markdown_table(["pattern", "holds", "detail"], [[c["check"], "yes" if c["pass"] else "**no**", c["detail"]] for c in found]),
+        md_table(["pattern", "holds", "detail"], [[c["check"], "yes" if c["pass"] else "**no**", c["detail"]] for c in found]),
         "",
         "## Tables 1 and 2: ours beside the paper's",
         "",
@@ -240,7 +239,7 @@ def _report(cfg, problem, result, summary, found, seconds, quick) -> str:
         ("Share of (online movie, user) pairs that the learned constraint posterior mean classifies correctly "
         "(allowed iff mean > 1/2), mean over folds:"),
         "",
-        markdown_table(["N", *(f"{t} teaching" for t in cfg["teaching"])],
+        md_table(["N", *(f"{t} teaching" for t in cfg["teaching"])],
                        [[f"{b:,}", *(f"{result.constraint_accuracy[(t, b)].mean():.3f}" for t in cfg["teaching"])]
                         for b in cfg["num_teaching"]]),
         "",
@@ -289,11 +288,7 @@ def run(out, quick: bool = False, seed: int = 0, config: dict | None = None) -> 
     with atomic_output_dir(out) as tmp:
         tmp = Path(tmp)
         atomic_write_json(tmp / "results.json", payload)
-        buf = io.StringIO()
-        writer = csv.DictWriter(buf, fieldnames=list(summary[0]))
-        writer.writeheader()
-        writer.writerows(summary)
-        atomic_write_text(tmp / "summary.csv", buf.getvalue())
+        write_csv(tmp / "summary.csv", summary)
         plot_bcts(result, tmp / "figure1.png", num_teaching=cfg["curve_num_teaching"],
                   title=f"BCTS, movie recommendation ({'real' if 'synthetic' not in problem.info['source'] else 'synthetic'} ratings)")
         plot_errors_by_budget(result, tmp / "errors_by_budget.png", title="BCTS, movie recommendation")

@@ -17,16 +17,16 @@ folds), which ``bayes-safe diagnose OUT`` reads.
 
 from __future__ import annotations
 
-import csv
-import io
 import itertools
 import time
 from pathlib import Path
 
-from bayes_safe.bcts_run import PAPER_SIGMAS, markdown_table, plot_bcts, run_bcts
+from bayes_safe.bcts_run import PAPER_SIGMAS, plot_bcts, run_bcts
 from bayes_safe.diagnostics import save_models
 from bayes_safe.envs.warfarin import DOSE_LEVELS, DOSE_THRESHOLDS, warfarin
 from bayes_safe.io import atomic_output_dir, atomic_write_json, atomic_write_text
+
+from ._common import md_table, write_csv
 
 NAME = "bcts-warfarin"
 DESCRIPTION = "Balakrishnan et al. (2018): BCTS on constrained warfarin dosing, IWPC data (Fig. 1c, 1f)"
@@ -123,7 +123,7 @@ def _report(cfg, problem, result, summary, found, seconds, quick) -> str:
         "",
         f"## Results at T = {cfg['horizon']:,} (N = {n:,}; mean ± standard error over folds)",
         "",
-        markdown_table(["setting", "R(T)/T", "E(T)", "errors per 1,000", "constrained R(T)/T"], rows),
+        md_table(["setting", "R(T)/T", "E(T)", "errors per 1,000", "constrained R(T)/T"], rows),
         "",
         "## The paper's findings beside ours",
         "",
@@ -131,7 +131,7 @@ def _report(cfg, problem, result, summary, found, seconds, quick) -> str:
         "",
         *(f"* {f}" for f in PAPER_FINDINGS),
         "",
-        markdown_table(["check", "holds", "ours"], [[c["check"], "yes" if c["pass"] else "**no**", c["detail"]] for c in found]),
+        md_table(["check", "holds", "ours"], [[c["check"], "yes" if c["pass"] else "**no**", c["detail"]] for c in found]),
         "",
         "![R(t)/t and E(t)](figure1.png)",
         "",
@@ -188,11 +188,7 @@ def run(out, quick: bool = False, seed: int = 0, config: dict | None = None) -> 
     with atomic_output_dir(out) as tmp:
         tmp = Path(tmp)
         atomic_write_json(tmp / "results.json", payload)
-        buf = io.StringIO()
-        writer = csv.DictWriter(buf, fieldnames=list(payload["summary"][0]))
-        writer.writeheader()
-        writer.writerows(payload["summary"])
-        atomic_write_text(tmp / "summary.csv", buf.getvalue())
+        write_csv(tmp / "summary.csv", payload["summary"])
         plot_bcts(result, tmp / "figure1.png", num_teaching=n, title="BCTS, warfarin dosing (IWPC)")
         atomic_write_text(tmp / "report.md", _report(cfg, problem, result, summary, found, seconds, quick))
         for name, models in result.models.items():
