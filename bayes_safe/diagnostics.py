@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import base64
 import copy
+import functools
 import html
 import io
-import os
 import re
 import sys
 from collections.abc import Mapping, Sequence
@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from ._validation import check_positive_int
+from .io import atomic_write
 
 __all__ = [
     "ACCEPTED_MODELS",
@@ -577,16 +578,6 @@ def _underlying(model):
     return model
 
 
-def _atomic_torch_save(obj, path: Path) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        torch.save(obj, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
 def save_models(source, directory, *, prefix: str | Sequence[str] | None = None,
                 max_observations: int | None = None) -> list[Path]:
     """Save the fitted models of a policy (or a ``{role: model}`` mapping) into ``directory``.
@@ -651,7 +642,7 @@ def save_models(source, directory, *, prefix: str | Sequence[str] | None = None,
             payload = prepared(models[roles[0]])
         else:
             payload = {_SHARED_KEY: {n: prepared(models[r]) for n, r in zip(names, roles)}}
-        _atomic_torch_save(payload, path)
+        atomic_write(path, functools.partial(torch.save, payload))
         paths.append(path)
     return paths
 

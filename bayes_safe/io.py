@@ -7,9 +7,10 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["atomic_output_dir", "atomic_write_json", "atomic_write_text"]
+__all__ = ["atomic_output_dir", "atomic_write", "atomic_write_json", "atomic_write_text"]
 
 
 @contextlib.contextmanager
@@ -38,19 +39,25 @@ def atomic_output_dir(out: str | os.PathLike):
     shutil.rmtree(tmp, ignore_errors=True)
 
 
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+def atomic_write(path: str | os.PathLike, write: Callable[[Path], None]) -> None:
+    """``write(tmp)`` to a temporary file beside ``path`` (same suffix, so writers that read the
+    format from it still work), then rename it onto ``path``; if ``write`` raises, remove it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=path.suffix, dir=path.parent)
+    os.close(fd)
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600; a report is meant to be read
+        write(Path(tmp))
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; outputs are meant to be read
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    atomic_write(path, lambda tmp: tmp.write_text(text))
 
 
 def atomic_write_json(path: str | os.PathLike, obj) -> None:

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from .io import atomic_write
 from .metrics import cumulative_regret, mean_and_sem
 from .trace import Trace
 
@@ -18,10 +16,7 @@ __all__ = ["plot_regret", "save_figure"]
 
 def save_figure(fig, path) -> None:
     """Save ``fig`` to ``path`` through a temporary file (never a half-written PNG)."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp{path.suffix}")
-    fig.savefig(tmp, dpi=120, bbox_inches="tight")
-    os.replace(tmp, path)
+    atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=120, bbox_inches="tight"))
     plt.close(fig)
 
 
