@@ -2,6 +2,7 @@
 
 import json
 import math
+import re
 
 import pytest
 
@@ -80,7 +81,7 @@ def test_csv_logs_are_a_source(tmp_path):
     ({"logged_data": "logs"}, TypeError, "logged_data: expected a LoggedData"),
 ])
 def test_bad_problem_configuration_is_a_clear_error(kwargs, exc, message):
-    with pytest.raises(exc, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[").replace("]", r"\]")):
+    with pytest.raises(exc, match=re.escape(message)):
         LoggedDataProblem(**kwargs)
 
 
