@@ -12,7 +12,7 @@ __all__ = ["as_tensor", "check_finite", "check_in_range", "check_positive", "che
 
 import contextlib
 
-#: True inside :func:`trusted_inputs`: value checks (NaN/inf scans) on data produced by the
+#: True inside ``trusted_inputs``: value checks (NaN/inf scans) on data produced by the
 #: library itself are skipped; shape checks still run.
 TRUSTED = False
 

@@ -1,14 +1,14 @@
 """The two-phase runner of behaviour-constrained bandit experiments (Balakrishnan et al. 2018, s.5).
 
-:func:`~bayes_safe.simulate.simulate` runs one policy on a problem that shows candidates
+``simulate`` runs one policy on a problem that shows candidates
 every step. BCTS experiments have a different protocol, so they have their own runner:
 
-1. **Folds.** A :class:`BCTSProblem` is a finite table of contexts with each arm's reward and
+1. **Folds.** A ``BCTSProblem`` is a finite table of contexts with each arm's reward and
    whether the behaviour constraint allows it. Replication ``r`` teaches on a fold of
    ``teaching_size`` contexts (the paper: 200 movies, "5 cross validations using a different
    subset of 200 movies to train mu^e each time") and recommends on the other contexts.
 2. **Constraint learning.** For each teaching strategy (``"cts"``, ``"random"``) and
-   replication, one :class:`~bayes_safe.policies.BCTS` learns ``mu^e`` from ``N`` examples:
+   replication, one ``BCTS`` learns ``mu^e`` from ``N`` examples:
    a context drawn uniformly from the teaching fold, the agent's arm, the teacher's verdict
    ``r^e`` (1 = allowed). One pass of ``max(N)`` rounds keeps a copy of the posterior at every
    requested budget ``N`` (the models after the first ``N`` examples), so the paper's tables
@@ -21,7 +21,7 @@ every step. BCTS experiments have a different protocol, so they have their own r
 Common random numbers: every setting of replication ``r`` sees the same contexts in the same
 order (the paper: "we show the movies in the same order so our results are comparable
 across settings of sigma_online") and draws its Thompson samples from the same named streams
-(:class:`SharedStreams`), so differences between settings are paired.
+(``SharedStreams``), so differences between settings are paired.
 
 Metrics (per online step ``t``, action ``k_t``, context ``c_t``):
 
@@ -173,7 +173,7 @@ class _SharedRows:
     """A frozen per-arm posterior seen by ``B`` rows, several rows per underlying element.
 
     Row ``b`` uses element ``rows[b]`` of ``model``. Rows that share an element must be given
-    the same features (in :func:`run_bcts` they belong to one replication, so they see the
+    the same features (in ``run_bcts`` they belong to one replication, so they see the
     same context), which lets the quadratic forms be computed once per element rather than
     once per row; the random draws stay per row.
     """
@@ -208,7 +208,7 @@ class _SharedRows:
 
 @dataclass
 class BCTSResult:
-    """What :func:`run_bcts` returns.
+    """What ``run_bcts`` returns.
 
     Attributes:
         settings: one dict per setting: ``label``, ``policy`` (``"bcts"`` or ``"mask"``),
@@ -225,7 +225,7 @@ class BCTSResult:
             each with batch ``[R]`` (replications): ``{label: {"reward": ...}}`` per BCTS setting,
             ``{"constraint: <teaching> teaching, N=<n>": {"constraint": ...}}`` per learned
             constraint posterior, ``{"Constraint Mask": {"reward": ...}}``; for
-            :func:`~bayes_safe.diagnostics.save_models`.
+            ``save_models``.
     """
 
     settings: list[dict]
@@ -315,13 +315,13 @@ def run_bcts(problem: BCTSProblem, *, sigmas: Sequence[float] = PAPER_SIGMAS,
         horizon: online steps ``T`` (>= 1).
         replications: cross-validation folds / independent repetitions ``R``.
         seed: seeds the folds, the context orders and the Thompson draws.
-        v: CTS sampling scale of every posterior (see :mod:`bayes_safe.policies.bcts`).
+        v: CTS sampling scale of every posterior (see ``bayes_safe.policies.bcts``).
         mask: also run the Constraint Mask.
         record_points: how many steps of the curves to keep.
         progress: show tqdm progress bars.
 
     Returns:
-        A :class:`BCTSResult`.
+        A ``BCTSResult``.
     """
     sigmas = [float(s) for s in sigmas]
     for s in sigmas:

@@ -53,7 +53,7 @@ def _build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out", required=True, type=Path, help="output directory")
     run.add_argument("--quick", action="store_true", help="a small version for smoke tests (< 2 minutes)")
     run.add_argument("--seed", type=int, default=0)
-    from tuning.cli import add_tune_parser
+    from bayes_safe.tuning.cli import add_tune_parser
 
     add_tune_parser(sub)
     return parser
@@ -102,7 +102,7 @@ def _simulate(args) -> int:
 
 
 def _study(args) -> int:
-    from studies import available_studies, get_study
+    from bayes_safe.studies import available_studies, get_study
 
     if args.study_command == "list":
         for name, (_, description) in sorted(available_studies().items()):
@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "study":
             return _study(args)
         if args.command == "tune":
-            from tuning.cli import run_tune
+            from bayes_safe.tuning.cli import run_tune
 
             return run_tune(args)
         if args.command == "diagnose":

@@ -1,22 +1,22 @@
 """Look inside posteriors: ArviZ InferenceData, summaries, plots, calibration, coverage.
 
-* :func:`to_inference_data` converts every posterior model of the toolkit into an
-  ``arviz.InferenceData``: exact draws for conjugate models (:class:`~bayes_safe.models.BayesianLinear`,
-  :class:`~bayes_safe.models.PerArmLinear`, the per-arm
-  :class:`~bayes_safe.policies.bcts.CTSPosterior` of BCTS), chains with sample statistics for
+* ``to_inference_data`` converts every posterior model of the toolkit into an
+  ``arviz.InferenceData``: exact draws for conjugate models (``BayesianLinear``,
+  ``PerArmLinear``, the per-arm
+  ``CTSPosterior`` of BCTS), chains with sample statistics for
   NUTS, guide draws for SVI, and draws of the latent function at given points for the probit
-  GP (:class:`~bayes_safe.models.ProbitGP` and its views); with ``observed_data`` and
+  GP (``ProbitGP`` and its views); with ``observed_data`` and
   ``posterior_predictive`` groups when data is known; coordinates named after the features.
-* :func:`summary` (ArviZ: mean, sd, HDI, ESS and r-hat where chains exist) and
-  :func:`prior_predictive`, which checks a custom prior before any data arrives.
-* :func:`brier_score`, :func:`expected_calibration_error`, :func:`reliability_diagram` for
+* ``summary`` (ArviZ: mean, sd, HDI, ESS and r-hat where chains exist) and
+  ``prior_predictive``, which checks a custom prior before any data arrives.
+* ``brier_score``, ``expected_calibration_error``, ``reliability_diagram`` for
   Bernoulli models.
-* :func:`interval_coverage`: simulated problems know the truth, so the share of replications
+* ``interval_coverage``: simulated problems know the truth, so the share of replications
   whose central credible interval covers the true parameter can be checked against its level.
-* :class:`PosteriorRecorder`: a ``simulate`` callback that records the posterior of each model
+* ``PosteriorRecorder``: a ``simulate`` callback that records the posterior of each model
   over time (watching a Thompson posterior evolve).
-* :func:`save_models` / :func:`load_models` (what ``bayes-safe simulate`` and the studies
-  write to ``RUN_DIR/models/``) and :func:`diagnose_run` (``bayes-safe diagnose RUN_DIR``: a
+* ``save_models`` / ``load_models`` (what ``bayes-safe simulate`` and the studies
+  write to ``RUN_DIR/models/``) and ``diagnose_run`` (``bayes-safe diagnose RUN_DIR``: a
   self-contained HTML report and one NetCDF InferenceData per saved posterior).
 """
 
@@ -73,7 +73,7 @@ def _batch_dims(batch_shape) -> list[str]:
     return [f"batch{i}" for i in range(len(batch_shape))]
 
 
-#: what :func:`to_inference_data` converts (named in its errors)
+#: what ``to_inference_data`` converts (named in its errors)
 ACCEPTED_MODELS = (
     "BayesianLinear (conjugate, NUTS or SVI), PerArmLinear, CTSPosterior (BCTS), ProbitGP or its "
     "SuccessProbability / ScaledOutcome views, or a model with a to_inference_data method"
@@ -268,7 +268,7 @@ def _used(name: str, groups: dict) -> bool:
 
 
 def _cts_inference_data(model, X, y, num_draws, feature_names, seed, max_batch):
-    """Exact draws of a :class:`~bayes_safe.policies.bcts.CTSPosterior`: ``w_k ~ N(mu_hat_k, v^2 B_k^-1)``."""
+    """Exact draws of a ``CTSPosterior``: ``w_k ~ N(mu_hat_k, v^2 B_k^-1)``."""
     import arviz as az
 
     from .models.linear import _cholesky
@@ -366,7 +366,7 @@ def prior_predictive(prior, X, *, noise_std: float | None = None, noise_prior=No
     """Prior and prior-predictive draws for a custom prior, before any data (``prior`` and
     ``prior_predictive`` groups). Check that outcomes it implies at ``X [n, d]`` are plausible.
 
-    ``prior`` is what :class:`~bayes_safe.models.BayesianLinear` accepts: a distribution with
+    ``prior`` is what ``BayesianLinear`` accepts: a distribution with
     event shape ``[d]`` or a callable Pyro model returning ``w``. A prior whose support does not
     match the weights (draws that are not finite real vectors of width ``d``) is rejected.
     """
@@ -502,7 +502,7 @@ def _moments(model) -> tuple[torch.Tensor, torch.Tensor]:
 class PosteriorRecorder:
     """A ``simulate`` callback recording each model's posterior mean and sd every ``every`` steps.
 
-    Works for every model :func:`to_inference_data` converts: linear models record their
+    Works for every model ``to_inference_data`` converts: linear models record their
     weights ``[R, d]`` (per-arm models ``[R, K, d]``), the probit GP the weights of its linear
     kernel over learned features ``[p]``. Non-conjugate fits record the moments of their
     stored draws.
@@ -556,7 +556,7 @@ class PosteriorRecorder:
 
 
 # ---------------------------------------------------------------------------- saving and reports
-#: written to a models directory by a run that fits no posterior (see :func:`save_no_models`)
+#: written to a models directory by a run that fits no posterior (see ``save_no_models``)
 NO_MODELS_FILE = "NO_MODELS.txt"
 _SHARED_KEY = "__roles__"
 _BAD_NAME = re.compile(r"[^A-Za-z0-9.=-]+")
@@ -584,16 +584,16 @@ def save_models(source, directory, *, prefix: str | Sequence[str] | None = None,
 
     One file per model, ``<prefix>__<role>.pt`` (``<role>.pt`` without a prefix), written
     atomically. Models that are views of one posterior (TS-ASC's reward and constraint views of
-    one :class:`~bayes_safe.models.ProbitGP`) are saved together, once, as
-    ``<prefix>__<role1>+<role2>.pt``, so :func:`load_models` gives them back sharing it. A run
+    one ``ProbitGP``) are saved together, once, as
+    ``<prefix>__<role1>+<role2>.pt``, so ``load_models`` gives them back sharing it. A run
     that saves several policies gives each its own ``prefix`` (e.g. ``("alpha=0.01", "TS-ASC")``
     -> ``alpha=0.01__TS-ASC__reward.pt``).
 
-    Probit GPs are saved as :meth:`~bayes_safe.models.ProbitGP.compact` copies (no per-decision
+    Probit GPs are saved as ``compact`` copies (no per-decision
     draw state; at most ``max_observations`` stored rows if given), so the policy itself is
     left untouched.
 
-    Files are pickles: load only files you wrote yourself (:func:`load_models`).
+    Files are pickles: load only files you wrote yourself (``load_models``).
 
     Args:
         source: a policy (its ``models()``) or a mapping ``{role: model}``.
@@ -650,7 +650,7 @@ def save_models(source, directory, *, prefix: str | Sequence[str] | None = None,
 def save_no_models(directory, reason: str) -> Path:
     """Record in ``directory`` that a run fits no posterior models, and why.
 
-    :func:`load_models` (hence ``bayes-safe diagnose``) then fails with ``reason`` in its message
+    ``load_models`` (hence ``bayes-safe diagnose``) then fails with ``reason`` in its message
     instead of a bare "no saved models". The ACOL studies use it: their learners keep
     frequentist confidence intervals, not posteriors (Lindner et al. 2022, Propositions 2-3).
 
@@ -671,7 +671,7 @@ def save_no_models(directory, reason: str) -> Path:
 
 
 def load_models(directory) -> dict[str, object]:
-    """The models saved by :func:`save_models`, keyed ``<prefix>__<role>`` (or ``<role>``).
+    """The models saved by ``save_models``, keyed ``<prefix>__<role>`` (or ``<role>``).
 
     Views saved together share their posterior again. Files are unpickled (``torch.load`` with
     ``weights_only=False``): load only directories you wrote yourself.
@@ -684,7 +684,7 @@ def load_models(directory) -> dict[str, object]:
 
     Raises:
         FileNotFoundError: ``directory`` holds no saved model (the message names it, with the
-            reason a run recorded by :func:`save_no_models`, if any).
+            reason a run recorded by ``save_no_models``, if any).
     """
     directory = Path(directory)
     files = sorted(directory.glob("*.pt")) if directory.is_dir() else []
@@ -854,9 +854,9 @@ def diagnose_run(run_dir, *, num_draws: int = 500, max_batch: int | None = 10, s
                  seed: int = 0) -> Path:
     """Write ``run_dir/diagnostics/``: ``report.html`` (figures embedded) and one NetCDF per model.
 
-    ``run_dir`` is any directory with a ``models/`` subdirectory written by :func:`save_models`:
+    ``run_dir`` is any directory with a ``models/`` subdirectory written by ``save_models``:
     a ``bayes-safe simulate`` output or a study's output directory. Every saved posterior is
-    converted by :func:`to_inference_data` (views of one posterior once, named
+    converted by ``to_inference_data`` (views of one posterior once, named
     ``<prefix>__<role1>+<role2>``) and written as ``<name>.nc``; the report has, per model, the
     ArviZ summary, the posterior of the weights, the trace when there are chains, a posterior
     predictive check when data were stored, and for the probit GP the success probability at the
@@ -876,7 +876,7 @@ def diagnose_run(run_dir, *, num_draws: int = 500, max_batch: int | None = 10, s
 
     Raises:
         FileNotFoundError: ``run_dir`` is not a directory or has no saved models (naming the
-            reason a run recorded with :func:`save_no_models`).
+            reason a run recorded with ``save_no_models``).
         TypeError: no saved model has an InferenceData converter (naming the types found).
     """
     from .io import atomic_output_dir, atomic_write_text

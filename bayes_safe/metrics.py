@@ -1,4 +1,4 @@
-"""Metrics computed from a :class:`~bayes_safe.trace.Trace` (Daulton 2019 s.4; Kazerouni 2017 eq. 3)."""
+"""Metrics computed from a ``Trace`` (Daulton 2019 s.4; Kazerouni 2017 eq. 3)."""
 
 from __future__ import annotations
 

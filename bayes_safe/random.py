@@ -3,14 +3,14 @@
 A simulation that advances ``R`` replications in lockstep must give, for replication ``r``,
 exactly the trace that a run of replication ``r`` alone gives with the same seed. Drawing
 ``randn(R, d)`` from one generator breaks that (replication ``r``'s numbers would depend on
-``R``). :class:`ReplicationRNG` keeps one generator per replication and per named stream
+``R``). ``ReplicationRNG`` keeps one generator per replication and per named stream
 (numpy PCG64 seeded with ``(replication seed, crc32(stream name))``), and draws from them in
 blocks of ``block`` steps, so the Python loop over replications runs once per block rather
 than once per step (it is off the hot path).
 
 Every model and policy that needs randomness accepts ``generator=`` as either ``None`` (the
 global torch generator), a ``torch.Generator`` (one stream for the whole batch: fast,
-reproducible, but not replication-separable), or a :class:`ReplicationRNG`.
+reproducible, but not replication-separable), or a ``ReplicationRNG``.
 
 Example:
     >>> rng = ReplicationRNG.from_seed(0, replications=3)
@@ -164,14 +164,14 @@ def standard_gamma(concentration: torch.Tensor, generator: Generator = None, key
 
     Marsaglia & Tsang's (2000) squeeze method, vectorised: ``tries`` candidate pairs are drawn
     for every element and the first accepted one is kept, so every call consumes the same
-    amount of randomness (what :class:`ReplicationRNG` needs). For concentration >= 1 each try
+    amount of randomness (what ``ReplicationRNG`` needs). For concentration >= 1 each try
     is accepted with probability > 0.95, so all eight fail with probability < 4e-11; in that
     event the last candidate is used. Concentrations below 1 use the boost
     ``G(a) = G(a + 1) U^(1/a)``.
 
     Args:
         concentration: ``[*batch]`` positive shape parameters; ``batch[0]`` is the replication
-            dimension when ``generator`` is a :class:`ReplicationRNG`.
+            dimension when ``generator`` is a ``ReplicationRNG``.
     """
     a = concentration.to(torch.float64)
     shape = tuple(a.shape)

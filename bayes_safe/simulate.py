@@ -25,14 +25,14 @@ def simulate(policy, env, horizon: int, seed: int | Sequence[int] = 0, *, progre
     policy updates on the chosen features and observed metrics.
 
     All randomness (posterior draws, observation noise, random tie-breaks) comes from one
-    :class:`~bayes_safe.random.ReplicationRNG` with a stream per replication, so replication
+    ``ReplicationRNG`` with a stream per replication, so replication
     ``r`` of this run equals a run of that replication alone with
     ``seed=[replication_seeds(seed, R)[r]]`` (on a problem built for that replication).
 
-    The loop runs with one torch intra-op thread (see :mod:`bayes_safe.threads`).
+    The loop runs with one torch intra-op thread (see ``bayes_safe.threads``).
 
     Args:
-        policy: any :class:`~bayes_safe.policies.base.Policy`.
+        policy: any ``Policy``.
         env: a problem with ``replications``, ``step(t)``, ``observe(actions, generator)``,
             ``instance_feasible``, ``optimal_reward`` and ``baseline_expected``.
         horizon: number of steps ``T`` (>= 1).
@@ -42,7 +42,7 @@ def simulate(policy, env, horizon: int, seed: int | Sequence[int] = 0, *, progre
             tensors); for live monitoring.
 
     Returns:
-        A :class:`~bayes_safe.trace.Trace` of shape ``[T, R]``.
+        A ``Trace`` of shape ``[T, R]``.
     """
     if int(horizon) < 1:
         raise ValueError(f"horizon: expected a positive int, got {horizon!r}")

@@ -39,7 +39,7 @@ def design_seconds(n: int = 1000, d: int = 50, targets: int | None = None, repea
 
 
 def study_seconds(quick: bool) -> float:
-    from studies import get_study
+    from bayes_safe.studies import get_study
 
     with tempfile.TemporaryDirectory() as tmp:
         t = time.perf_counter()

@@ -3,7 +3,7 @@
 The full study: the real IWPC table (the ``data`` extra), sigma_online in {0, 0.25, 0.5,
 0.75, 1} plus the Constraint Mask, teaching by CTS and by random exploration, 50,000
 teaching examples, 20,000 online steps, 5 folds; every setting runs in one batch
-(:func:`bayes_safe.bcts_run.run_bcts`). ``--quick`` times the study's quick configuration
+(``bayes_safe.bcts_run.run_bcts``). ``--quick`` times the study's quick configuration
 against a 2-minute target instead.
 """
 
@@ -18,7 +18,7 @@ TARGET_QUICK_SECONDS = 120.0
 
 
 def run(quick: bool = False) -> list[dict]:
-    from studies import bcts_warfarin
+    from bayes_safe.studies import bcts_warfarin
 
     target = TARGET_QUICK_SECONDS if quick else TARGET_FULL_SECONDS
     with tempfile.TemporaryDirectory(prefix="bench-bcts-") as tmp:

@@ -32,7 +32,7 @@ QUICK_TARGET = 120
 
 def time_study(name: str, quick: bool, seed: int = 0) -> dict:
     """Run study ``name`` once into a temporary directory; wall and CPU seconds."""
-    from studies import get_study
+    from bayes_safe.studies import get_study
 
     module = get_study(name)
     with tempfile.TemporaryDirectory(prefix=f"bench-{name}-") as tmp:

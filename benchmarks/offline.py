@@ -1,8 +1,8 @@
 """Training throughput of constrained off-policy learning (Kachuee & Lee 2022; issue 8).
 
-Problem: the synthetic skill-routing logs (:mod:`bayes_safe.offline.synthetic`: 27 domains,
+Problem: the synthetic skill-routing logs (``bayes_safe.offline.synthetic``: 27 domains,
 39 context features, 8 actions), the ``global`` constraint benchmark, and the two-layer
-MLP policy of :func:`bayes_safe.offline.policy.mlp_policy` (39 -> 64 -> ReLU -> 8 -> softmax).
+MLP policy of ``bayes_safe.offline.policy.mlp_policy`` (39 -> 64 -> ReLU -> 8 -> softmax).
 For each method, one epoch over ``N`` logged rows is timed after one warm-up epoch (which
 also moves the policy away from its initialisation, so the constrained methods see a
 realistic share of violating rows). Two batch sizes: 32,768 (the paper's, s.4.3) and 4,096.
@@ -11,8 +11,8 @@ Reported: logged samples per second per epoch (wall clock, one torch thread; and
 process CPU time, which a shared machine disturbs less), the meta-gradient's time per step
 over plain IPS's (early in training, and the median epoch of a 16-epoch run), and the share
 of training rows violating a constraint during the timed epochs: the meta-gradient's extra
-passes run on those rows only (see :func:`bayes_safe.offline.training._meta_core`; the MLP
-goes through the closed-form engine of :mod:`bayes_safe.offline.jet`).
+passes run on those rows only (see ``bayes_safe.offline.training._meta_core``; the MLP
+goes through the closed-form engine of ``bayes_safe.offline.jet``).
 
 Targets (issue 8): >= 200,000 samples/s for IPS; meta-gradient <= 3x IPS per step.
 """
@@ -51,7 +51,7 @@ def measure(method, data, cons, batch_size: int, epochs: int, warmup: int = 1, t
 def paired_ratio(data, cons, batch_size: int, epochs: int, warmup: int, repeats: int, first=None) -> dict:
     """Meta-gradient over IPS time per step: ``repeats`` runs of each, alternating (so a change
     of load on a shared machine hits both), the median of the per-pair ratios. ``first``: an
-    ``(ips, meta)`` pair of :func:`measure` results already taken with these settings."""
+    ``(ips, meta)`` pair of ``measure`` results already taken with these settings."""
     pairs = [] if first is None else [first]
     pairs += [(measure(IPS(), data, cons, batch_size, epochs, warmup=warmup),
                measure(MetaGradient(), data, cons, batch_size, epochs, warmup=warmup))

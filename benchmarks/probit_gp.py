@@ -5,7 +5,7 @@ the median over ``--repeats`` runs, each with its target and the ratio to the ta
 it). Targets (issue 4, on a 2-core machine): fit on 100,000 observations in under 60 s; a
 Thompson decision for 10,000 contexts x 4 actions in under 0.5 s; peak memory under 4 GiB.
 
-* fit: a fresh :class:`~bayes_safe.models.ProbitGP` (default settings: 10 network epochs,
+* fit: a fresh ``ProbitGP`` (default settings: 10 network epochs,
   2 SVI epochs, full-data natural-gradient steps) on 100,000 logged video uploads (random
   valid actions), cold start.
 * decision: ``ThompsonSampling(ScaledOutcome(model, scale)).select`` on ``[10000, 4, 45]``

@@ -24,8 +24,8 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tuning import Study
-from tuning.cli import default_ab_test
+from bayes_safe.tuning import Study
+from bayes_safe.tuning.cli import default_ab_test
 
 TARGET_SECONDS = 20 * 60
 

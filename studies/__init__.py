@@ -4,7 +4,7 @@ Every module in this package that defines ``NAME`` (the CLI name, e.g. ``"ts-asc
 ``DESCRIPTION`` and ``run(out: Path, quick: bool = False, seed: int = 0) -> dict`` is a study;
 ``bayes-safe study run NAME --out DIR [--quick]`` runs it. A study writes ``results.json``,
 CSV tables, PNG figures and ``report.md`` into ``out`` (atomically, see
-:func:`bayes_safe.io.atomic_output_dir`).
+``bayes_safe.io.atomic_output_dir``).
 """
 
 from __future__ import annotations

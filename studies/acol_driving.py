@@ -10,7 +10,7 @@ algorithms with guarantees, and the number of queries and the fraction of correc
 the greedy algorithms against a tuned ``beta``.
 
 Choices where the paper is silent (restated in the report): the set of candidate controllers
-(:func:`bayes_safe.identification.driving.driving_problem`: 69 hand-made controllers plus CEM
+(``bayes_safe.identification.driving.driving_problem``: 69 hand-made controllers plus CEM
 solutions, less those within 0.05 of the normalised boundary), the lambda and beta grids, CEM
 seeds (best of 3 restarts per lambda), a query budget for the Proposition 3 greedy learners.
 

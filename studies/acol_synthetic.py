@@ -9,7 +9,7 @@ Figure 3: G-ACOL against Max Rew-U and Max Rew-F on the 1-d connected instance (
 Choices where the paper is silent (restated in the report):
 
 * constants of the authors' implementation (issue 7): delta = 0.05, Gaussian noise sd 0.05,
-  see :mod:`bayes_safe.identification.algorithms`;
+  see ``bayes_safe.identification.algorithms``;
 * sweep grids: the paper's axes (epsilon 0.025-0.1, d up to 50; n and d 25-100);
 * the Proposition 3 ("theory") greedy learners need 10^5-10^6 queries, one Python step each, so
   they get a query budget (a run that hits it counts as the budget, a lower bound, and the

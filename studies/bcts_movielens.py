@@ -1,21 +1,21 @@
 """BCTS on constrained movie recommendation: Balakrishnan et al. (2018), Figure 1a-b, d-e and Tables 1-2.
 
-The problem is :func:`bayes_safe.envs.movies.movie_recommendation`: 1,000 movies (contexts,
+The problem is ``bayes_safe.envs.movies.movie_recommendation``: 1,000 movies (contexts,
 10 genre indicators), the 100 most active users (arms), ratings / 5 as rewards, an imputed
 age band per user and a 7 x 10 behaviour-constraint matrix. MovieLens may not be
 redistributed, so by default the study runs on the seeded synthetic stand-in
-(:func:`~bayes_safe.envs.movies.synthetic_movielens`); set the environment variable
+(``synthetic_movielens``); set the environment variable
 ``BAYES_SAFE_MOVIELENS`` to an unpacked MovieLens directory (ml-20m as in the paper) to run
 on the real ratings.
 
 Every ``sigma_online`` in {0, 0.25, 0.5, 0.75, 1}, both teaching strategies (CTS and
 random), every teaching budget ``N`` of the paper's tables, 5 cross-validation folds of 200
 teaching movies, and the Constraint Mask run as one batch
-(:func:`bayes_safe.bcts_run.run_bcts`). Outputs: ``results.json``, ``summary.csv``,
+(``bayes_safe.bcts_run.run_bcts``). Outputs: ``results.json``, ``summary.csv``,
 ``figure1.png`` (R(t)/t and E(t) at N = 50,000), ``errors_by_budget.png`` and
 ``report.md`` with the paper's Tables 1 and 2 beside ours and the checks of their robust
 patterns, and ``models/``: the fitted posteriors at the end of the run
-(:attr:`bayes_safe.bcts_run.BCTSResult.models`: each setting's reward posterior, each learned
+(``bayes_safe.bcts_run.BCTSResult.models``: each setting's reward posterior, each learned
 constraint posterior, the Constraint Mask's reward posterior; batch = folds), which
 ``bayes-safe diagnose OUT`` reads.
 """

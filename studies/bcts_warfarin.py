@@ -1,6 +1,6 @@
 """BCTS on behaviour-constrained warfarin dosing: Balakrishnan et al. (2018), Figure 1c and 1f.
 
-The problem is :func:`bayes_safe.envs.warfarin.warfarin` on the real IWPC table (installed
+The problem is ``bayes_safe.envs.warfarin.warfarin`` on the real IWPC table (installed
 with ``pip install 'bayes-safe[data]'``; the study stops with instructions when it is
 missing): 39 encoded patient features plus two random binary features, arms low / medium /
 high dose and no dose, reward 1 for the correct dose level, and the behaviour constraint "no
@@ -9,9 +9,9 @@ warfarin for patients with both extra features".
 Every ``sigma_online`` in {0, 0.25, 0.5, 0.75, 1}, teaching by CTS and by random
 exploration with N = 50,000 examples, T = 20,000 online steps, 5 cross-validation folds of
 200 teaching patients, and the Constraint Mask, all in one batch
-(:func:`bayes_safe.bcts_run.run_bcts`). Outputs: ``results.json``, ``summary.csv``,
+(``bayes_safe.bcts_run.run_bcts``). Outputs: ``results.json``, ``summary.csv``,
 ``figure1.png``, ``report.md`` with the paper's findings beside ours, and ``models/``: the
-fitted posteriors at the end of the run (:attr:`bayes_safe.bcts_run.BCTSResult.models`; batch =
+fitted posteriors at the end of the run (``bayes_safe.bcts_run.BCTSResult.models``; batch =
 folds), which ``bayes-safe diagnose OUT`` reads.
 """
 

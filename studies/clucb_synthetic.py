@@ -12,7 +12,7 @@ ridge estimate and ellipsoid the UCB rules use; ``bayes-safe diagnose OUT`` read
 Choices where the paper is silent (restated in the report):
 
 * **Confidence set**: the Abbasi-Yadkori ellipsoid for both algorithms (see
-  :mod:`bayes_safe.policies.clucb` for why not eq. (5)-(6)), ridge lambda = 1, delta = 0.001,
+  ``bayes_safe.policies.clucb`` for why not eq. (5)-(6)), ridge lambda = 1, delta = 0.001,
   S = each realisation's true ``||theta*||`` (Kazerouni's known bound B).
 * **Noise**: ``N(0, 4)`` read as variance 4 (sigma = 2); the models know sigma.
 * **Baseline**: a virtual arm whose features are the mean of the 2nd and 3rd best arms' (its

@@ -7,11 +7,11 @@ explore benchmarks; mean and standard deviation over 4 seeds), Figure 3 (sensiti
 minimax to ``eta, gamma`` against meta-gradient to ``lambda`` on the critical benchmark) and
 Figure 4 (penalty weights over the first iterations on the global benchmark), on
 
-* the synthetic skill-routing logs of :mod:`bayes_safe.offline.synthetic` (27 imbalanced
+* the synthetic skill-routing logs of ``bayes_safe.offline.synthetic`` (27 imbalanced
   domains, softmax production policy, domain effects in the reward; the true expected reward
   of any policy is known), and
 * the Open Bandit Dataset sample (``random`` logs of the three campaigns as domains,
-  :mod:`bayes_safe.offline.open_bandit`; the obp wheel is fetched from PyPI if not cached).
+  ``bayes_safe.offline.open_bandit``; the obp wheel is fetched from PyPI if not cached).
 
 Choices where the paper is silent (restated in the report):
 
@@ -25,7 +25,7 @@ Choices where the paper is silent (restated in the report):
 * **Training.** Two-layer MLP (64 hidden units), Adam 1e-3 (the paper: Adam's defaults),
   mini-batches of 1,024 (synthetic) / 512 (Open Bandit) instead of 32K (our data are 400x
   smaller: 32K would give two steps per epoch), 32 epochs, early selection on the
-  validation split (:func:`bayes_safe.offline.training.train_policy`).
+  validation split (``bayes_safe.offline.training.train_policy``).
 * **Reward.** Synthetic: the true expected reward of the selected policy on the test
   contexts, in per cent (the paper reports normalised percentages). Open Bandit: the SNIPS
   estimate of the click rate on the test split (per cent), with its bootstrap interval.
@@ -38,7 +38,7 @@ Fitted models: ``models/`` holds every Table 1 policy network
 as ``<data>__seed<s>__ips__policy.pt``) and the ridge reward model of the DR estimates
 (``<data>__seed<s>__reward_model.pt``). They are point estimates trained by (constrained)
 off-policy optimisation, not posteriors, so ``bayes-safe diagnose OUT`` stops with an error
-naming their types; load them with :func:`bayes_safe.diagnostics.load_models`.
+naming their types; load them with ``bayes_safe.diagnostics.load_models``.
 """
 
 from __future__ import annotations

@@ -26,12 +26,12 @@ Choices where the paper is silent (each is restated in the report):
   positive). TS-ASC: conjugate Gaussian posterior with prior ``N(0, I / lambda)``, lambda = 1,
   and the known sigma = 0.1: the prior the parameters are actually drawn from. The other
   reading, prior ``N(0, sigma^2 / lambda I)`` (the posterior whose mean is the ridge estimate
-  with penalty lambda; :func:`bayes_safe.factory.ridge_model`), has prior standard deviation
+  with penalty lambda; ``bayes_safe.factory.ridge_model``), has prior standard deviation
   0.1 for weights drawn with standard deviation 1: TS-ASC then under-explores and stays on
   suboptimal or infeasible arms (per-step regret ~0.3 at step 3,000 instead of ~0). A
   sensitivity run reports TS-ASC under both readings and under "ridge TS" (posterior
   covariance ``V^-1``, i.e. unit noise).
-* **Regret** is measured against the best *feasible* arm (see :mod:`bayes_safe.envs.linear`).
+* **Regret** is measured against the best *feasible* arm (see ``bayes_safe.envs.linear``).
 * **Figure 2b gap.** Under the literal generator the best feasible arm's normalised constraint
   averages ~2.4 (sd ~1.4 across realisations), not 1.2-1.3 (the paper's SEM 0.0097 implies
   sd ~0.31). A baseline ranked ~6th (not 20th) by constraint among the top 30 reproduces

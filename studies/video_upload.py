@@ -1,7 +1,7 @@
 """Video-upload transcoding: vanilla TS and TS-ASC with a probit GP, against the baseline.
 
 Daulton, Singh, Avadhanula, Dimmery & Bakshy (2019), section 5, on the simulator
-:mod:`bayes_safe.envs.video_upload` (the paper's data is not public). The paper's finding to
+``bayes_safe.envs.video_upload`` (the paper's data is not public). The paper's finding to
 check (section 5.4, Figure 3c): vanilla Thompson sampling lowers reliability, TS-ASC with a
 small alpha does not, while both raise the quality preserved at 1080p.
 
@@ -13,7 +13,7 @@ Design (choices where the paper is silent):
   uploads. Percent changes are therefore paired comparisons.
 * **Warm start from logs.** Before the stream, ``warmup`` uploads are logged under a uniformly
   random valid action (an exploration log of the kind production systems keep), and one
-  :class:`~bayes_safe.models.ProbitGP` is fitted on them; each policy starts from a copy of it.
+  ``ProbitGP`` is fitted on them; each policy starts from a copy of it.
   The log is not part of the evaluation.
 * **Batches with refits.** The stream arrives in ``batches`` batches of ``batch_size``
   uploads. Within a batch each policy decides every upload with its current model (one
@@ -28,7 +28,7 @@ Design (choices where the paper is silent):
   quality, and the instance-level violation rate (true ``p(x, a) < (1 - alpha) p(x, b)``),
   overall and per sub-population (connection class, source resolution, device tier, country
   tier), as the percent change against the baseline with a paired delta-method standard error
-  (:func:`~bayes_safe.envs.video_upload.percent_change`). The SEs are those an A/B test would
+  (``percent_change``). The SEs are those an A/B test would
   report: they treat the learned policies as given and do not include the variability of a
   rerun of the learning itself.
 

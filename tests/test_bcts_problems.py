@@ -169,7 +169,7 @@ def test_missing_iwpc_table_gives_installation_instructions(monkeypatch):
 
 # ------------------------------------------------------------------------------------------ studies (tiny)
 def test_studies_write_their_outputs(tmp_path, iwpc):
-    from studies import bcts_movielens, bcts_warfarin
+    from bayes_safe.studies import bcts_movielens, bcts_warfarin
 
     tiny = {"num_teaching": [200, 600], "curve_num_teaching": 600, "horizon": 300, "replications": 2,
             "num_users": 10, "num_movies": 120, "teaching_size": 30, "synthetic": {"num_users": 40, "num_movies": 200}}

@@ -145,7 +145,7 @@ def test_fetch_downloads_the_wheel(tmp_path):
 
 def test_study_quick_run(wheel, tmp_path):
     """`bayes-safe study run controlled-exploration --quick` end to end (synthetic and Open Bandit)."""
-    from studies import get_study
+    from bayes_safe.studies import get_study
 
     study = get_study("controlled-exploration")
     results = study.run(tmp_path / "out", quick=True, seed=0)

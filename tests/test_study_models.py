@@ -16,7 +16,7 @@ import torch
 
 from bayes_safe.cli import main
 from bayes_safe.diagnostics import NO_MODELS_FILE, diagnose_run, load_models
-from studies import get_study
+from bayes_safe.studies import get_study
 
 
 def _diagnosed(out) -> tuple[str, dict]:

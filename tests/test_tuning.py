@@ -9,8 +9,8 @@ import math
 import pytest
 
 from bayes_safe.cli import main
-from tuning import ABTest, Range, Study, VideoUploadProblem, write_report
-from tuning import storage as tuning_storage
+from bayes_safe.tuning import ABTest, Range, Study, VideoUploadProblem, write_report
+from bayes_safe.tuning import storage as tuning_storage
 
 TINY_PROBLEM = {"warmup": 300, "model": {"nn_epochs": 1, "nn_min_steps": 20}}
 TINY_CLI = ["--users", "300", "--batches", "2", "--warmup", "300", "--model-epochs", "1"]
@@ -153,7 +153,7 @@ def test_a_study_run_one_trial_at_a_time_is_reproducible():
 
 
 def test_two_studies_in_one_process_keep_their_own_databases(tmp_path):
-    # Ax keeps one global SQL engine per process; tuning.storage re-points it per study
+    # Ax keeps one global SQL engine per process; bayes_safe.tuning.storage re-points it per study
     a = Study(tiny_ab(), storage=tmp_path / "a.sqlite", name="a", parameters=["alpha=0:0.06"], sobol_trials=2)
     b = Study(tiny_ab(), storage=tmp_path / "b.sqlite", name="b", parameters=["alpha=0:0.06"], sobol_trials=2)
     a.run(trials=1, inline=True)

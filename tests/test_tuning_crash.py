@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from bayes_safe.cli import main
-from tuning import Study
+from bayes_safe.tuning import Study
 
 TARGET = 7
 ARGS = ["--users", "1500", "--batches", "2", "--warmup", "300", "--model-epochs", "1", "--sobol", "3", "--parallel", "2"]

@@ -4,8 +4,8 @@ import os
 
 import pytest
 
-from tuning import ABTest, Study, VideoUploadProblem
-from tuning.runners import DaskRunner
+from bayes_safe.tuning import ABTest, Study, VideoUploadProblem
+from bayes_safe.tuning.runners import DaskRunner
 
 distributed = pytest.importorskip("distributed")
 

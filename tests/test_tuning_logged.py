@@ -1,4 +1,4 @@
-"""Tuning against logs: ABTest / Study trials estimated off-policy (issue 8, tuning.logged)."""
+"""Tuning against logs: ABTest / Study trials estimated off-policy (issue 8, bayes_safe.tuning.logged)."""
 
 import json
 import math
@@ -8,8 +8,8 @@ import pytest
 
 from bayes_safe.cli import main as cli_main
 from bayes_safe.offline import skill_routing_logs
-from tuning import ABTest, LoggedDataProblem, Study, make_problem, write_report
-from tuning.ab_test import Range
+from bayes_safe.tuning import ABTest, LoggedDataProblem, Study, make_problem, write_report
+from bayes_safe.tuning.ab_test import Range
 
 SMALL = {"n": 6_000, "seed": 0}
 

@@ -160,7 +160,7 @@ def test_bad_inputs(batch):
 
 def test_study_tiny_configuration(tmp_path):
     """The whole study pipeline on a tiny configuration (the real runs: --quick and the full report)."""
-    from studies import get_study
+    from bayes_safe.studies import get_study
 
     study = get_study("video-upload")
     tiny = {"warmup": 600, "batches": 2, "batch_size": 500, "alphas": [0.01], "replications": 2,

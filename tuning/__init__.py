@@ -2,18 +2,18 @@
 
 Daulton et al. (2019), section 5.3. The pieces:
 
-* :class:`ABTest` evaluates one parameterization (alpha, reward offsets) by a simulated A/B
+* ``ABTest`` evaluates one parameterization (alpha, reward offsets) by a simulated A/B
   test of the policy against the baseline on common random numbers, returning the mean and
   standard error of every metric as a % change against the baseline;
-* :class:`Study` is the persistent Ax experiment (``ax.api.Client``, Sobol then BoTorch with
+* ``Study`` is the persistent Ax experiment (``ax.api.Client``, Sobol then BoTorch with
   qLogNoisyExpectedImprovement, outcome constraints) in SQLite or a server database, run with
   several trials in flight in local processes or on a Dask cluster, resumable after a crash;
-* :class:`LoggedDataProblem` makes the trials off-policy estimates from logged data instead
+* ``LoggedDataProblem`` makes the trials off-policy estimates from logged data instead
   of simulations (train on part of the logs, estimate value and violations on the rest);
-* :func:`write_report` draws the paper's Figure 3 and writes ``report.md``.
+* ``write_report`` draws the paper's Figure 3 and writes ``report.md``.
 
 Example:
-    >>> from tuning import ABTest, Study, VideoUploadProblem, write_report      # doctest: +SKIP
+    >>> from bayes_safe.tuning import ABTest, Study, VideoUploadProblem, write_report      # doctest: +SKIP
     >>> study = Study(ABTest(n_users=4_000, batches=2), storage="runs/s.sqlite") # doctest: +SKIP
     >>> study.run(trials=20, parallel=2)                                          # doctest: +SKIP
     >>> write_report(study, "runs")                                               # doctest: +SKIP

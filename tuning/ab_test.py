@@ -6,7 +6,7 @@ metric." Here the A/B test is simulated:
 
 * one stream of ``n_users`` units (uploads) arrives in ``batches`` batches;
 * every arm sees the same units, and an outcome is decided by the same random numbers under
-  every arm (common random numbers: :meth:`VideoUpload.outcomes` decides success as
+  every arm (common random numbers: ``VideoUpload.outcomes`` decides success as
   ``u_i < p(x_i, a)`` with one uniform per upload), so the comparison with the baseline is
   paired;
 * the learning arms (TS-ASC, and vanilla TS for the paper's Figure 3c) decide a whole batch
@@ -14,17 +14,17 @@ metric." Here the A/B test is simulated:
   (as a production policy refitting daily would); the baseline arm plays the baseline action;
 * every metric is reported as the percent change of the arm's mean against the baseline's,
   ``100 (mean_arm / mean_baseline - 1)``, with the paired ratio-estimator delta-method
-  standard error of :func:`bayes_safe.envs.video_upload.percent_change` (per-unit paired
+  standard error of ``bayes_safe.envs.video_upload.percent_change`` (per-unit paired
   values, so it uses the pairing), plus the arm's and the baseline's levels.
 
-A trial is a pure function of ``(parameters, seed)``: :meth:`ABTest.evaluate` builds the
+A trial is a pure function of ``(parameters, seed)``: ``ABTest.evaluate`` builds the
 problem, the policies and every random stream from them, so it can run in another process
 or on another machine and give the same numbers bit for bit there.
 
-The problem is pluggable: :class:`ABProblem` is what the A/B test needs from one (a stream of
+The problem is pluggable: ``ABProblem`` is what the A/B test needs from one (a stream of
 units, outcomes of actions, the policy factory, the feedback a policy learns from, and the
-per-unit metrics). :class:`VideoUploadProblem` is the paper's problem on the simulator
-:mod:`bayes_safe.envs.video_upload`.
+per-unit metrics). ``VideoUploadProblem`` is the paper's problem on the simulator
+``bayes_safe.envs.video_upload``.
 """
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ class Range:
 
 # ---------------------------------------------------------------------- problems
 class ABProblem:
-    """What :class:`ABTest` needs from a problem. Subclass it for your own problem.
+    """What ``ABTest`` needs from a problem. Subclass it for your own problem.
 
     A unit (an upload, a request, a patient) arrives with candidate actions; the problem
     gives a seeded stream of units and their outcomes under any actions, using the same
@@ -116,7 +116,7 @@ class ABProblem:
       have ``features [n, K, d]``, ``baseline [n]`` and ``valid [n, K]`` (or ``None``), and
       ``outcomes(units, actions [n])``;
     * ``make_policy(kind, parameters, env, *, seed, refit_every)`` -> a
-      :class:`~bayes_safe.policies.base.Policy` (``select`` / ``update``); ``kind`` is the
+      ``Policy`` (``select`` / ``update``); ``kind`` is the
       arm's name (``"ts-asc"``, ``"ts"``, ...) and ``refit_every`` the batch size;
     * ``feedback(env, units, outcomes)`` -> ``(reward [n], constraints [n, C] or None)``, what
       a policy learns from;
@@ -124,13 +124,13 @@ class ABProblem:
       per-unit values whose means are compared with the baseline's (``mask`` restricts a
       metric to some units, e.g. uploads with a 1080p source).
 
-    Offline problems (``offline = True``, e.g. :class:`tuning.logged.LoggedDataProblem`) replace
+    Offline problems (``offline = True``, e.g. ``bayes_safe.tuning.logged.LoggedDataProblem``) replace
     the simulation: ``estimate(parameters, seed)`` returns the trial's ``{metric: (mean, sem)}``
     directly and ``metric_names()`` lists every metric by its full name.
 
     Optional: ``level_metrics(env, units, outcomes, baseline_outcomes, parameters)`` ->
     ``{name: values [n]}`` reported as means (not as changes); ``config()`` (a JSON-safe dict
-    that rebuilds the problem through :func:`make_problem`, so a stored study can be resumed
+    that rebuilds the problem through ``make_problem``, so a stored study can be resumed
     from the command line); the study defaults ``parameters``, ``objective``,
     ``outcome_constraints`` and ``surface`` (the two parameters of the response-surface plots).
     """
@@ -178,7 +178,7 @@ class ABProblem:
         """An offline problem's trial: ``{metric: (mean, sem)}`` for ``parameters``."""
         raise NotImplementedError(f"problem {self.name!r}: estimate() is for offline problems (offline = True)")
 
-    # -- how the report (tuning.report) words a study of this problem
+    # -- how the report (bayes_safe.tuning.report) words a study of this problem
     #: what one trial is, in the set-up line; its observed metrics; the work a trial does
     trial_noun: str = "A/B test"
     observed_label: str = "A/B test mean"
@@ -216,14 +216,14 @@ _WARM_CACHE: dict = {}
 
 @dataclass
 class VideoUploadProblem(ABProblem):
-    """The paper's video-upload problem (section 5) on :class:`~bayes_safe.envs.video_upload.VideoUpload`.
+    """The paper's video-upload problem (section 5) on ``VideoUpload``.
 
     Parameters read: ``alpha`` (TS-ASC's tolerated relative drop of success probability) and
     the reward offsets ``omega_480``, ``omega_720``, ``omega_1080`` (``omega_360`` = 1 unless
     given); a parameter a study does not tune takes its value from ``defaults``.
 
     Arms: ``"ts-asc"`` (TS-ASC, Algorithm 1, reward view ``ScaledOutcome(model, cumsum(omega))``
-    and constraint view ``SuccessProbability(model)`` of one :class:`~bayes_safe.models.ProbitGP`)
+    and constraint view ``SuccessProbability(model)`` of one ``ProbitGP``)
     and ``"ts"`` (vanilla Thompson sampling on the reward view; alpha is irrelevant to it).
 
     Warm start (as ``studies/video_upload.py``): before the A/B test, ``warmup`` uploads are
@@ -235,7 +235,7 @@ class VideoUploadProblem(ABProblem):
     Args:
         warmup: size of the exploration log.
         warmup_seed: seed of the log and of the warm-start fit.
-        model: keyword arguments of :class:`~bayes_safe.models.ProbitGP`.
+        model: keyword arguments of ``ProbitGP``.
         defaults: values of parameters a study does not tune.
     """
 
@@ -395,7 +395,7 @@ class ABTest:
     """Evaluate one parameterization by a simulated A/B test against the baseline policy.
 
     Args:
-        problem: the problem (default: :class:`VideoUploadProblem`).
+        problem: the problem (default: ``VideoUploadProblem``).
         n_users: units per arm (every arm sees the same units).
         batches: the stream arrives in this many batches; learning arms refit after each
             (except the last: nothing is decided after it).
@@ -407,10 +407,10 @@ class ABTest:
             instead of ``problem.make_policy``.
 
     For an offline problem (``problem.offline``: trials estimated from logs, see
-    :mod:`tuning.logged`) :meth:`evaluate` returns ``problem.estimate(parameters, seed)``;
+    ``bayes_safe.tuning.logged``) ``evaluate`` returns ``problem.estimate(parameters, seed)``;
     ``n_users``, ``batches``, ``policy`` and ``compare`` do not apply.
 
-    Otherwise :meth:`evaluate` returns ``{metric: (mean, sem)}`` with, for each per-unit metric ``m``
+    Otherwise ``evaluate`` returns ``{metric: (mean, sem)}`` with, for each per-unit metric ``m``
     of the problem: ``m_change`` (% change of the tuned arm against the baseline),
     ``m`` (the tuned arm's level), ``baseline_m`` (the baseline's level) and, for each
     compared arm ``c``, ``c_m_change`` and ``c_m``; and the problem's level metrics (``v``,
@@ -452,7 +452,7 @@ class ABTest:
 
     # -- metadata
     def metric_names(self) -> list[str]:
-        """Every metric :meth:`evaluate` can report (objective and constraints must be among them)."""
+        """Every metric ``evaluate`` can report (objective and constraints must be among them)."""
         if self.problem.offline:
             return list(self.problem.metric_names())
         base = list(self.problem.metric_names())
@@ -464,7 +464,7 @@ class ABTest:
         return names
 
     def config(self) -> dict | None:
-        """A JSON-safe description that :meth:`from_config` turns back into this A/B test
+        """A JSON-safe description that ``from_config`` turns back into this A/B test
         (``None`` when the problem or the policy factory cannot be described)."""
         problem = self.problem.config()
         if problem is None or self.policy_factory is not None:
@@ -550,7 +550,7 @@ class ABTest:
         return {k: (float(m), float(s)) for k, (m, s) in result.items() if math.isfinite(m) and math.isfinite(s)}
 
     def timed_evaluate(self, parameters: Mapping, seed: int = 0) -> dict:
-        """:meth:`evaluate` plus its wall time: ``{"metrics": ..., "sim_seconds": ...}``."""
+        """``evaluate`` plus its wall time: ``{"metrics": ..., "sim_seconds": ...}``."""
         start = time.perf_counter()
         metrics = self.evaluate(parameters, seed)
         return {"metrics": metrics, "sim_seconds": time.perf_counter() - start}

@@ -6,8 +6,8 @@
 
 The study lives in ``DIR/study.sqlite`` unless ``--storage URL`` names another database; at the
 end ``DIR`` holds ``report.md``, the figures, ``trials.csv``, ``best.json`` and ``study.json``.
-``bayes_safe.cli`` adds these commands with :func:`add_tune_parser` and runs them with
-:func:`run_tune`.
+``bayes_safe.cli`` adds these commands with ``add_tune_parser`` and runs them with
+``run_tune``.
 """
 
 from __future__ import annotations

@@ -1,16 +1,16 @@
 """Tuning against logs: trials whose metrics are off-policy estimates instead of simulations.
 
-A simulated A/B test (:class:`~tuning.ab_test.VideoUploadProblem`) needs a simulator of the
+A simulated A/B test (``VideoUploadProblem``) needs a simulator of the
 production system. Teams that have only logs of their production policy can still tune: a
 trial trains a policy with the parameterization on part of the logs and estimates its value
 and its constraint violations on the held-out part (Kachuee & Lee 2022, section 4.3 metrics;
-:func:`bayes_safe.offline.ab_test.evaluate_offline`). :class:`LoggedDataProblem` plugs that
-into :class:`~tuning.ABTest` and :class:`~tuning.Study` unchanged: the Ax loop, storage,
+``bayes_safe.offline.ab_test.evaluate_offline``). ``LoggedDataProblem`` plugs that
+into ``ABTest`` and ``Study`` unchanged: the Ax loop, storage,
 parallel trials, crash recovery and the report work as for simulated A/B tests.
 
 Example (tune Algorithm 1's ``eta, gamma`` on the synthetic skill-routing logs)::
 
-    from tuning import ABTest, LoggedDataProblem, Study
+    from bayes_safe.tuning import ABTest, LoggedDataProblem, Study
     problem = LoggedDataProblem(source="synthetic", method="minimax", benchmark="critical")
     study = Study(ABTest(problem), storage="runs/logged.sqlite")
     study.run(trials=12)
@@ -84,17 +84,17 @@ class LoggedDataProblem(ABProblem):
 
     Args:
         source: ``"synthetic"`` (the skill-routing generator of
-            :mod:`bayes_safe.offline.synthetic`), ``"open-bandit"`` (the Open Bandit sample,
+            ``bayes_safe.offline.synthetic``), ``"open-bandit"`` (the Open Bandit sample,
             ``make data`` fetches it) or the path of a ``.csv`` / ``.parquet`` file of logs.
         options: keyword arguments of the source: ``n``, ``seed`` for ``"synthetic"``;
             ``behavior``, ``campaigns`` for ``"open-bandit"``; the column names of
-            :meth:`~bayes_safe.offline.LoggedData.from_dataframe` for a file.
-        logged_data: logs already in memory (a :class:`~bayes_safe.offline.LoggedData`),
+            ``from_dataframe`` for a file.
+        logged_data: logs already in memory (a ``LoggedData``),
             instead of ``source``. Such a study cannot be resumed from the command line
-            (pass the same A/B test to :meth:`Study.load <tuning.Study.load>`).
+            (pass the same A/B test to ``Study.load <tuning.Study.load>``).
         method: the training method tuned: ``"ips"``, ``"quadratic"``, ``"minimax"``, ``"meta"``.
         benchmark: replication-constraint benchmark (a name of
-            :func:`~bayes_safe.offline.available_benchmarks` or a JSON path); default
+            ``available_benchmarks`` or a JSON path); default
             ``"critical"`` (synthetic) / ``"obd-critical"`` (Open Bandit); ``None`` for a file
             source means no constraints (then only value metrics exist).
         max_violation: the default outcome constraint ``violation_macro <= max_violation``.
@@ -218,7 +218,7 @@ class LoggedDataProblem(ABProblem):
         return self.logged_data if self.logged_data is not None else _load(str(self.source), self.options)
 
     def estimate(self, parameters: Mapping, seed: int) -> dict[str, tuple[float, float]]:
-        """Train with ``parameters`` (over :attr:`defaults`) and estimate ``{metric: (mean, sem)}`` off-policy."""
+        """Train with ``parameters`` (over ``defaults``) and estimate ``{metric: (mean, sem)}`` off-policy."""
         from bayes_safe.offline import (
             ReplicationConstraints,
             evaluate_offline,

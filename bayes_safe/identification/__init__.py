@@ -12,9 +12,9 @@ and stop once the best feasible arm is certain (section 3 of the paper):
 >>> result.finished, result.correct
 (True, True)
 
-Modules: :mod:`.design` (optimal designs, rounding), :mod:`.problems` (CBAI instances),
-:mod:`.algorithms` (ACOL, G-ACOL, the baselines of Table D.2, the step interface),
-:mod:`.driving` (the driving application of appendix C).
+Modules: ``.design`` (optimal designs, rounding), ``.problems`` (CBAI instances),
+``.algorithms`` (ACOL, G-ACOL, the baselines of Table D.2, the step interface),
+``.driving`` (the driving application of appendix C).
 """
 
 from __future__ import annotations

@@ -4,9 +4,9 @@ Every learner keeps confidence intervals ``[l(x), u(x)]`` on ``phi^T x`` for eve
 disjoint sets of arm indices, updated after each observation (greedy learners) or each round
 (round-based learners), as in Algorithm 1 lines 16-18 and Algorithm 2 lines 9-11:
 
-* ``F`` (:attr:`~ConstraintLearner.feasible`): certified feasible (``u(x) <= tau``);
+* ``F`` (``feasible``): certified feasible (``u(x) <= tau``);
 * ``infeasible``: certified infeasible (``l(x) > tau``);
-* ``U`` (:attr:`~ConstraintLearner.uncertain`): neither, and with reward above
+* ``U`` (``uncertain``): neither, and with reward above
   ``r = max_{x in F} theta^T x`` (Section 3.3's definition of ``U_t``; an arm tying ``r`` is
   dropped, since the recommendation already attains its reward).
 
@@ -25,9 +25,9 @@ Step interface (a person answers the queries)::
         learner.observe(arm, ask_person(arm))      # 1 = "violates", 0 = "fine"
     best = learner.recommendation
 
-Round-based learners (:class:`ACOL`, :class:`GAllocation`, :class:`Uniform`, :class:`Oracle`;
+Round-based learners (``ACOL``, ``GAllocation``, ``Uniform``, ``Oracle``;
 Algorithms 1 and 3) use Proposition 2 intervals from a fresh regression on each round's data;
-greedy learners (:class:`Greedy` and its named forms, Algorithm 2) use one regression on all
+greedy learners (``Greedy`` and its named forms, Algorithm 2) use one regression on all
 data with Proposition 3 intervals (``beta="theory"``) or a tuned ``beta``.
 
 Constants where the paper is silent follow the authors' public implementation (issue 7):
@@ -166,7 +166,7 @@ class ConstraintLearner:
     def recommendation(self) -> int | None:
         """``argmax_{x in F_t} theta^T x`` (first index on ties), ``None`` while ``F_t`` is empty.
 
-        Available at any time (the anytime rule of section 3.4); optimal w.h.p. once :attr:`done`.
+        Available at any time (the anytime rule of section 3.4); optimal w.h.p. once ``done``.
         """
         if not self._f.any():
             return None
@@ -218,7 +218,7 @@ class ConstraintLearner:
 
     # ------------------------------------------------------------------ step interface
     def next_query(self) -> int:
-        """The arm to query next (raises RuntimeError once :attr:`done`)."""
+        """The arm to query next (raises RuntimeError once ``done``)."""
         raise NotImplementedError
 
     def observe(self, arm: int, y) -> None:
@@ -243,13 +243,13 @@ class ConstraintLearner:
 
 # ====================================================================== round-based (static)
 class RoundBased(ConstraintLearner):
-    """Algorithm 3 (and Algorithm 1 through :class:`ACOL`): rounds of a static allocation.
+    """Algorithm 3 (and Algorithm 1 through ``ACOL``): rounds of a static allocation.
 
     Each round ``t`` pulls the rounded allocation, fits a fresh ridge regression (ridge 0.01)
     on that round's data only, and sets ``l, u = phi_hat^T x -+ beta_t ||x||_{A^-1}`` with
     Proposition 2's ``beta_t = R sqrt(2 log(1/delta_t))``, ``delta_t = delta^2 / (t^2 |X|)``.
     Within a round the pulls come in a random order (seeded); for the step interface
-    :meth:`observe` must receive the arm :meth:`next_query` gave.
+    ``observe`` must receive the arm ``next_query`` gave.
     """
 
     ridge = 0.01
@@ -326,7 +326,7 @@ class RoundBased(ConstraintLearner):
         answers of arm ``i`` on the ``phi^T x`` scale (binary answers as ``2 y - 1``).
 
         Only the sums enter the round's regression, so this equals feeding the answers one by
-        one; :func:`simulate` uses it.
+        one; ``simulate`` uses it.
         """
         counts = self.pending_counts()
         if self._pos != 0:
@@ -419,7 +419,7 @@ class ACOL(RoundBased):
     """Adaptive Constraint Learning, Algorithm 1 of Lindner et al. (2022).
 
     Round ``t``: ``lambda_t = argmin_lambda max_{x in U_t} ||x||^2_{A(lambda)^-1}`` (designs over
-    all arms, targets ``U_t``; :func:`~bayes_safe.identification.design.optimal_design`),
+    all arms, targets ``U_t``; ``optimal_design``),
     ``rho_t`` its value, ``N_t = max(ceil(2^(2t+3) R^2 log(1/delta_t) (1 + eps) rho_t), r(eps))``
     pulls by efficient rounding, then Proposition 2 intervals from this round's data.
 
@@ -427,7 +427,7 @@ class ACOL(RoundBased):
         rounding_epsilon: ``eps`` of the ``eps``-approximate rounding (default 0.1; the paper
             leaves it open). ``r(eps) = ceil((1 + eps) p / eps)`` with ``p`` the support size,
             the length from which efficient rounding is ``eps``-approximate (see
-            :func:`~bayes_safe.identification.design.rounding_min_samples`).
+            ``rounding_min_samples``).
         design_tol: relative optimality gap of the design solver.
     """
 
@@ -605,7 +605,7 @@ class Greedy(ConstraintLearner):
         self._mean = self.arms @ (self._ainv @ self._b)
 
     def simulate(self, problem: CBAIProblem, rng: np.random.Generator, max_queries: int) -> None:
-        """Answer from ``problem`` until done or ``max_queries`` (through :func:`simulate_greedy_batch`)."""
+        """Answer from ``problem`` until done or ``max_queries`` (through ``simulate_greedy_batch``)."""
         simulate_greedy_batch([problem], rule=self.rule, pool=self.pool, beta=self.beta, ridge=self.ridge,
                               phi_norm_bounds=[self.phi_norm_bound], delta=self.delta,
                               noise_scale=self.noise_scale, max_queries=max_queries, noise_rngs=[rng],
@@ -647,7 +647,7 @@ ALGORITHMS: dict[str, tuple[type, dict]] = {
 
 
 def make_learner(name: str, arms, theta, tau: float = 0.0, *, phi=None, **kwargs) -> ConstraintLearner:
-    """A learner by its Table D.2 name (see :data:`ALGORITHMS`).
+    """A learner by its Table D.2 name (see ``ALGORITHMS``).
 
     Args:
         name: e.g. ``"ACOL"``, ``"G-ACOL (tuned)"``, ``"Max Rew-U"``.
@@ -685,15 +685,15 @@ def simulate_greedy_batch(problems: list[CBAIProblem], *, rule: str, pool: str, 
 
     Args:
         problems: ``R`` problems with arms of the same shape.
-        rule, pool, beta, ridge, delta, noise_scale: as for :class:`Greedy`.
+        rule, pool, beta, ridge, delta, noise_scale: as for ``Greedy``.
         seeds: ``R`` ints; replication ``r`` uses ``SeedSequence(seeds[r]).spawn(2)`` for noise
             and choices (ignored when ``noise_rngs``/``choice_rngs`` are given).
         phi_norm_bounds: ``R`` values of ``S`` (default: each problem's true ``||phi||``).
         max_queries: the query budget of each replication.
-        learners: optional :class:`Greedy` objects that receive the final state.
+        learners: optional ``Greedy`` objects that receive the final state.
 
     Returns:
-        ``R`` :class:`IdentificationResult`.
+        ``R`` ``IdentificationResult``.
     """
     R = len(problems)
     if R == 0:
@@ -860,7 +860,7 @@ def simulate(learner: ConstraintLearner, problem: CBAIProblem, seed: int = 0,
     """Run ``learner`` on ``problem`` with simulated answers until ``U`` is empty or the budget ends.
 
     Round-based learners are fed whole rounds through exact sums of the answers
-    (:meth:`CBAIProblem.sample_sums`), so rounds of millions of pulls are cheap; a round that
+    (``CBAIProblem.sample_sums``), so rounds of millions of pulls are cheap; a round that
     would exceed ``max_queries`` is not started. Greedy learners answer step by step.
 
     Args:

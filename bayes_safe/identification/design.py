@@ -12,7 +12,7 @@ with the targets ``T`` and weights ``w``:
 * ACOL (Algorithm 1, line 7): ``T = U_t`` (the uncertain arms), ``w = 1``;
 * the oracle (appendix B.1): ``T = X_theta(x*)``, ``w_x = 1 / (phi^T x - tau)^2``.
 
-:func:`optimal_design` solves them. When the targets are the arms themselves with unit weights,
+``optimal_design`` solves them. When the targets are the arms themselves with unit weights,
 the Kiefer-Wolfowitz (1960) equivalence theorem says the G-optimal design is the D-optimal one
 and its value is ``dim span(X)``; we solve that case with multiplicative updates followed by the
 Fedorov-Wynn (Frank-Wolfe) algorithm with the exact line search of the log-determinant, a
@@ -20,9 +20,9 @@ certificate of optimality being ``max_x ||x||^2 <= dim (1 + tol)``. Any other ca
 targets, weights) is a saddle-point problem ``min_lambda max_mu sum_x mu_x w_x ||x||^2`` which
 we solve by multiplicative primal-dual iterations (exponentiated gradient on the target
 weights ``mu``, the multiplicative algorithm of the L-criterion on ``lambda``) with a certified
-lower bound from the Frank-Wolfe gap (see :func:`_primal_dual`).
+lower bound from the Frank-Wolfe gap (see ``_primal_dual``).
 
-:func:`round_design` turns a design into ``N`` whole pulls with the efficient rounding of
+``round_design`` turns a design into ``N`` whole pulls with the efficient rounding of
 Pukelsheim & Rieder (1992) (Pukelsheim, *Optimal Design of Experiments*, 2006, ch. 12), the
 procedure the authors' implementation uses.
 
@@ -144,7 +144,7 @@ def optimal_design(arms, targets=None, target_weights=None, *, tol: float = 1e-2
         prune: weights below ``prune`` (relative) are set to zero at the end.
 
     Returns:
-        :class:`DesignResult`.
+        ``DesignResult``.
     """
     arms, t, w = _check(arms, targets, target_weights)
     basis = _basis(arms)

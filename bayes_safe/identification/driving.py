@@ -20,7 +20,7 @@ Choices of ours (the paper and the issue are silent):
 * with several other cars (blocked scenario) the car-distance feature is the sum over cars;
 * the state vector is ``(x, y, heading, v)``; the dynamics update all four from the old state
   (Euler): ``x += dt v cos h; y += dt v sin h; h += dt v a1; v = clip(v + dt (a2 - v))``;
-* the CBAI arms (:func:`driving_problem`) are 69 simple hand-made controllers (straight at
+* the CBAI arms (``driving_problem``) are 69 simple hand-made controllers (straight at
   constant accelerations, lane changes) and the controllers the (un)constrained cross-entropy
   method finds for the scenario's reward, for penalised rewards ``theta - lambda phi`` and for
   random reward directions, less those within a margin of the boundary; binary feedback needs ``phi^T x in [-1, 1]``, so arms are ``z = (f, 1) / s`` with the
@@ -229,7 +229,7 @@ def handmade_controllers() -> np.ndarray:
 def candidate_controllers(scenario: Scenario | str = "base", *, penalties=(0.0, 0.5, 1.0, 2.0),
                           random_rewards: int = 10, seed: int = 0, cem_kwargs: dict | None = None) -> np.ndarray:
     """``[m, 20, 2]`` the precomputed controllers of a driving CBAI problem (our choice; the paper
-    does not list its set): :func:`handmade_controllers`, the constrained CEM solution, CEM
+    does not list its set): ``handmade_controllers``, the constrained CEM solution, CEM
     solutions for ``theta - lambda phi`` per penalty, and CEM solutions for ``random_rewards``
     random reward vectors (``theta`` plus Gaussian weights scaled like ``phi``)."""
     sc = SCENARIOS[scenario] if isinstance(scenario, str) else scenario
@@ -254,7 +254,7 @@ def driving_problem(scenario: Scenario | str = "base", *, controllers=None, seed
     answers 1 with probability ``(psi^T z + 1) / 2``.
 
     Args:
-        controllers: ``[m, 20, 2]`` (default: :func:`candidate_controllers`).
+        controllers: ``[m, 20, 2]`` (default: ``candidate_controllers``).
         margin: controllers with ``|psi^T z| < margin`` are left out (our choice: the constrained
             optimum of a continuous search sits on the boundary, and a gap ``C_min`` of 10^-4
             would need ~10^9 queries; the paper's ~10^5 queries for ACOL imply a gap of a few

@@ -10,7 +10,7 @@ threshold ``tau``; arm ``x`` is feasible iff ``phi^T x <= tau``; the goal is
   requires ``phi^T x in [-1, 1]``). ``y = 1`` reads "the constraint is violated"; the learners
   use ``2 y - 1``, whose mean is ``phi^T x``.
 
-Instances (section 4): :func:`irrelevant_dimensions`, :func:`unit_sphere`, :func:`connected_1d`.
+Instances (section 4): ``irrelevant_dimensions``, ``unit_sphere``, ``connected_1d``.
 """
 
 from __future__ import annotations

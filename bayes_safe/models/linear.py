@@ -19,7 +19,7 @@ update with a Python loop over ``d`` ~60 us).
 
 Any other prior (Laplace, Student-t, a horseshoe written as a Pyro model, ...) is fitted
 with Pyro (NUTS by default, SVI with an ``AutoMultivariateNormal`` guide on request) by
-:class:`~bayes_safe.models.pyro_inference.PyroLinearPosterior`; Thompson draws then come
+``PyroLinearPosterior``; Thompson draws then come
 from the stored posterior draws, refreshed at every refit.
 
 Example:
@@ -142,7 +142,7 @@ class BayesianLinear:
     Args:
         prior: a ``pyro.distributions`` distribution with event shape ``[d]`` (batch shape
             broadcastable to ``batch_shape``) supported on all of ``R^d`` (a ``Gamma`` or
-            ``Beta`` prior on the weights is rejected, see :func:`check_real_support`), or a
+            ``Beta`` prior on the weights is rejected, see ``check_real_support``), or a
             callable Pyro model that samples its own hyperparameters and returns ``w`` of shape
             ``[d]`` (then pass ``dim=d``).
         noise_std: known noise standard deviation (> 0). Exactly one of ``noise_std`` and
@@ -156,9 +156,9 @@ class BayesianLinear:
             (error if the prior is not conjugate), ``"nuts"`` or ``"svi"``.
         dim: the weight dimension; inferred from a distribution prior, required for a callable.
         refit_every: non-conjugate only: refit automatically after this many new observations
-            (``None``: only when :meth:`fit` is called).
+            (``None``: only when ``fit`` is called).
         inference_options: non-conjugate only: keyword arguments for
-            :class:`~bayes_safe.models.pyro_inference.PyroLinearPosterior` (``num_samples``,
+            ``PyroLinearPosterior`` (``num_samples``,
             ``warmup_steps``, ``svi_steps``, ``seed``, ...).
 
     Shapes: ``update(X: [*batch, n, d] or [*batch, d], y: [*batch, n] or [*batch])``,
@@ -478,7 +478,7 @@ class BayesianLinear:
         """One joint posterior draw of the weights, ``[*batch, d]``.
 
         Args:
-            generator: ``None``, a ``torch.Generator`` or a :class:`~bayes_safe.random.ReplicationRNG`.
+            generator: ``None``, a ``torch.Generator`` or a ``ReplicationRNG``.
             key: the stream name when ``generator`` is a ReplicationRNG (models sampled in the
                 same step need distinct keys).
         """

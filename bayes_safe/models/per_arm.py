@@ -2,7 +2,7 @@
 
 Agrawal & Goyal (2013), the CTS of Balakrishnan et al. (2018, bcts_balakrishnan2018.txt,
 Algorithm 1): arm ``k`` has its own weights ``w_k`` and the mean outcome of playing ``k`` in
-context ``c`` is ``c^T w_k``. Implemented as one :class:`BayesianLinear` with an extra batch
+context ``c`` is ``c^T w_k``. Implemented as one ``BayesianLinear`` with an extra batch
 dimension of size ``num_arms``; an observation updates only the arm that was played.
 
 Example:
@@ -33,7 +33,7 @@ class PerArmLinear:
         prior: Gaussian prior with event shape ``[d]`` (conjugate only: the masked updates
             that skip unplayed arms are exact for Gaussian and Normal-Inverse-Gamma models).
         num_arms: number of arms ``K``.
-        noise_std / noise_prior: as for :class:`BayesianLinear`.
+        noise_std / noise_prior: as for ``BayesianLinear``.
         batch_shape: leading batch (replications).
 
     Shapes: contexts ``[*batch, d]``, ``actions [*batch]`` (long), outcomes ``[*batch]``;

@@ -16,7 +16,7 @@ Four pitfalls measured on this problem, and how this module handles them:
 1. *Batched test inputs.* GPyTorch given test inputs ``[n, K, d]`` broadcasts its inducing
    points to ``[n, M, d]`` and builds ``n`` ``M x M`` matrices (it ran out of 24 GiB). Here no
    batched tensor ever reaches GPyTorch: decisions and predictions use the weight-space
-   posterior below, and :meth:`ProbitGP.gp_predictive` (GPyTorch's own predictive, kept for
+   posterior below, and ``ProbitGP.gp_predictive`` (GPyTorch's own predictive, kept for
    cross-checks) flattens its input first.
 2. *Rank.* A linear kernel on ``p``-dim features has rank at most ``p``: ``f(x) = phi(x)^T w``
    with ``w ~ N(0, Sigma_p)``. Any Gaussian ``q(f(Z))`` at inducing points ``Z`` is a Gaussian
@@ -46,7 +46,7 @@ Four pitfalls measured on this problem, and how this module handles them:
    feature network runs in float32 (its output is cast to float64; the features are a fixed
    deterministic map, so this changes which features are used, not the GP's accuracy).
 
-Interface (the same as :class:`~bayes_safe.models.BayesianLinear`, so the policies use it
+Interface (the same as ``BayesianLinear``, so the policies use it
 unchanged): ``update(X [n, D], y [n] in {0, 1})`` stores data and refits every
 ``refit_every`` observations (warm-started: the network and the variational parameters
 continue from the last fit); ``fit()`` forces a refit; ``predict(X [..., D]) -> (mean, var)``
@@ -60,11 +60,11 @@ adjacent qualities were off by ~1.5-2% on average (against ``E[p | x]``) while i
 standard deviations were a fraction of that, so a Thompson draw is overconfident about small
 differences between actions, which is what TS-ASC's constraint with a small alpha relies on.
 
-For decisions on a success probability, wrap the model: :class:`SuccessProbability` (draws of
-``Phi(f)``, the constraint metric of TS-ASC) and :class:`ScaledOutcome` (draws of
+For decisions on a success probability, wrap the model: ``SuccessProbability`` (draws of
+``Phi(f)``, the constraint metric of TS-ASC) and ``ScaledOutcome`` (draws of
 ``scale[a] * Phi(f)``, e.g. the expected reward ``sum_{a' <= a} omega_{a'} * P(success)`` of
 the video-upload problem). Views of one model share one draw per decision (see
-:class:`SuccessProbability`), as TS-ASC's Algorithm 1 samples *one* model ``f~`` that gives
+``SuccessProbability``), as TS-ASC's Algorithm 1 samples *one* model ``f~`` that gives
 both the reward and the constraint.
 
 Example:
@@ -104,7 +104,7 @@ class FeatureNetwork(nn.Module):
     Args:
         input_dim: ``D``.
         hidden: widths of the hidden layers (the paper: 50 and 4).
-        activation: ``"elu"`` (default), ``"tanh"`` or ``"relu"`` (see :class:`ProbitGP`).
+        activation: ``"elu"`` (default), ``"tanh"`` or ``"relu"`` (see ``ProbitGP``).
         generator: seeds the initial weights (PyTorch's default init scheme, drawn from it).
     """
 
@@ -180,7 +180,7 @@ class ProbitGP:
             a linear kernel, see the module docstring); an int ``M > p``: a random subset of the
             training features at the first fit (the paper used 1,000; only adds cost).
         refit_every: refit automatically after this many new observations (``None``: only when
-            :meth:`fit` is called).
+            ``fit`` is called).
         nn_epochs, nn_batch_size, nn_lr, nn_weight_decay: feature-network training (AdamW on the
             probit NLL, learning rate annealed from ``nn_lr`` to 0 by a cosine schedule within each
             refit: that lowered the held-out NLL by ~0.002 nats against a constant rate).
@@ -565,7 +565,7 @@ class ProbitGP:
             max_observations: positive int, or ``None`` to keep every stored row.
 
         Returns:
-            a new :class:`ProbitGP`.
+            a new ``ProbitGP``.
         """
         max_observations = check_positive_int(max_observations, "max_observations", allow_none=True)
         X, y = self.observations()
@@ -586,7 +586,7 @@ class ProbitGP:
     def __getstate__(self) -> dict:
         """Picklable state: GPyTorch's ``LinearKernel`` holds its variance prior through local
         lambdas, which cannot be pickled, so the GP is stored as its inducing points and
-        ``state_dict`` and rebuilt by :meth:`__setstate__` (``torch.save`` / ``torch.load``)."""
+        ``state_dict`` and rebuilt by ``__setstate__`` (``torch.save`` / ``torch.load``)."""
         state = dict(self.__dict__)
         gp = state.pop("gp")
         state["_gp_state"] = {
@@ -606,7 +606,7 @@ class ProbitGP:
 
     def __deepcopy__(self, memo: dict) -> ProbitGP:
         """The default deep copy (every attribute copied, the GP module included), bypassing
-        the pickling state of :meth:`__getstate__`."""
+        the pickling state of ``__getstate__``."""
         out = type(self).__new__(type(self))
         memo[id(self)] = out
         out.__dict__.update(copy.deepcopy(self.__dict__, memo))
@@ -659,7 +659,7 @@ def _probit_moments(mean: torch.Tensor, var: torch.Tensor) -> tuple[torch.Tensor
 
 
 class SuccessProbability:
-    """A view of a :class:`ProbitGP` that answers for the success probability ``Phi(f)``.
+    """A view of a ``ProbitGP`` that answers for the success probability ``Phi(f)``.
 
     ``sample_at`` returns draws of ``Phi(f~(x, a))`` (the constraint metric of TS-ASC in the
     video-upload problem: reliability), ``predict`` its posterior mean and variance, and
@@ -689,7 +689,7 @@ class SuccessProbability:
         return self._transform(torch.special.ndtr(latent), features)
 
     def predict(self, X) -> tuple[torch.Tensor, torch.Tensor]:
-        """Posterior mean and variance of ``Phi(f)`` (times the scale for :class:`ScaledOutcome`,
+        """Posterior mean and variance of ``Phi(f)`` (times the scale for ``ScaledOutcome``,
         whose ``X`` must then be candidates ``[..., K, D]``)."""
         mean, var = self.model.predict(X)
         m1, v1 = _probit_moments(mean, var)
@@ -715,7 +715,7 @@ class SuccessProbability:
 
 
 class ScaledOutcome(SuccessProbability):
-    """A view of a :class:`ProbitGP` for an outcome ``scale[a] * 1(success)``: draws of ``scale[a] Phi(f~)``.
+    """A view of a ``ProbitGP`` for an outcome ``scale[a] * 1(success)``: draws of ``scale[a] Phi(f~)``.
 
     For the video-upload problem ``scale = cumsum(omega)``, the reward of a successful upload at
     each quality (Daulton et al. 2019, section 5.1); since the reward is deterministic given

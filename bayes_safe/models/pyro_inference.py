@@ -1,13 +1,13 @@
 """Posterior of linear-regression weights under any Pyro prior, by NUTS or SVI.
 
-:class:`PyroLinearPosterior` approximates the posterior of ``w`` in
+``PyroLinearPosterior`` approximates the posterior of ``w`` in
 
     w ~ prior,    y | X, w ~ Normal(X w, sigma)    (independent over the n rows),
 
 where ``prior`` is any Pyro distribution over ``R^d`` or any Pyro model that samples its own
 hyperparameters and returns ``w``, and ``sigma`` is either known or has a prior on
-``sigma^2``. It is the fallback engine of :class:`~bayes_safe.models.linear.BayesianLinear`
-when the prior is not conjugate: every :meth:`PyroLinearPosterior.fit` refits from scratch on
+``sigma^2``. It is the fallback engine of ``BayesianLinear``
+when the prior is not conjugate: every ``PyroLinearPosterior.fit`` refits from scratch on
 all the data, so it is far slower than a conjugate update and is meant for problems of modest
 size.
 
@@ -162,7 +162,7 @@ class PyroLinearPosterior:
         ``fit(X, y)`` takes ``X: [*batch_shape, n, d]`` and ``y: [*batch_shape, n]``;
         ``draws`` is ``[S, *batch_shape, d]``, ``noise_draws`` ``[S, *batch_shape]``.
 
-    Cost of one :meth:`fit`, per problem: NUTS runs ``num_chains * (warmup_steps +
+    Cost of one ``fit``, per problem: NUTS runs ``num_chains * (warmup_steps +
     num_samples)`` iterations, each ``2^k`` gradient evaluations for a tree depth ``k`` that
     grows with how correlated and badly scaled the posterior is (up to ``2^10``); SVI runs
     ``svi_steps`` gradient steps plus ``num_samples`` guide draws. A gradient evaluation costs
@@ -174,8 +174,8 @@ class PyroLinearPosterior:
     slower. This class does not change the thread count itself.
 
     Attributes:
-        fit_seconds: wall time of the last :meth:`fit` (0.0 before the first).
-        fitted: whether :meth:`fit` has been called.
+        fit_seconds: wall time of the last ``fit`` (0.0 before the first).
+        fitted: whether ``fit`` has been called.
         svi_losses: ``[*batch_shape, svi_steps]`` ELBO losses of the last SVI fit, else None.
     """
 
@@ -377,7 +377,7 @@ class PyroLinearPosterior:
 
     @property
     def num_draws(self) -> int:
-        """``S``, the number of draws in :attr:`draws`."""
+        """``S``, the number of draws in ``draws``."""
         return self.num_samples * (self.num_chains if self.method == "nuts" else 1)
 
     # ------------------------------------------------------------------ fitting
@@ -490,15 +490,15 @@ class PyroLinearPosterior:
     @property
     def draws(self) -> torch.Tensor:
         """``[S, *batch_shape, d]`` float64 posterior draws of ``w`` (prior draws before
-        :meth:`fit`). NUTS chains are concatenated: draw ``c * num_samples + j`` is draw ``j``
+        ``fit``). NUTS chains are concatenated: draw ``c * num_samples + j`` is draw ``j``
         of chain ``c``."""
         self._ensure_draws()
         return self._draws
 
     @property
     def noise_draws(self) -> torch.Tensor | None:
-        """``[S, *batch_shape]`` float64 draws of ``sigma^2`` (paired with :attr:`draws`)
-        when ``noise_prior`` is given (prior draws before :meth:`fit`); None if the noise is
+        """``[S, *batch_shape]`` float64 draws of ``sigma^2`` (paired with ``draws``)
+        when ``noise_prior`` is given (prior draws before ``fit``); None if the noise is
         known."""
         if self.noise_prior is None:
             return None
@@ -510,7 +510,7 @@ class PyroLinearPosterior:
         """Raw NUTS draws per chain, for ArviZ: ``name -> [chains, num_samples, *batch_shape,
         *site_shape]``. Names are the prior's latent sites, ``"w"`` (the weights, also for a
         callable prior) and ``"noise_var"`` when the noise has a prior. Empty for SVI and
-        before :meth:`fit`."""
+        before ``fit``."""
         return dict(self._chains)
 
     @property
@@ -520,7 +520,7 @@ class PyroLinearPosterior:
         trajectory), ``"step_size"`` (the adapted step size) and ``"lp"`` (log joint density
         in the unconstrained space, up to a constant). Read from the Pyro kernel's state;
         a statistic the kernel does not expose is left out. Empty for SVI and before
-        :meth:`fit`."""
+        ``fit``."""
         return dict(self._sample_stats)
 
 

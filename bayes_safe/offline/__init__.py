@@ -8,10 +8,10 @@ Five lines::
     policy = mlp_policy(data["train"].n_features, data["train"].n_actions, seed=0)
     result = train_policy(policy, data["train"], cons, MetaGradient(), valid=data["valid"], epochs=8)
 
-Modules: :mod:`.data` (``LoggedData``), :mod:`.constraints` (eq. 1-2, benchmarks as JSON),
-:mod:`.policy`, :mod:`.training` (IPS, quadratic, Algorithm 1, Algorithm 2),
-:mod:`.estimators` (IPS, SNIPS, DM, DR, bootstrap, violation rates), :mod:`.synthetic`
-(skill routing), :mod:`.open_bandit` (the Open Bandit Dataset sample), :mod:`.ab_test`
+Modules: ``.data`` (``LoggedData``), ``.constraints`` (eq. 1-2, benchmarks as JSON),
+``.policy``, ``.training`` (IPS, quadratic, Algorithm 1, Algorithm 2),
+``.estimators`` (IPS, SNIPS, DM, DR, bootstrap, violation rates), ``.synthetic``
+(skill routing), ``.open_bandit`` (the Open Bandit Dataset sample), ``.ab_test``
 (off-policy trials for the tuning loop).
 """
 

@@ -1,9 +1,9 @@
 """Off-policy "A/B tests": a parameterization's metrics estimated from logs instead of simulated.
 
-:func:`evaluate_offline` is the offline counterpart of a simulated A/B trial for the tuning
+``evaluate_offline`` is the offline counterpart of a simulated A/B trial for the tuning
 loop (``tuning.ABTest``): it splits the logged data (seeded), lets ``policy_factory`` build
 (and usually train) a policy from ``params`` on one part, and estimates the policy's metrics
-on the held-out part with the off-policy estimators of :mod:`bayes_safe.offline.estimators`.
+on the held-out part with the off-policy estimators of ``bayes_safe.offline.estimators``.
 Every metric comes back as ``(mean, sem)``, the shape the tuning loop hands to Ax.
 
 Metrics (``sem`` = standard error):
@@ -74,9 +74,9 @@ def evaluate_offline(
     """Estimate the metrics of the policy ``policy_factory(params, train, seed)`` off-policy.
 
     Args:
-        logged_data: the logs (a :class:`LoggedData`).
+        logged_data: the logs (a ``LoggedData``).
         policy_factory: builds the policy from ``params``, the training part of the logs and
-            ``seed`` (see :func:`trained_policy_factory`); a fixed policy may ignore the data.
+            ``seed`` (see ``trained_policy_factory``); a fixed policy may ignore the data.
         params: the parameterization (e.g. ``{"eta": 0.1, "gamma": 0.999}``).
         seed: of the split, the factory and the bootstrap.
         constraints: replication constraints for the violation metrics (None: value only).
@@ -162,7 +162,7 @@ def _reward_change(probs: torch.Tensor, test: LoggedData, n_boot: int, seed: int
 
 
 def offline_metric_names(constraints: ReplicationConstraints | None = None) -> list[str]:
-    """The metrics :func:`evaluate_offline` reports (``violation_*`` and ``replication`` only
+    """The metrics ``evaluate_offline`` reports (``violation_*`` and ``replication`` only
     with constraints; ``reward_change`` is left out of a trial whose held-out logs have no reward)."""
     names = ["reward", "reward_change", "baseline_reward", "reward_ips", "reward_dr"]
     if constraints is not None:

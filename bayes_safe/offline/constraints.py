@@ -13,7 +13,7 @@ range ``c_min_k <= R_theta(x) <= c_max_k`` that every context of that domain sho
 A constraint set is *data*: a list of rules, applied in order, each with a description, a
 domain (a name, or ``"*"`` for every domain) and any of ``c_min`` / ``c_max``; a later rule
 overrides an earlier one for the bounds it sets. The paper's benchmarks are JSON files in
-``bayes_safe/offline/benchmarks/`` (see :func:`available_benchmarks`)::
+``bayes_safe/offline/benchmarks/`` (see ``available_benchmarks``)::
 
     {"name": "critical", "description": "...",
      "constraints": [
@@ -211,7 +211,7 @@ def available_benchmarks() -> list[str]:
 
 
 def load_benchmark(benchmark: str | Path) -> dict:
-    """Read a benchmark JSON: a shipped name (see :func:`available_benchmarks`) or a file path."""
+    """Read a benchmark JSON: a shipped name (see ``available_benchmarks``) or a file path."""
     path = Path(benchmark)
     if not path.suffix:
         path = BENCHMARK_DIR / f"{benchmark}.json"

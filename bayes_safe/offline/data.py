@@ -60,7 +60,7 @@ def _raise_problems(problems: dict[str, list]) -> None:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class LoggedData:
-    """A validated logged bandit data set (construct with :meth:`from_dataframe` or :meth:`from_tensors`).
+    """A validated logged bandit data set (construct with ``from_dataframe`` or ``from_tensors``).
 
     Attributes:
         contexts: ``[N, d]`` float32 context vectors ``x``.
@@ -327,7 +327,7 @@ class LoggedData:
 
     @classmethod
     def from_csv(cls, path, **columns) -> LoggedData:
-        """Read a CSV file (``pandas.read_csv``) and call :meth:`from_dataframe` with ``columns``."""
+        """Read a CSV file (``pandas.read_csv``) and call ``from_dataframe`` with ``columns``."""
         import pandas as pd
 
         path = Path(path)
@@ -337,7 +337,7 @@ class LoggedData:
 
     @classmethod
     def from_parquet(cls, path, **columns) -> LoggedData:
-        """Read a Parquet file (``pandas.read_parquet``; needs pyarrow or fastparquet) and call :meth:`from_dataframe`."""
+        """Read a Parquet file (``pandas.read_parquet``; needs pyarrow or fastparquet) and call ``from_dataframe``."""
         import pandas as pd
 
         path = Path(path)
@@ -429,7 +429,7 @@ class LoggedData:
 
     def to_dataframe(self):
         """A pandas frame with columns ``x0..``, ``action``, ``reward``, ``propensity``, ``domain``
-        and ``pi0_0..`` / ``mask_0..`` when present (the inverse of :meth:`from_dataframe`)."""
+        and ``pi0_0..`` / ``mask_0..`` when present (the inverse of ``from_dataframe``)."""
         import pandas as pd
 
         cols = {f"x{j}": self.contexts[:, j].numpy() for j in range(self.n_features)}
@@ -442,7 +442,7 @@ class LoggedData:
         return pd.DataFrame(cols, index=self.row_labels)
 
     def column_spec(self) -> dict:
-        """The ``from_dataframe`` keyword arguments that read :meth:`to_dataframe` back."""
+        """The ``from_dataframe`` keyword arguments that read ``to_dataframe`` back."""
         spec = {"context_columns": [f"x{j}" for j in range(self.n_features)], "action_column": "action",
                 "reward_column": "reward", "propensity_column": "propensity", "domain_column": "domain",
                 "domains": list(self.domain_names), "n_actions": self.n_actions}

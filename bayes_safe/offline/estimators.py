@@ -14,10 +14,10 @@ Confidence intervals are percentile bootstraps over logged rounds (rows resample
 replacement; the reward model is held fixed across resamples, so its fitting noise is not
 in the interval). The standard error reported is the bootstrap standard deviation.
 
-The reward model (the paper is silent; it uses no DM/DR): :class:`RidgeRewardModel`, one
+The reward model (the paper is silent; it uses no DM/DR): ``RidgeRewardModel``, one
 ridge regression per action on the context features (plus an unpenalised intercept),
 fitted in float64, predictions clipped to the observed reward range. By default
-:func:`evaluate_policy` cross-fits it (two folds of the evaluated data: each half is scored
+``evaluate_policy`` cross-fits it (two folds of the evaluated data: each half is scored
 by the model fitted on the other half), so DM/DR do not reuse a row's own reward.
 
 Constraint metrics (s.4.3): a logged context ``x`` of domain ``k`` *violates* when
@@ -192,7 +192,7 @@ class RidgeRewardModel:
 
 
 def fit_reward_model(data: LoggedData, ridge: float = 1.0) -> RidgeRewardModel:
-    """Fit :class:`RidgeRewardModel` on the logged rows (each action on its own rows).
+    """Fit ``RidgeRewardModel`` on the logged rows (each action on its own rows).
 
     Features are centred per action so the intercept is not penalised; an action never
     logged predicts the overall mean reward.
@@ -271,8 +271,8 @@ def evaluate_policy(probs: torch.Tensor, data: LoggedData, constraints: Replicat
 
     Args:
         probs: ``[N, A]`` target-policy probabilities on ``data`` (see
-            :func:`bayes_safe.offline.policy.policy_probs`).
-        q: ``[N, A]`` reward predictions for DM/DR; default: :func:`cross_fit_rewards`.
+            ``bayes_safe.offline.policy.policy_probs``).
+        q: ``[N, A]`` reward predictions for DM/DR; default: ``cross_fit_rewards``.
         seed: of the bootstrap and of the cross-fitting folds.
 
     Returns:

@@ -4,13 +4,13 @@ The meta-gradient of Algorithm 2 (Kachuee & Lee 2022, s.3.3) needs, at the same 
 ``theta`` and on the same inner batch, the policy's output, a vector-Jacobian product (the
 inner gradient, and later the policy's gradient at the updated penalty weights) and a
 Jacobian-vector product (the directional derivative along the meta gradient; see
-:func:`bayes_safe.offline.training._meta_core`). With autograd these are three passes, the
+``bayes_safe.offline.training._meta_core``). With autograd these are three passes, the
 forward-mode one recording dual numbers and a graph (measured 3.8x a plain forward for the
 two-layer MLP on 2,640 rows). For a policy that is an ``nn.Sequential`` of ``nn.Linear``,
-``nn.ReLU``, ``nn.Tanh`` and a final softmax (the library's :func:`~bayes_safe.offline.policy.mlp_policy`),
-:class:`SequentialJet` runs the forward once, keeps each layer's input, and computes JVPs and
+``nn.ReLU``, ``nn.Tanh`` and a final softmax (the library's ``mlp_policy``),
+``SequentialJet`` runs the forward once, keeps each layer's input, and computes JVPs and
 VJPs on any subset of rows from them in closed form (one matrix product per parameter and
-per layer). Any other module goes through autograd (:func:`supports` says which).
+per layer). Any other module goes through autograd (``supports`` says which).
 
 Shapes: contexts ``x [B, d]``, probabilities ``[B, A]``, parameter tensors as in the module.
 """
@@ -37,7 +37,7 @@ def _is_softmax(layer: nn.Module) -> bool:
 
 def supports(policy: nn.Module) -> bool:
     """True for an ``nn.Sequential`` of ``Linear`` / ``ReLU`` / ``Tanh`` layers ending in a softmax
-    over the last dimension, with no buffers (what :class:`SequentialJet` differentiates)."""
+    over the last dimension, with no buffers (what ``SequentialJet`` differentiates)."""
     if not isinstance(policy, nn.Sequential) or len(policy) < 2 or any(True for _ in policy.buffers()):
         return False
     *body, last = list(policy)
@@ -46,14 +46,14 @@ def supports(policy: nn.Module) -> bool:
 
 
 class SequentialJet:
-    """The forward pass of a supported policy (:func:`supports`) at ``params``, kept for JVPs and VJPs.
+    """The forward pass of a supported policy (``supports``) at ``params``, kept for JVPs and VJPs.
 
     Args:
         policy: the module (its structure is read; its parameters are not).
         params: ``{name: tensor}`` in ``policy.named_parameters()`` naming (e.g. ``"0.weight"``).
         x: ``[B, d]`` contexts.
         mask: ``[B, A]`` bool available actions, or None: the output is renormalised over them
-            (:func:`~bayes_safe.offline.policy.mask_probs`).
+            (``mask_probs``).
 
     Attributes:
         probs: ``[B, A]`` the (masked) action probabilities, without a graph.
@@ -153,11 +153,11 @@ class SequentialJet:
 
 
 class AutogradJet:
-    """The same interface as :class:`SequentialJet` for any policy module, through autograd.
+    """The same interface as ``SequentialJet`` for any policy module, through autograd.
 
-    The forward records a graph (for full-batch VJPs); :meth:`jvp` on a subset of rows runs
+    The forward records a graph (for full-batch VJPs); ``jvp`` on a subset of rows runs
     one forward with dual numbers (``torch.autograd.forward_ad``) that records a graph too, so
-    a later :meth:`vjp` on the same rows reuses it (the pattern of Algorithm 2's last step).
+    a later ``vjp`` on the same rows reuses it (the pattern of Algorithm 2's last step).
     """
 
     def __init__(self, policy: nn.Module, params: dict[str, torch.Tensor], x: torch.Tensor,
@@ -209,7 +209,7 @@ class AutogradJet:
 
 
 def check_engine(engine: str, name: str = "engine") -> str:
-    """``engine`` if it is one of :data:`ENGINES`, else a ``ValueError`` naming ``name``."""
+    """``engine`` if it is one of ``ENGINES``, else a ``ValueError`` naming ``name``."""
     if engine not in ENGINES:
         choices = ", ".join(repr(e) for e in ENGINES[:-1]) + f" or {ENGINES[-1]!r}"
         raise ValueError(f"{name}: expected {choices}, got {engine!r}")
@@ -217,7 +217,7 @@ def check_engine(engine: str, name: str = "engine") -> str:
 
 
 def jet_class(policy: nn.Module, engine: str = "auto") -> type:
-    """:class:`SequentialJet` for ``engine="jet"``, or ``"auto"`` when :func:`supports` the
-    policy; :class:`AutogradJet` otherwise."""
+    """``SequentialJet`` for ``engine="jet"``, or ``"auto"`` when ``supports`` the
+    policy; ``AutogradJet`` otherwise."""
     check_engine(engine)
     return SequentialJet if engine == "jet" or (engine == "auto" and supports(policy)) else AutogradJet

@@ -15,7 +15,7 @@ repository::
 
     python -m bayes_safe.offline.open_bandit --fetch     # once; `make test` does it
 
-As logged bandit data (:func:`load_open_bandit`):
+As logged bandit data (``load_open_bandit``):
 
 * **domains** = the campaigns; **action** = the item index within its campaign, in one action
   space of 80 with a mask of the campaign's items (item ``j`` of ``men`` and item ``j`` of
@@ -153,7 +153,7 @@ def _user_vocab(campaigns: tuple, wheel: str) -> tuple:
 
 
 def load_open_bandit(behavior: str = "random", campaigns: Sequence[str] = CAMPAIGNS, directory=None) -> LoggedData:
-    """The logs of ``behavior`` for ``campaigns`` as one :class:`LoggedData` (module docstring).
+    """The logs of ``behavior`` for ``campaigns`` as one ``LoggedData`` (module docstring).
 
     Returns ``N = 10,000 * len(campaigns)`` rows, ``A = 80`` actions with an action mask,
     domains named by campaign, ``logging_probs`` for ``behavior="random"`` only.

@@ -30,7 +30,7 @@ class Softmax(nn.Module):
 
 
 def mlp_policy(n_features: int, n_actions: int, hidden: int = 64, seed: int = 0) -> nn.Sequential:
-    """A two-layer MLP policy: ``Linear(d, hidden) -> ReLU -> Linear(hidden, A) -> Softmax`` (:class:`Softmax`).
+    """A two-layer MLP policy: ``Linear(d, hidden) -> ReLU -> Linear(hidden, A) -> Softmax`` (``Softmax``).
 
     The weights are initialised with PyTorch's defaults from a ``torch.Generator`` seeded
     with ``seed`` (the global generator is left untouched).

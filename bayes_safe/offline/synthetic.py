@@ -21,12 +21,12 @@ same shape so that every method and estimator can be run and checked against the
   epsilon floor keeps importance weights below ``A / epsilon``.
 
 The environment (all parameters above) is fixed by ``env_seed``; the logged rounds
-(domains, features, actions, rewards) by the ``seed`` of :meth:`SkillRouting.sample`, so the
+(domains, features, actions, rewards) by the ``seed`` of ``SkillRouting.sample``, so the
 paper's "four seeds for data sampling" draw four logs of one environment.
 
 The three constraint benchmarks of s.4.2 (``global``, ``critical``, ``explore``) are JSON
 files next to this module (``benchmarks/*.json``), loaded by
-:func:`bayes_safe.offline.constraints.load_benchmark`; copy and edit one to make your own.
+``bayes_safe.offline.constraints.load_benchmark``; copy and edit one to make your own.
 """
 
 from __future__ import annotations
@@ -125,7 +125,7 @@ class SkillRouting:
     def sample(self, n: int, seed: int = 0) -> LoggedData:
         """``n`` logged rounds of the production policy, reproducible from ``seed``.
 
-        Returns a :class:`LoggedData` with ``logging_probs`` (``[n, A]``) and
+        Returns a ``LoggedData`` with ``logging_probs`` (``[n, A]``) and
         ``expected_rewards`` (``[n, A]``, the truth, for exact policy values).
         """
         n = int(n)

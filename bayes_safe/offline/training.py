@@ -4,14 +4,14 @@ Objective (eq. 3): the IPS loss ``L(x, a, r) = -r Pi_theta(a|x) / Pi_0(a|x)``, u
 per-domain replication constraints ``c_min_k <= R_theta(x) <= c_max_k`` (eq. 1-2). Four
 methods (s.4.3), each a small dataclass passed as ``method=``:
 
-* :class:`IPS` - eq. (3) alone, constraints ignored.
-* :class:`Quadratic` - ``L + w (max(0, c_min_k - R)^2 + max(0, R - c_max_k)^2)`` with one
+* ``IPS`` - eq. (3) alone, constraints ignored.
+* ``Quadratic`` - ``L + w (max(0, c_min_k - R)^2 + max(0, R - c_max_k)^2)`` with one
   constant weight ``w`` for every domain (s.2.2, s.4.3).
-* :class:`Minimax` - Algorithm 1: the penalised loss of eq. (4)/(5)
+* ``Minimax`` - Algorithm 1: the penalised loss of eq. (4)/(5)
   ``L + e^{u_k} max(0, c_min_k - R) + e^{v_k} max(0, R - c_max_k)``; the max player
   ascends ``u <- u + eta grad_u L`` every ``tau`` iterations, then ``eta <- gamma eta``,
   ``tau <- xi tau``; the policy descends with Adam.
-* :class:`MetaGradient` - Algorithm 2: one differentiable SGD step (rate ``eta``) of the
+* ``MetaGradient`` - Algorithm 2: one differentiable SGD step (rate ``eta``) of the
   same penalised loss on a clone ``theta'`` of the policy, the meta objective of eq. (6)
   ``(1 - lambda) L + lambda (max(0, c_min_k - R) + max(0, R - c_max_k)) / p(k)`` on
   another batch at ``theta'``, its gradient with respect to ``u, v`` through the inner
@@ -35,7 +35,7 @@ Choices where the paper is silent (documented again in ``docs/offline.md``):
   ``B``), ``dL_meta/du_k = -eta e^{u_k} <grad L_meta(theta'), grad_theta H_k(theta)>``: one
   forward-mode product (dual numbers, ``torch.autograd.forward_ad``) of the policy in the
   direction ``grad L_meta(theta')``, on the violating rows of the inner batch only (see
-  :func:`_meta_core`). :func:`meta_gradient_reference` differentiates literally through the
+  ``_meta_core``). ``meta_gradient_reference`` differentiates literally through the
   inner step with nested ``torch.func.grad`` (tests check they agree to 1e-9). A domain with
   no violating sample in the inner batch has ``grad_theta H_k = 0`` and so a meta-gradient
   of exactly zero (``torch.relu``'s derivative is 0 where inactive).
@@ -157,9 +157,9 @@ class Minimax:
 class MetaGradient:
     """Algorithm 2: inner SGD rate ``eta``, meta-objective balance ``lam`` (eq. 6; the paper
     uses 1), Adam rate ``lr`` for ``u, v`` (the paper: Adam's default, 1e-3), clip ``u_max``.
-    ``reference=True`` uses :func:`meta_gradient_reference` (slower, same numbers); ``engine``
+    ``reference=True`` uses ``meta_gradient_reference`` (slower, same numbers); ``engine``
     picks how the fast path differentiates the policy (``"auto"``, ``"jet"``, ``"autograd"``;
-    see :func:`_meta_core`: same numbers up to float rounding)."""
+    see ``_meta_core``: same numbers up to float rounding)."""
 
     eta: float = 0.1
     lam: float = 1.0
@@ -257,7 +257,7 @@ def _output_grads(probs: torch.Tensor, b: Batch, constraints: ReplicationConstra
 
     Returns ``g_ips``, ``g_min``, ``g_max`` (``[B, A]``: the derivatives of the batch sums of
     ``-r p_a / p0_a``, ``max(0, c_min - R)`` and ``max(0, R - c_max)``), the hinges
-    ``hmin``, ``hmax`` and the IPS loss terms ``ips_i`` (``[B]``). Closed forms of what autograd gives for :func:`_terms`
+    ``hmin``, ``hmax`` and the IPS loss terms ``ips_i`` (``[B]``). Closed forms of what autograd gives for ``_terms``
     (``d|z|/dz = sign(z)``, 0 at 0; ``d relu(z)/dz = 1[z > 0]``), checked in the tests.
     ``ips=False`` skips the IPS terms (returned as None) when the caller does not need them.
     """
@@ -291,7 +291,7 @@ def _meta_core(policy: nn.Module, b1: Batch, b2: Batch, constraints: Replication
     ``g_meta = grad L_meta(theta')``; likewise for ``v``. Passes over the policy:
 
     1. forward on ``b1`` at ``theta``, the closed-form output cotangent of the penalised loss
-       (eq. 5; :func:`_output_grads`) and a VJP: the inner gradient ``g_inner``;
+       (eq. 5; ``_output_grads``) and a VJP: the inner gradient ``g_inner``;
     2. forward on ``b2`` at ``theta' = theta - eta g_inner`` and a VJP seeded with eq. (6)'s
        output cotangent: ``g_meta`` (with ``lam = 1`` and no row of ``b2`` violating at
        ``theta'`` the VJP is skipped: the meta-gradient is 0);
@@ -302,7 +302,7 @@ def _meta_core(policy: nn.Module, b1: Batch, b2: Batch, constraints: Replication
        updated weights, ``g_inner + J_rows^T (C_new - C_old)``: the loss's output cotangent
        ``C`` changes on violating rows only, and the gradient is linear in it.
 
-    ``engine``: how the passes differentiate the policy (:mod:`bayes_safe.offline.jet`):
+    ``engine``: how the passes differentiate the policy (``bayes_safe.offline.jet``):
     ``"jet"`` (closed forms from pass 1's stored activations, for ``nn.Sequential`` MLPs: passes
     3 and 4 need no new forward), ``"autograd"`` (any module: pass 3 is one forward with dual
     numbers that records a graph, which pass 4 reuses), ``"auto"`` (the jet when it applies).
@@ -368,7 +368,7 @@ def _meta_core(policy: nn.Module, b1: Batch, b2: Batch, constraints: Replication
 
 def meta_gradient(policy: nn.Module, b1: Batch, b2: Batch, constraints: ReplicationConstraints, u: torch.Tensor,
                   v: torch.Tensor, *, eta: float, lam: float, prior: torch.Tensor, engine: str = "auto"):
-    """Exact meta-gradient of Algorithm 2 (module docstring), via one JVP (:func:`_meta_core`).
+    """Exact meta-gradient of Algorithm 2 (module docstring), via one JVP (``_meta_core``).
 
     Args:
         policy: the policy at ``theta`` (its parameters are read, not changed).
@@ -390,7 +390,7 @@ def meta_gradient_reference(policy: nn.Module, b1: Batch, b2: Batch, constraints
     step of the penalised loss (eq. 5) on ``b1`` with nested ``torch.func.grad``, the meta
     objective (eq. 6) on ``b2`` at ``theta'``, differentiated with respect to ``(u, v)``.
 
-    Same arguments and returns as :func:`meta_gradient` (which is faster and must agree).
+    Same arguments and returns as ``meta_gradient`` (which is faster and must agree).
     """
     params, buffers = _params(policy)
 
@@ -412,7 +412,7 @@ def meta_gradient_reference(policy: nn.Module, b1: Batch, b2: Batch, constraints
 # ---------------------------------------------------------------------- training
 @dataclasses.dataclass
 class TrainResult:
-    """What :func:`train_policy` returns.
+    """What ``train_policy`` returns.
 
     Attributes:
         policy: the trained module, with the selected epoch's weights loaded.
@@ -511,12 +511,12 @@ def train_policy(
 
     Args:
         policy: a module mapping contexts ``[B, d]`` to probabilities ``[B, A]`` (see
-            :func:`bayes_safe.offline.policy.mlp_policy`); trained in place.
+            ``bayes_safe.offline.policy.mlp_policy``); trained in place.
         train: logged data (with ``logging_probs`` for the constrained methods).
         constraints: per-domain replication ranges (needed by the constrained methods, and
             for violation-based selection).
-        method: :class:`IPS` (default), :class:`Quadratic`, :class:`Minimax`,
-            :class:`MetaGradient`, or a name for :func:`make_method` with default settings.
+        method: ``IPS`` (default), ``Quadratic``, ``Minimax``,
+            ``MetaGradient``, or a name for ``make_method`` with default settings.
         valid: validation split for early selection (None: keep the last epoch).
         epochs: passes over ``train`` (the paper: up to 32).
         batch_size: mini-batch size ``B``.
@@ -525,7 +525,7 @@ def train_policy(
         select: ``"auto"`` (module docstring), ``"violation"``, ``"value"`` or ``"last"``.
         patience: stop after this many epochs without improvement (None: never).
         record_weights: how many first iterations' log penalty weights to keep (Figure 4).
-        threads: torch intra-op threads while training (1: :func:`bayes_safe.threads.single_thread`;
+        threads: torch intra-op threads while training (1: ``bayes_safe.threads.single_thread``;
             None: leave the setting alone).
         callback: ``callback(epoch, policy) -> dict`` called after every epoch (and for the
             initial policy, epoch 0, when ``valid`` is given); its entries are added to that

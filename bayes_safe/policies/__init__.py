@@ -1,4 +1,4 @@
-"""Decision policies, all batched over replications (see :mod:`bayes_safe.policies.base`)."""
+"""Decision policies, all batched over replications (see ``bayes_safe.policies.base``)."""
 
 from .base import Policy
 from .bcts import BCTS, ConstraintMask, CTSPosterior

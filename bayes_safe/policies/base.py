@@ -40,7 +40,7 @@ def check_step_inputs(features: torch.Tensor, baseline: torch.Tensor | None, dim
 
 
 class Policy:
-    """Base class: subclasses implement :meth:`select` and, if they learn, :meth:`update`."""
+    """Base class: subclasses implement ``select`` and, if they learn, ``update``."""
 
     #: names of the metrics the policy consumes: 0 = reward only; C = reward plus C constraints
     num_constraints: int = 0

@@ -18,7 +18,7 @@ BCTS runs in two phases over ``K`` arms and a shared context ``c`` of width ``d`
 
 The posterior of Algorithm 1 is ``N(mu_hat_k, v^2 B_k^-1)`` with ``B_k = I_d + sum c c^T``
 and ``mu_hat_k = B_k^-1 sum c r``: the Bayesian linear model with prior ``N(0, v^2 I)`` and
-Gaussian noise of standard deviation ``v`` (ridge penalty 1). :class:`CTSPosterior` keeps it
+Gaussian noise of standard deviation ``v`` (ridge penalty 1). ``CTSPosterior`` keeps it
 for all arms at once; ``PerArmLinear(Normal(0, v), num_arms, noise_std=v)`` is the same
 posterior (tested) and can be passed instead, at a higher cost per step.
 
@@ -35,7 +35,7 @@ Chapelle & Li 2011) with ``R = 1/2``, the sub-Gaussian constant of any reward in
 **Why per-arm draws are exact marginals.** A Thompson decision over disjoint per-arm models
 needs, for each arm, the score ``x_k^T mu~_k`` at that arm's features ``x_k`` only; the arms'
 posteriors are independent, so the ``K`` scores are independent Gaussians
-``N(x_k^T mu_hat_k, v^2 x_k^T B_k^-1 x_k)``. :meth:`CTSPosterior.sample_at` draws them
+``N(x_k^T mu_hat_k, v^2 x_k^T B_k^-1 x_k)``. ``CTSPosterior.sample_at`` draws them
 directly (``K`` standard normals a step instead of ``K * d`` and no factorisation): the
 same distribution of actions as drawing the weights, at a fraction of the cost.
 
@@ -332,10 +332,10 @@ class BCTS(Policy):
             element.
         batch_shape: leading batch of the default models.
         reward_model, constraint_model: per-arm posteriors with ``update(contexts, y,
-            actions)`` and ``sample_at(features, generator, key)`` (e.g. :class:`CTSPosterior`
-            or :class:`~bayes_safe.models.PerArmLinear`); default :class:`CTSPosterior`.
+            actions)`` and ``sample_at(features, generator, key)`` (e.g. ``CTSPosterior``
+            or ``PerArmLinear``); default ``CTSPosterior``.
 
-    Random streams (``generator`` a :class:`~bayes_safe.random.ReplicationRNG`): teaching
+    Random streams (``generator`` a ``ReplicationRNG``): teaching
     draws use ``"teaching"`` (CTS) and ``"teaching/uniform"``; online draws ``"reward"`` and
     ``"constraint"``. With ``sigma_online = 1`` BCTS therefore plays exactly the actions of
     ``ThompsonSampling(reward_model)`` on the same stream (and, when every element has
@@ -462,7 +462,7 @@ class ConstraintMask(Policy):
     action cannot be solved without a violation; none of the bundled problems has one).
 
     Args:
-        reward_model: per-arm reward posterior (default :class:`CTSPosterior`).
+        reward_model: per-arm reward posterior (default ``CTSPosterior``).
         num_arms, dim, v, batch_shape: for the default model.
     """
 

@@ -1,7 +1,7 @@
 """Conservative linear UCB (Kazerouni et al. 2017) and its auxiliary-constraint variants (Daulton et al. 2019).
 
-* :class:`LUCB`: linear UCB, the unconstrained reference of Kazerouni et al. (2017) s.6.
-* :class:`CLUCB`: Kazerouni et al. (2017), Algorithm 1. Plays the optimistic action
+* ``LUCB``: linear UCB, the unconstrained reference of Kazerouni et al. (2017) s.6.
+* ``CLUCB``: Kazerouni et al. (2017), Algorithm 1. Plays the optimistic action
   ``a'_t = argmax_a max_{theta in C_t} <theta, x_a>`` only if the performance constraint (3)
   holds for the worst parameter of the confidence set,
 
@@ -11,7 +11,7 @@
   actions played so far (set ``S_{t-1}``); ``r_{b_i}`` are the *known* expected rewards of the
   baseline actions. Baseline plays carry no information (their reward is known), so the
   confidence set is only updated on optimistic plays.
-* :class:`CLUCB2ASC`: Daulton et al. (2019), Algorithm 2 (CLUCB2-ASC-C) and its instance-level
+* ``CLUCB2ASC``: Daulton et al. (2019), Algorithm 2 (CLUCB2-ASC-C) and its instance-level
   variant (CLUCB2-ASC-I). The check of CLUCB2 (Kazerouni's variant with *unknown* baseline
   rewards) is moved from the reward to the auxiliary constraint metric; the feasible set is
   seeded with the baseline action and the action of largest reward UCB among the feasible
@@ -20,7 +20,7 @@
 Confidence set (a choice; the papers differ). Kazerouni's arXiv v3 builds ``C_t`` as the
 intersection of all past sets of eq. (5), with the radius ``beta`` of eq. (6) taken from Russo
 & Van Roy (2014). We use instead the ellipsoid of Abbasi-Yadkori, Pal & Szepesvari (2011,
-Theorem 2), :class:`~bayes_safe.policies.ucb.EllipsoidConfidence`:
+Theorem 2), ``EllipsoidConfidence``:
 ``C_t = {theta : ||theta - theta_hat_t||_{V_t} <= beta_t}``, ``V_t = lambda I + sum x x^T``,
 ``beta_t = sigma sqrt(2 log(det(V_t)^1/2 det(lambda I)^-1/2 / delta)) + lambda^1/2 S``. Reasons:
 
@@ -41,8 +41,8 @@ Theorem 2), :class:`~bayes_safe.policies.ucb.EllipsoidConfidence`:
 tensor ``[R]``). Per-replication bounds keep replication ``r`` of a batched run identical to
 a run of ``r`` alone.
 
-Models: conjugate :class:`~bayes_safe.models.BayesianLinear` with known ``noise_std`` and
-prior ``N(0, sigma^2 / lambda I)`` (:func:`bayes_safe.factory.ridge_model`), batch ``[R]``:
+Models: conjugate ``BayesianLinear`` with known ``noise_std`` and
+prior ``N(0, sigma^2 / lambda I)`` (``bayes_safe.factory.ridge_model``), batch ``[R]``:
 its posterior mean is the ridge estimate and its precision is ``V_t / sigma^2``.
 
 Example:
@@ -126,9 +126,9 @@ def _bounds(conf: EllipsoidConfidence, features: torch.Tensor) -> tuple[torch.Te
 class _ArmBounds:
     """Ellipsoid bounds of ``<theta, x_a + offset>`` at candidate arms, fast when the arms are fixed.
 
-    Exact path: :func:`_bounds`. Fast path, taken when ``features`` is the very tensor of the
+    Exact path: ``_bounds``. Fast path, taken when ``features`` is the very tensor of the
     previous call (same object, not modified in place) and the model changed only through
-    :meth:`observe` + ``model.update``: the arm variances ``x_a^T Lambda^-1 x_a`` are kept in
+    ``observe`` + ``model.update``: the arm variances ``x_a^T Lambda^-1 x_a`` are kept in
     a ``[R, K]`` cache and downdated after each observation ``x_t`` by Sherman-Morrison,
 
     ``var_a <- var_a - (x_a^T Lambda^-1 x_t)^2 / (sigma^2 + x_t^T Lambda^-1 x_t)``,
@@ -260,8 +260,8 @@ def _check_rows(features_chosen, reward, R: int, d: int) -> None:
 class LUCB(LinUCB):
     """Linear UCB (the LUCB of Kazerouni et al. 2017): ``argmax_a max_{theta in C_t} <theta, x_a>``.
 
-    :class:`~bayes_safe.policies.ucb.LinUCB` with the same Abbasi-Yadkori ellipsoid as
-    :class:`CLUCB`, and ``weight_bound`` accepted per replication.
+    ``LinUCB`` with the same Abbasi-Yadkori ellipsoid as
+    ``CLUCB``, and ``weight_bound`` accepted per replication.
 
     Args:
         model: conjugate ``BayesianLinear``, known noise, batch ``[R]``.
@@ -290,13 +290,13 @@ class CLUCB(Policy):
             ``[0, 1)`` (constraint (3)).
         delta: failure probability of the confidence set, in (0, 1).
         weight_bound: ``S >= ||theta*||_2``, a float or a tensor ``[R]``.
-        radius_scale: multiplies the radius ``beta_t`` (1: Abbasi-Yadkori's); see :class:`LUCB`.
+        radius_scale: multiplies the radius ``beta_t`` (1: Abbasi-Yadkori's); see ``LUCB``.
 
     State (per replication, read-only): ``num_optimistic`` (``m_t = |S_t|``),
     ``num_conservative`` (``n_t``), ``z`` (sum of the optimistic plays' features),
     ``baseline_reward_played`` (sum of known baseline rewards over baseline plays) and
     ``baseline_reward_total`` (over all steps). ``last_safe [R]`` says whether the last
-    :meth:`select` passed the check.
+    ``select`` passed the check.
 
     The model is updated only on optimistic plays (Algorithm 1: ``C_{t+1} = C_t`` after a
     baseline play). An optimistic action that happens to be the baseline action counts as an

@@ -36,7 +36,7 @@ class TSASC(Policy):
         alpha: the tolerated relative decrease of each constraint metric, in ``[0, 1)``; a
             scalar or one value per constraint metric.
 
-    Shapes: as :class:`~bayes_safe.policies.base.Policy`; ``constraints [R, C]`` in ``update``.
+    Shapes: as ``Policy``; ``constraints [R, C]`` in ``update``.
     """
 
     def __init__(self, reward_model, constraint_models, alpha: float | Sequence[float] = 0.01):

@@ -4,7 +4,7 @@ Theorem 2 of that paper: with ``V_t = lambda I + sum x x^T`` and ``||theta*|| <=
 probability ``1 - delta`` for all ``t``,
 ``||theta_hat_t - theta*||_{V_t} <= beta_t = sigma sqrt(2 log(det(V_t)^1/2 det(lambda I)^-1/2 / delta)) + lambda^1/2 S``.
 
-A conjugate :class:`~bayes_safe.models.BayesianLinear` with known noise ``sigma`` and prior
+A conjugate ``BayesianLinear`` with known noise ``sigma`` and prior
 ``N(0, (sigma^2 / lambda) I)`` has precision ``Lambda_t = V_t / sigma^2``, so the ratio of
 determinants is ``det Lambda_t / det Lambda_0`` and ``||x||_{V^-1} = sqrt(var(x^T w)) / sigma``.
 """
