@@ -149,10 +149,9 @@ class DaskRunner(Runner):
     """Trials as tasks on a Dask distributed scheduler at ``address``."""
 
     def __init__(self, address: str, timeout: float = 20.0):
-        try:
-            import distributed
-        except ImportError as exc:  # pragma: no cover - a dependency
-            raise ValueError(f"--scheduler: Dask distributed is not installed ({exc})") from exc
+        from bayes_safe._extras import require
+
+        distributed = require("distributed", "--scheduler (trials on a Dask cluster)")
         self.address = str(address)
         try:
             self.client = distributed.Client(self.address, timeout=f"{timeout}s", set_as_default=False)

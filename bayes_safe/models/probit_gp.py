@@ -83,14 +83,16 @@ import copy
 import math
 from collections.abc import Sequence
 
-import gpytorch
 import numpy as np
 import torch
 from torch import nn
 
+from .._extras import require
 from .._validation import as_tensor, check_finite, check_positive_int
 from ..random import Generator, standard_normal
 from .linear import _cholesky
+
+gpytorch = require("gpytorch", "ProbitGP (the probit GP over learned features)")
 
 __all__ = ["FeatureNetwork", "ProbitGP", "ScaledOutcome", "SuccessProbability"]
 
