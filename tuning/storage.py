@@ -27,6 +27,7 @@ import contextlib
 import fcntl
 import json
 import os
+import stat
 from pathlib import Path
 
 __all__ = [
@@ -143,7 +144,18 @@ def study_lock(url: str):
         yield
         return
     lock_path = path.with_name(path.name + ".lock")
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    # never follow a symlink (a planted `study.sqlite.lock -> ~/important` would be truncated),
+    # and refuse anything that is not a regular file
+    try:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+    except OSError as exc:
+        if lock_path.is_symlink():
+            raise ValueError(f"storage {path}: the lock {lock_path} is a symbolic link; refusing to open it "
+                             "(remove it if you did not put it there)") from None
+        raise ValueError(f"storage {path}: cannot open the lock {lock_path} ({exc.strerror})") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise ValueError(f"storage {path}: the lock {lock_path} is not a regular file; refusing to use it")
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
