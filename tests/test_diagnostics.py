@@ -240,10 +240,11 @@ def test_batched_linear_models_keep_max_batch():
         to_inference_data(m, X=X)
 
 
-def test_probit_gp_pickles_and_compacts(probit, tmp_path):
+def test_probit_gp_saves_portably_and_compacts(probit, tmp_path):
+    from bayes_safe.state import load_state, save_state
+
     gp, X, _y = probit
-    torch.save(gp, tmp_path / "gp.pt")  # GPyTorch's LinearKernel holds lambdas: rebuilt from a state_dict
-    back = torch.load(tmp_path / "gp.pt", weights_only=False)
+    back = load_state(save_state(gp, tmp_path / "gp"))  # JSON + safetensors: GPyTorch state_dicts, no pickle
     for a, b in zip(gp.predict(X[:20]), back.predict(X[:20])):
         assert torch.equal(a, b)
     assert torch.equal(back.gp_predictive(X[:5])[1], gp.gp_predictive(X[:5])[1])
@@ -264,7 +265,9 @@ def test_views_of_one_posterior_are_saved_once_and_load_shared(probit, tmp_path)
     gp, _X, _y = probit
     policy = TSASC(ScaledOutcome(gp, [1.0, 1.5]), SuccessProbability(gp), alpha=0.05)
     paths = save_models(policy, tmp_path / "models", prefix=("rep0", "ts-asc(alpha=0.05)"), max_observations=300)
-    assert [p.name for p in paths] == ["rep0__ts-asc_alpha=0.05__reward+constraint0.pt"]
+    assert [p.name for p in paths] == ["rep0__ts-asc_alpha=0.05__reward+constraint0.json",
+                                       "rep0__ts-asc_alpha=0.05__policy.json"]
+    assert all(p.with_suffix(".safetensors").is_file() for p in paths)
     models = load_models(tmp_path / "models")
     assert set(models) == {"rep0__ts-asc_alpha=0.05__reward", "rep0__ts-asc_alpha=0.05__constraint0"}
     reward, constraint = models["rep0__ts-asc_alpha=0.05__reward"], models["rep0__ts-asc_alpha=0.05__constraint0"]

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from bayes_safe.cli import main
-from bayes_safe.diagnostics import NO_MODELS_FILE, diagnose_run, load_models
+from bayes_safe.diagnostics import NO_MODELS_FILE, diagnose_run, load_models, load_policy
 from bayes_safe.studies import get_study
 
 
@@ -62,8 +62,12 @@ def test_video_upload_saves_each_replications_probit_gps(tmp_path):
             "model": {"nn_epochs": 1, "nn_min_steps": 20, "gp_epochs": 1}}
     out = tmp_path / "out"
     study.run(out, seed=0, config=tiny)
-    files = sorted(p.name for p in (out / "models").glob("*.pt"))
-    assert files == [f"rep{r}__{p}.pt" for r in (0, 1) for p in ("ts-asc_alpha=0.01__reward+constraint0", "ts__reward")]
+    files = sorted(p.name for p in (out / "models").glob("*.json"))
+    assert files == [f"rep{r}__{p}.json" for r in (0, 1) for p in ("ts-asc_alpha=0.01__policy", "ts-asc_alpha=0.01__reward+constraint0",
+                                                                  "ts__policy", "ts__reward")]
+    assert not list((out / "models").glob("*.pt"))  # the portable format only: no pickles
+    policy = load_policy(out / "models", ("rep0", "ts-asc_alpha=0.01"))
+    assert torch.equal(policy.alpha, torch.tensor([0.01], dtype=torch.float64))  # the policy's alpha is saved with it
     models = load_models(out / "models")
     shared = models["rep1__ts-asc_alpha=0.01__reward"].model
     assert shared is models["rep1__ts-asc_alpha=0.01__constraint0"].model

@@ -17,9 +17,10 @@ One concept per module; every public name is re-exported here, so
   checked against its level.
 * ``recorder``: ``PosteriorRecorder``, a ``simulate`` callback that records the posterior of
   each model over time (watching a Thompson posterior evolve).
-* ``persistence``: ``save_models`` / ``load_models`` (what ``bayes-safe simulate`` and the
-  studies write to ``RUN_DIR/models/``), ``save_no_models`` and ``NO_MODELS_FILE`` (a run that
-  fits no posterior says why).
+* ``persistence``: ``save_models`` / ``load_models`` / ``load_policy`` (what ``bayes-safe
+  simulate`` and the studies write to ``RUN_DIR/models/``, in the portable, code-free state
+  format of ``bayes_safe.state``), ``save_no_models`` and ``NO_MODELS_FILE`` (a run that fits no
+  posterior says why).
 * ``report``: ``diagnose_run`` (``bayes-safe diagnose RUN_DIR``): a self-contained HTML report
   and one NetCDF InferenceData per saved posterior.
 
@@ -36,7 +37,7 @@ from .calibration import (
     reliability_diagram,
 )
 from .conversion import ACCEPTED_MODELS, prior_predictive, summary, to_inference_data
-from .persistence import NO_MODELS_FILE, load_models, save_models, save_no_models
+from .persistence import NO_MODELS_FILE, load_models, load_policy, save_models, save_no_models
 from .recorder import PosteriorRecorder
 from .report import diagnose_run
 
@@ -49,6 +50,7 @@ __all__ = [
     "expected_calibration_error",
     "interval_coverage",
     "load_models",
+    "load_policy",
     "prior_predictive",
     "reliability_diagram",
     "save_models",

@@ -167,10 +167,11 @@ def _probit_section(name: str, idata) -> str:
 
 
 def diagnose_run(run_dir, *, num_draws: int = 500, max_batch: int | None = 10, show_batch: int = 4,
-                 seed: int = 0) -> Path:
+                 seed: int = 0, allow_imports: bool = False) -> Path:
     """Write ``run_dir/diagnostics/``: ``report.html`` (figures embedded) and one NetCDF per model.
 
-    ``run_dir`` is any directory with a ``models/`` subdirectory written by ``save_models``:
+    ``run_dir`` is any directory with a ``models/`` subdirectory written by ``save_models`` (the
+    portable state format: nothing in it is executed):
     a ``bayes-safe simulate`` output or a study's output directory. Every saved posterior is
     converted by ``to_inference_data`` (views of one posterior once, named
     ``<prefix>__<role1>+<role2>``) and written as ``<name>.nc``; the report has, per model, the
@@ -186,6 +187,8 @@ def diagnose_run(run_dir, *, num_draws: int = 500, max_batch: int | None = 10, s
             in the NetCDF files; ``None`` keeps all.
         show_batch: batch elements shown in the report's tables (figures show the first).
         seed: seed of the draws.
+        allow_imports: import the modules of custom priors saved as ``module:function`` (runs
+            their code; by default nothing from ``run_dir`` is imported or executed).
 
     Returns:
         the path of ``report.html``.
@@ -194,6 +197,8 @@ def diagnose_run(run_dir, *, num_draws: int = 500, max_batch: int | None = 10, s
         FileNotFoundError: ``run_dir`` is not a directory or has no saved models (naming the
             reason a run recorded with ``save_no_models``).
         TypeError: no saved model has an InferenceData converter (naming the types found).
+        ValueError: a model file is in the old pickle format or is not a valid saved state
+            (``bayes_safe.state.StateError``); the message names the file, and nothing is loaded.
     """
     from ..io import atomic_output_dir, atomic_write_text
 
@@ -203,7 +208,7 @@ def diagnose_run(run_dir, *, num_draws: int = 500, max_batch: int | None = 10, s
     num_draws = check_positive_int(num_draws, "num_draws")
     max_batch = check_positive_int(max_batch, "max_batch", allow_none=True)
     show_batch = check_positive_int(show_batch, "show_batch")
-    models = load_models(run_dir / "models")
+    models = load_models(run_dir / "models", allow_imports=allow_imports)
     groups: dict[int, list[str]] = {}
     for key, model in models.items():
         groups.setdefault(id(_underlying(model)), []).append(key)

@@ -1,0 +1,444 @@
+"""Codecs of the models: one encode / decode pair per saveable type.
+
+Encoders read the object's attributes and write its configuration as JSON and its numbers as
+tensors; decoders rebuild the object with its public constructor (which validates the
+configuration) and then put the saved state in place, checking every tensor's dtype, shape and
+finiteness first.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+from torch import nn
+
+from ._format import Decoder, Encoder, StateError, dtype_from_name, dtype_name
+from ._priors import decode_distribution, decode_prior, encode_distribution, encode_prior
+
+_F64 = torch.float64
+_LONG = torch.long
+
+SAVEABLE_MODELS = ("BayesianLinear (conjugate, Normal-Inverse-Gamma, NUTS, SVI), PerArmLinear, CTSPosterior, ProbitGP "
+                   "and its views SuccessProbability / ScaledOutcome, RidgeRewardModel, and torch.nn modules built "
+                   "from Sequential, Linear and standard activations")
+
+
+def build(dec: Decoder, where: str, make):
+    """Call a constructor; its validation errors become ``StateError`` naming the file."""
+    try:
+        return make()
+    except StateError:
+        raise
+    except (ValueError, TypeError, RuntimeError, torch.linalg.LinAlgError) as exc:
+        dec.fail(f"{where}: the saved configuration is not valid ({type(exc).__name__}: {exc})")
+
+
+def _cat(parts, dim):
+    return torch.cat(parts, dim) if parts else None
+
+
+# ---------------------------------------------------------------------- BayesianLinear
+def _enc_linear(m, enc: Encoder, what: str) -> dict:
+    node = {
+        "type": "BayesianLinear", "dim": int(m.dim), "batch_shape": list(m.batch_shape),
+        "prior": encode_prior(m.prior, enc, f"{what}.prior"),
+        "noise_std": m.noise_std,
+        "noise_prior": None if m.noise_prior is None else encode_distribution(m.noise_prior, enc, f"{what}.noise_prior"),
+        "conjugate": bool(m.conjugate), "count": int(m._count),
+        "masked_count": enc.optional(m._masked_count, f"{what}.masked_count"),
+    }
+    if m.conjugate:
+        node.update(prior_loc=enc.tensor(m._prior_loc, f"{what}.prior_loc"),
+                    prior_precision=enc.tensor(m._prior_precision, f"{what}.prior_precision"),
+                    precision=enc.tensor(m.precision, f"{what}.precision"), eta=enc.tensor(m.eta, f"{what}.eta"))
+        if m.noise_prior is not None:
+            node.update(a=enc.tensor(m._a, f"{what}.a"), b0=enc.tensor(m._b0, f"{what}.b0"), sq=enc.tensor(m._sq, f"{what}.sq"))
+        return node
+    e = m.engine
+    node.update(
+        method=e.method, refit_every=m.refit_every,
+        inference_options={"num_samples": e.num_samples, "warmup_steps": e.warmup_steps, "num_chains": e.num_chains,
+                           "svi_steps": e.svi_steps, "svi_lr": e.svi_lr, "seed": e.seed},
+        X=enc.optional(_cat(m._X, -2), f"{what}.X"), y=enc.optional(_cat(m._y, -1), f"{what}.y"),
+        since_fit=int(m._since_fit), draws=enc.tensor(m._draws, f"{what}.draws"),
+        engine={"fitted": bool(e.fitted), "fit_seconds": float(e.fit_seconds),
+                "draws": enc.optional(e._draws, f"{what}.engine.draws"),
+                "noise_draws": enc.optional(e._noise_draws, f"{what}.engine.noise_draws"),
+                "svi_losses": enc.optional(e.svi_losses, f"{what}.engine.svi_losses"),
+                "chains": {k: enc.tensor(v, f"{what}.chains.{k}") for k, v in e._chains.items()},
+                "sample_stats": {k: enc.tensor(v, f"{what}.sample_stats.{k}") for k, v in e._sample_stats.items()}},
+    )
+    return node
+
+
+def _dec_linear(node: dict, dec: Decoder, where: str):
+    from ..models import BayesianLinear
+
+    d = dec.int_field(node, "dim", where, minimum=1)
+    b = dec.shape_field(node, "batch_shape", where)
+    prior = decode_prior(node.get("prior"), dec, f"{where}.prior")
+    noise_std = dec.float_field(node, "noise_std", where, allow_none=True)
+    noise_spec = node.get("noise_prior")
+    noise_prior = None if noise_spec is None else decode_distribution(noise_spec, dec, f"{where}.noise_prior")
+    conjugate = dec.field(node, "conjugate", bool, where)
+    count = dec.int_field(node, "count", where)
+    masked = dec.tensor(node.get("masked_count"), f"{where}.masked_count", shape=b, dtype=_LONG, optional=True)
+    if masked is not None and bool((masked < 0).any()):
+        dec.fail(f"{where}.masked_count: expected counts >= 0")
+    if conjugate:
+        m = build(dec, where, lambda: BayesianLinear(prior, noise_std, noise_prior, batch_shape=b, inference="conjugate", dim=d))
+
+        def t(name, shape):
+            return dec.tensor(node.get(name), f"{where}.{name}", shape=shape, dtype=_F64, finite=True).clone()
+
+        m._prior_loc, m._prior_precision = t("prior_loc", (*b, d)), t("prior_precision", (*b, d, d))
+        m.precision, m.eta = t("precision", (*b, d, d)), t("eta", (*b, d))
+        if noise_prior is not None:
+            m._a, m._b0, m._sq = t("a", b), t("b0", b), t("sq", b)
+        m._factor, m._dirty = None, None
+    else:
+        method = dec.field(node, "method", str, where)
+        if method not in ("nuts", "svi"):
+            dec.fail(f"{where}: field 'method' must be 'nuts' or 'svi', got {method!r}")
+        opts = dec.field(node, "inference_options", dict, where)
+        keys = {"num_samples", "warmup_steps", "num_chains", "svi_steps", "svi_lr", "seed"}
+        if set(opts) != keys or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in opts.values()):
+            dec.fail(f"{where}: field 'inference_options' must hold numbers for exactly {sorted(keys)}")
+        refit = dec.int_field(node, "refit_every", where, minimum=1, allow_none=True)
+        m = build(dec, where, lambda: BayesianLinear(prior, noise_std, noise_prior, batch_shape=b, inference=method, dim=d,
+                                                     refit_every=refit, inference_options=opts))
+        e = m.engine
+        X = dec.tensor(node.get("X"), f"{where}.X", dtype=_F64, finite=True, optional=True)
+        y = dec.tensor(node.get("y"), f"{where}.y", dtype=_F64, finite=True, optional=True)
+        if (X is None) != (y is None):
+            dec.fail(f"{where}: X and y must both be saved or both be absent")
+        if X is not None:
+            if X.dim() != len(b) + 2 or tuple(X.shape[: len(b)]) != b or X.shape[-1] != d or tuple(y.shape) != tuple(X.shape[:-1]):
+                dec.fail(f"{where}: X {list(X.shape)} and y {list(y.shape)} must have shapes [*{list(b)}, n, {d}] and [*{list(b)}, n]")
+            m._X, m._y = [X.clone()], [y.clone()]
+        m._since_fit = dec.int_field(node, "since_fit", where)
+        S = e.num_draws
+        m._draws = dec.tensor(node.get("draws"), f"{where}.draws", shape=(S, *b, d), dtype=_F64, finite=True).clone()
+        eng = dec.field(node, "engine", dict, where)
+        e.fitted = dec.field(eng, "fitted", bool, where)
+        e.fit_seconds = dec.float_field(eng, "fit_seconds", where)
+        e._draws = dec.tensor(eng.get("draws"), f"{where}.engine.draws", shape=(S, *b, d), dtype=_F64, finite=True, optional=True)
+        e._noise_draws = dec.tensor(eng.get("noise_draws"), f"{where}.engine.noise_draws", shape=(S, *b), dtype=_F64,
+                                    finite=True, optional=True)
+        e.svi_losses = dec.tensor(eng.get("svi_losses"), f"{where}.engine.svi_losses", dtype=_F64, optional=True)
+        for name in ("chains", "sample_stats"):
+            refs = dec.field(eng, name, dict, where)
+            setattr(e, f"_{name}", {k: dec.tensor(v, f"{where}.{name}.{k}") for k, v in refs.items()})
+    m._count = count
+    m._masked_count = None if masked is None else masked.clone()
+    return m
+
+
+# ---------------------------------------------------------------------- PerArmLinear, CTSPosterior
+def _enc_per_arm(m, enc: Encoder, what: str) -> dict:
+    return {"type": "PerArmLinear", "num_arms": int(m.num_arms), "batch_shape": list(m.batch_shape),
+            "arms": _enc_linear(m.arms, enc, f"{what}.arms")}
+
+
+def _dec_per_arm(node: dict, dec: Decoder, where: str):
+    from ..models import PerArmLinear
+
+    K = dec.int_field(node, "num_arms", where, minimum=1)
+    b = dec.shape_field(node, "batch_shape", where)
+    arms = _dec_linear(dec.field(node, "arms", dict, where), dec, f"{where}.arms")
+    if tuple(arms.batch_shape) != (*b, K) or not arms.conjugate:
+        dec.fail(f"{where}.arms: expected a conjugate model of batch shape {[*b, K]}, got {list(arms.batch_shape)}")
+    m = build(dec, where, lambda: PerArmLinear(arms.prior, K, arms.noise_std, arms.noise_prior, batch_shape=b))
+    m.arms = arms
+    return m
+
+
+def _enc_cts(m, enc: Encoder, what: str) -> dict:
+    return {"type": "CTSPosterior", "num_arms": int(m.num_arms), "dim": int(m.dim), "v": float(m.v),
+            "batch_shape": list(m.batch_shape), "refresh_every": int(m.refresh_every),
+            "since_refresh": int(m._since_refresh),
+            "state": enc.tensor(m._state, f"{what}.state"), "stats": enc.tensor(m._stats, f"{what}.stats")}
+
+
+def _dec_cts(node: dict, dec: Decoder, where: str):
+    from ..policies.bcts import CTSPosterior
+
+    K = dec.int_field(node, "num_arms", where, minimum=1)
+    d = dec.int_field(node, "dim", where, minimum=1)
+    b = dec.shape_field(node, "batch_shape", where)
+    v = dec.float_field(node, "v", where)
+    refresh = dec.int_field(node, "refresh_every", where, minimum=1)
+    m = build(dec, where, lambda: CTSPosterior(K, d, v, batch_shape=b, refresh_every=refresh))
+    n = m._state.shape[0]
+    state = dec.tensor(node.get("state"), f"{where}.state", shape=(n, K, d + 1, d), dtype=_F64, finite=True)
+    stats = dec.tensor(node.get("stats"), f"{where}.stats", shape=(n, K, d + 2, d + 2), dtype=_F64, finite=True)
+    m._init(state.clone(), stats.clone())
+    m._since_refresh = dec.int_field(node, "since_refresh", where)
+    return m
+
+
+# ---------------------------------------------------------------------- ProbitGP and its views
+_PROBIT_CONFIG = ("input_dim", "hidden", "activation", "ard", "num_inducing", "refit_every", "nn_epochs", "nn_min_steps",
+                  "nn_batch_size", "nn_lr", "nn_weight_decay", "gp_epochs", "gp_batch_size", "ngd_lr", "hyper_lr",
+                  "polish_steps", "polish_tol", "jitter", "seed")
+
+
+def _state_dict(module, enc: Encoder, what: str) -> dict:
+    return {k: enc.tensor(v, f"{what}.{k}") for k, v in module.state_dict().items()}
+
+
+def _load_state_dict(module, refs, dec: Decoder, where: str) -> None:
+    if not isinstance(refs, dict):
+        dec.fail(f"{where}: expected a mapping of parameter names to tensors")
+    expected = module.state_dict()
+    if set(refs) != set(expected):
+        dec.fail(f"{where}: parameters {sorted(refs)[:8]} differ from the expected {sorted(expected)[:8]}")
+    params = {k for k, _ in module.named_parameters()}  # buffers may hold inf (e.g. a constraint's upper bound)
+    values = {k: dec.tensor(refs[k], f"{where}.{k}", shape=tuple(expected[k].shape), dtype=expected[k].dtype,
+                            finite=k in params)
+              for k in expected}
+    build(dec, where, lambda: module.load_state_dict(values, strict=True))
+
+
+def _enc_probit(m, enc: Encoder, what: str) -> dict:
+    from ..models.probit_gp import _ACTIVATIONS
+
+    if enc.max_observations is not None:
+        m = m.compact(enc.max_observations)
+    activation = next(name for name, cls in _ACTIVATIONS.items() if isinstance(m.network.body[1], cls))
+    X, y = m.observations()
+    config = {k: getattr(m, k) for k in _PROBIT_CONFIG if k not in ("activation", "ard", "hidden")}
+    config.update(hidden=list(m.hidden), activation=activation, ard=bool(m._ard))
+    from ._priors import encode_gp_prior
+
+    gp = m.gp
+    return {
+        "type": "ProbitGP", "config": config,
+        "variance_prior": encode_gp_prior(m._variance_prior, enc, f"{what}.variance_prior"),
+        "network": _state_dict(m.network, enc, f"{what}.network"),
+        "inducing_points": enc.tensor(gp.variational_strategy.inducing_points, f"{what}.inducing_points"),
+        "gp": _state_dict(gp, enc, f"{what}.gp"), "gp_training": bool(gp.training),
+        "likelihood": _state_dict(m.likelihood, enc, f"{what}.likelihood"),
+        "input_loc": enc.tensor(m._input_loc, f"{what}.input_loc"),
+        "input_scale": enc.tensor(m._input_scale, f"{what}.input_scale"),
+        "weight_mean": enc.tensor(m.weight_mean, f"{what}.weight_mean"),
+        "weight_covariance": enc.tensor(m.weight_covariance, f"{what}.weight_covariance"),
+        "X": enc.tensor(X, f"{what}.X"), "y": enc.tensor(y, f"{what}.y"),
+        "num_observations": int(m.num_observations), "since_fit": int(m._since_fit), "num_fits": int(m.num_fits),
+        "fit_info": m.fit_info, "generator": enc.tensor(m._generator.get_state(), f"{what}.generator"),
+    }
+
+
+def _dec_probit(node: dict, dec: Decoder, where: str):
+    from ..models.probit_gp import ProbitGP
+    from ._priors import decode_gp_prior
+
+    cfg = dec.field(node, "config", dict, where)
+    if set(cfg) != set(_PROBIT_CONFIG):
+        dec.fail(f"{where}: field 'config' must hold exactly {list(_PROBIT_CONFIG)}")
+    kwargs = {k: cfg[k] for k in _PROBIT_CONFIG if k != "input_dim"}
+    kwargs["variance_prior"] = decode_gp_prior(node.get("variance_prior"), dec, f"{where}.variance_prior")
+    m = build(dec, where, lambda: ProbitGP(cfg["input_dim"], **kwargs))
+    D, p = m.input_dim, m.feature_dim
+    _load_state_dict(m.network, node.get("network"), dec, f"{where}.network")
+    m.network.eval()
+    inducing = dec.tensor(node.get("inducing_points"), f"{where}.inducing_points", dtype=_F64, finite=True)
+    if inducing.dim() != 2 or inducing.shape[1] != p:
+        dec.fail(f"{where}.inducing_points: expected shape [M, {p}], got {list(inducing.shape)}")
+    gp = build(dec, where, lambda: m._build_gp(inducing.clone()))
+    _load_state_dict(gp, node.get("gp"), dec, f"{where}.gp")
+    gp.train(dec.field(node, "gp_training", bool, where))
+    m.gp = gp
+    _load_state_dict(m.likelihood, node.get("likelihood"), dec, f"{where}.likelihood")
+
+    def t(name, shape, dtype=_F64):
+        return dec.tensor(node.get(name), f"{where}.{name}", shape=shape, dtype=dtype, finite=True).clone()
+
+    m._input_loc, m._input_scale = t("input_loc", (D,), torch.float32), t("input_scale", (D,), torch.float32)
+    m.weight_mean, m.weight_covariance = t("weight_mean", (p,)), t("weight_covariance", (p, p))
+    from ..models.linear import _cholesky
+
+    # recomputed as the model computes it: same numbers and the same memory layout (LAPACK's
+    # column-major factor), so predictions and draws match the original bit for bit
+    m._weight_factor = build(dec, f"{where}.weight_covariance", lambda: _cholesky(m.weight_covariance))
+    X = dec.tensor(node.get("X"), f"{where}.X", dtype=_F64, finite=True)
+    y = dec.tensor(node.get("y"), f"{where}.y", dtype=_F64, finite=True)
+    if X.dim() != 2 or X.shape[1] != D or tuple(y.shape) != (X.shape[0],):
+        dec.fail(f"{where}: X {list(X.shape)} and y {list(y.shape)} must have shapes [n, {D}] and [n]")
+    if bool(((y != 0) & (y != 1)).any()):
+        dec.fail(f"{where}.y: expected binary outcomes 0/1")
+    m._X, m._y = ([X.clone()], [y.clone()]) if X.shape[0] else ([], [])
+    m.num_observations = dec.int_field(node, "num_observations", where)
+    m._since_fit = dec.int_field(node, "since_fit", where)
+    m.num_fits = dec.int_field(node, "num_fits", where)
+    m.fit_info = dec.field(node, "fit_info", dict, where)
+    state = dec.tensor(node.get("generator"), f"{where}.generator", dtype=torch.uint8)
+    build(dec, f"{where}.generator", lambda: m._generator.set_state(state.clone()))
+    return m
+
+
+def _enc_view(m, enc: Encoder, what: str) -> dict:
+    from ..models.probit_gp import ScaledOutcome
+
+    node = {"type": type(m).__name__, "model": encode_model(m.model, enc, f"{what}.model")}
+    if isinstance(m, ScaledOutcome):
+        node["scale"] = enc.tensor(m.scale, f"{what}.scale")
+    return node
+
+
+def _dec_view(node: dict, dec: Decoder, where: str):
+    from ..models.probit_gp import ProbitGP, ScaledOutcome, SuccessProbability
+
+    model = decode_model(dec.field(node, "model", dict, where), dec, f"{where}.model")
+    if not isinstance(model, ProbitGP):
+        dec.fail(f"{where}.model: expected a ProbitGP, got {type(model).__name__}")
+    if node["type"] == "ScaledOutcome":
+        scale = dec.tensor(node.get("scale"), f"{where}.scale", dtype=_F64, finite=True)
+        return build(dec, where, lambda: ScaledOutcome(model, scale.clone()))
+    return SuccessProbability(model)
+
+
+# ---------------------------------------------------------------------- RidgeRewardModel
+def _enc_ridge(m, enc: Encoder, what: str) -> dict:
+    return {"type": "RidgeRewardModel", "weights": enc.tensor(m.weights, f"{what}.weights"),
+            "intercepts": enc.tensor(m.intercepts, f"{what}.intercepts"), "low": m.low, "high": m.high}
+
+
+def _dec_ridge(node: dict, dec: Decoder, where: str):
+    from ..offline.estimators import RidgeRewardModel
+
+    w = dec.tensor(node.get("weights"), f"{where}.weights", dtype=_F64, finite=True)
+    if w.dim() != 2:
+        dec.fail(f"{where}.weights: expected shape [A, d], got {list(w.shape)}")
+    c = dec.tensor(node.get("intercepts"), f"{where}.intercepts", shape=(w.shape[0],), dtype=_F64, finite=True)
+    return RidgeRewardModel(w.clone(), c.clone(), dec.float_field(node, "low", where), dec.float_field(node, "high", where))
+
+
+# ---------------------------------------------------------------------- torch.nn modules
+_PLAIN = {"ReLU": nn.ReLU, "Tanh": nn.Tanh, "Sigmoid": nn.Sigmoid, "Identity": nn.Identity, "GELU": nn.GELU,
+          "SiLU": nn.SiLU, "Softplus": nn.Softplus}
+
+
+def _module_spec(m, what: str) -> dict:
+    if type(m) is nn.Sequential:
+        return {"module": "Sequential", "layers": [_module_spec(c, f"{what}[{i}]") for i, c in enumerate(m)]}
+    if type(m) is nn.Linear:
+        return {"module": "Linear", "in_features": m.in_features, "out_features": m.out_features, "bias": m.bias is not None}
+    if type(m) is nn.ELU:
+        return {"module": "ELU", "alpha": float(m.alpha)}
+    if type(m) in (nn.Softmax, nn.LogSoftmax):
+        return {"module": type(m).__name__, "dim": m.dim}
+    if type(m) is nn.Dropout:
+        return {"module": "Dropout", "p": float(m.p)}
+    for name, cls in _PLAIN.items():
+        if type(m) is cls:
+            return {"module": name}
+    mod = sys.modules.get("bayes_safe.offline.policy")
+    if mod is not None and type(m) is mod.Softmax:
+        return {"module": "bayes_safe.Softmax"}
+    raise TypeError(f"{what}: cannot save a torch module of type {type(m).__name__}; saveable modules are built from "
+                    f"Sequential, Linear, ELU, Softmax, LogSoftmax, Dropout, {', '.join(_PLAIN)} and "
+                    "bayes_safe.offline.policy.Softmax")
+
+
+def _module_from_spec(spec, dec: Decoder, where: str):
+    kind = spec.get("module") if isinstance(spec, dict) else None
+    if kind == "Sequential":
+        layers = dec.field(spec, "layers", list, where)
+        return nn.Sequential(*[_module_from_spec(s, dec, f"{where}[{i}]") for i, s in enumerate(layers)])
+    if kind == "Linear":
+        return build(dec, where, lambda: nn.Linear(dec.int_field(spec, "in_features", where, 1),
+                                                   dec.int_field(spec, "out_features", where, 1),
+                                                   bias=dec.field(spec, "bias", bool, where)))
+    if kind == "ELU":
+        return nn.ELU(alpha=dec.float_field(spec, "alpha", where))
+    if kind in ("Softmax", "LogSoftmax"):
+        return getattr(nn, kind)(dim=dec.field(spec, "dim", (int, type(None)), where))
+    if kind == "Dropout":
+        return build(dec, where, lambda: nn.Dropout(p=dec.float_field(spec, "p", where)))
+    if kind in _PLAIN:
+        return _PLAIN[kind]()
+    if kind == "bayes_safe.Softmax":
+        from ..offline.policy import Softmax
+
+        return Softmax()
+    dec.fail(f"{where}: unknown module {kind!r}")
+
+
+def _enc_module(m, enc: Encoder, what: str) -> dict:
+    params = list(m.state_dict().values())
+    dtypes = {t.dtype for t in params}
+    if len(dtypes) > 1:
+        raise TypeError(f"{what}: cannot save a torch module whose tensors have several dtypes {sorted(map(str, dtypes))}")
+    return {"type": "torch.nn.Module", "spec": _module_spec(m, what), "training": bool(m.training),
+            "dtype": dtype_name(params[0].dtype) if params else None, "state": _state_dict(m, enc, f"{what}.state")}
+
+
+def _dec_module(node: dict, dec: Decoder, where: str):
+    m = _module_from_spec(node.get("spec"), dec, f"{where}.spec")
+    if node.get("dtype") is not None:
+        m = m.to(dtype_from_name(node["dtype"], f"{dec.path}: {where}.dtype"))
+    _load_state_dict(m, node.get("state"), dec, f"{where}.state")
+    m.train(dec.field(node, "training", bool, where))
+    return m
+
+
+# ---------------------------------------------------------------------- dispatch
+def _encoder_for(model):
+    from ..models import BayesianLinear, PerArmLinear
+
+    if type(model) is BayesianLinear:
+        return _enc_linear
+    if type(model) is PerArmLinear:
+        return _enc_per_arm
+    bcts = sys.modules.get("bayes_safe.policies.bcts")
+    if bcts is not None and type(model) is bcts.CTSPosterior:
+        return _enc_cts
+    probit = sys.modules.get("bayes_safe.models.probit_gp")
+    if probit is not None:
+        if type(model) is probit.ProbitGP:
+            return _enc_probit
+        if type(model) in (probit.SuccessProbability, probit.ScaledOutcome):
+            return _enc_view
+    estimators = sys.modules.get("bayes_safe.offline.estimators")
+    if estimators is not None and type(model) is estimators.RidgeRewardModel:
+        return _enc_ridge
+    if isinstance(model, nn.Module):
+        return _enc_module
+    return None
+
+
+_DECODERS = {
+    "BayesianLinear": _dec_linear, "PerArmLinear": _dec_per_arm, "CTSPosterior": _dec_cts, "ProbitGP": _dec_probit,
+    "SuccessProbability": _dec_view, "ScaledOutcome": _dec_view, "RidgeRewardModel": _dec_ridge,
+    "torch.nn.Module": _dec_module,
+}
+
+
+def can_encode_model(model) -> bool:
+    return _encoder_for(model) is not None
+
+
+def encode_model(model, enc: Encoder, what: str) -> dict:
+    """The node of a model (shared objects written once)."""
+    encoder = _encoder_for(model)
+    if encoder is None:
+        raise TypeError(f"{what}: cannot save a model of type {type(model).__name__}; saveable: {SAVEABLE_MODELS}")
+    return enc.shared(model, lambda: encoder(model, enc, what))
+
+
+def decode_model(node, dec: Decoder, where: str):
+    if isinstance(node, dict) and "saved_as" in node:
+        if dec.resolve is None:
+            dec.fail(f"{where}: refers to a model saved in another file ({node['saved_as']!r}); load it with "
+                     "bayes_safe.diagnostics.load_policy")
+        return dec.resolve(node["saved_as"], where)
+
+    def decode(n):
+        kind = n.get("type") if isinstance(n, dict) else None
+        if kind not in _DECODERS:
+            dec.fail(f"{where}: unknown model type {kind!r}; expected one of {sorted(_DECODERS)}")
+        return _DECODERS[kind](n, dec, where)
+
+    return dec.shared(node, decode)

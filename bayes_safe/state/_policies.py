@@ -1,0 +1,182 @@
+"""Codecs of the policies: configuration (alpha, delta, bounds, mode, ...) and learning state.
+
+A policy node holds its type, its configuration and running sums, and one node per model
+role (``policy.models()``): either the model itself (``save_state``) or ``{"saved_as": name}``
+when the models live in their own files (``bayes_safe.diagnostics.save_models``). Policies are
+rebuilt by their public constructors, so a tampered configuration fails their validation.
+A step in progress (``select`` called, ``update`` not yet) is not saved: save between steps.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from ._format import Decoder, Encoder
+from ._models import build, decode_model
+from ._priors import callable_path, import_callable
+
+_F64 = torch.float64
+_LONG = torch.long
+
+SAVEABLE_POLICIES = ("ThompsonSampling", "Greedy", "Random", "LinUCB", "LUCB", "CLUCB", "CLUCB2ASC", "TSASC", "BCTS",
+                     "ConstraintMask")
+
+
+def _policy_types() -> dict:
+    from .. import policies as P
+
+    return {name: getattr(P, name) for name in SAVEABLE_POLICIES}
+
+
+def policy_type_name(policy) -> str | None:
+    """The saveable type name of ``policy`` (exact type: a subclass may behave differently), else None."""
+    if "bayes_safe.policies" not in sys.modules:
+        return None
+    for name, cls in _policy_types().items():
+        if type(policy) is cls:
+            return name
+    return None
+
+
+def _bound(conf) -> torch.Tensor:
+    return conf.weight_bound
+
+
+def encode_policy(policy, enc: Encoder, what: str, model_node) -> dict:
+    """The node of a policy; ``model_node(role, model)`` gives the node of each model."""
+    name = policy_type_name(policy)
+    if name is None:
+        raise TypeError(f"{what}: cannot save a policy of type {type(policy).__name__}; saveable: {', '.join(SAVEABLE_POLICIES)}")
+    node: dict = {"type": name, "models": {role: model_node(role, m) for role, m in policy.models().items()}}
+    t = enc.tensor
+    if name in ("LinUCB", "LUCB", "CLUCB"):
+        conf = policy.confidence
+        node.update(delta=float(conf.delta), weight_bound=t(_bound(conf), f"{what}.weight_bound"),
+                    radius_scale=float(getattr(conf, "radius_scale", 1.0)))
+    if name == "CLUCB":
+        if policy._baseline_fixed is not None:
+            node["baseline_reward"] = t(policy._baseline_fixed, f"{what}.baseline_reward")
+        else:
+            node["baseline_reward"] = {"callable": callable_path(policy._baseline_fn, f"{what}.baseline_reward")}
+        node.update(alpha=float(policy.alpha), state={
+            k: t(getattr(policy, k), f"{what}.{k}") for k in
+            ("z", "baseline_reward_played", "baseline_reward_total", "num_optimistic", "num_conservative")})
+    elif name == "CLUCB2ASC":
+        conf = policy.reward_confidence
+        node.update(alpha=policy.alpha.tolist(), delta=float(policy.delta), mode=policy.mode,
+                    weight_bound=t(_bound(conf), f"{what}.weight_bound"),
+                    constraint_weight_bounds=[t(_bound(c), f"{what}.constraint_weight_bounds{j}")
+                                              for j, c in enumerate(policy.constraint_confidences)],
+                    baseline_lower_bound=list(policy.baseline_lower_bound),
+                    radius_scale=float(getattr(conf, "radius_scale", 1.0)),
+                    num_constraints=policy.num_constraints,
+                    state={k: t(getattr(policy, k), f"{what}.{k}") for k in ("z", "v", "w", "num_conservative")})
+    elif name == "TSASC":
+        node.update(alpha=policy.alpha.tolist(), num_constraints=policy.num_constraints)
+    elif name == "BCTS":
+        node.update(sigma_online=t(policy.sigma_online, f"{what}.sigma_online"),
+                    random_teaching=t(policy.random_teaching, f"{what}.random_teaching"),
+                    num_teaching_examples=int(policy.num_teaching_examples), taught=bool(policy._taught))
+    return node
+
+
+def decode_policy(node, dec: Decoder, where: str):
+    types = _policy_types()
+    name = node.get("type") if isinstance(node, dict) else None
+    if name not in types:
+        dec.fail(f"{where}: unknown policy type {name!r}; expected one of {list(SAVEABLE_POLICIES)}")
+    refs = dec.field(node, "models", dict, where)
+    models = {role: decode_model(ref, dec, f"{where}.models.{role}") for role, ref in refs.items()}
+
+    def need(*roles):
+        if set(models) != set(roles):
+            dec.fail(f"{where}: a {name} has the models {list(roles)}, the file names {sorted(models)}")
+        return [models[r] for r in roles]
+
+    def constraints():
+        C = dec.int_field(node, "num_constraints", where, minimum=1)
+        return need("reward", *[f"constraint{j}" for j in range(C)])
+
+    def t(key, **kw):
+        return dec.tensor(node.get(key), f"{where}.{key}", **kw)
+
+    cls = types[name]
+    if name == "Random":
+        need()
+        return cls()
+    if name in ("ThompsonSampling", "Greedy"):
+        return cls(*need("reward"))
+    if name == "ConstraintMask":
+        return cls(reward_model=need("reward")[0])
+    if name in ("LinUCB", "LUCB", "CLUCB"):
+        (model,) = need("reward")
+        delta = dec.float_field(node, "delta", where)
+        bound = t("weight_bound", dtype=_F64, finite=True).clone()
+        scale = dec.float_field(node, "radius_scale", where)
+        if name == "LinUCB":
+            if scale != 1.0:
+                dec.fail(f"{where}: a LinUCB has radius_scale 1")
+            return build(dec, where, lambda: cls(model, delta=delta, weight_bound=bound))
+        if name == "LUCB":
+            return build(dec, where, lambda: cls(model, delta=delta, weight_bound=bound, radius_scale=scale))
+        spec = node.get("baseline_reward")
+        if isinstance(spec, dict) and "callable" in spec:
+            baseline = import_callable(spec["callable"], dec, f"{where}.baseline_reward")
+        else:
+            baseline = t("baseline_reward", dtype=_F64, finite=True).clone()
+        alpha = dec.float_field(node, "alpha", where)
+        policy = build(dec, where, lambda: cls(model, baseline, alpha=alpha, delta=delta, weight_bound=bound,
+                                               radius_scale=scale))
+        _restore(policy, node, dec, where, {"z": (policy.replications, policy.dim), "baseline_reward_played": (policy.replications,),
+                                            "baseline_reward_total": (policy.replications,),
+                                            "num_optimistic": (policy.replications,), "num_conservative": (policy.replications,)})
+        return policy
+    if name == "CLUCB2ASC":
+        reward, *cons = constraints()
+        alpha = _alphas(node, len(cons), dec, where)
+        bounds = dec.field(node, "constraint_weight_bounds", list, where)
+        if len(bounds) != len(cons):
+            dec.fail(f"{where}: expected {len(cons)} constraint_weight_bounds")
+        cbounds = [dec.tensor(b, f"{where}.constraint_weight_bounds[{j}]", dtype=_F64, finite=True).clone()
+                   for j, b in enumerate(bounds)]
+        lows = dec.field(node, "baseline_lower_bound", list, where)
+        policy = build(dec, where, lambda: cls(
+            reward, cons, alpha=alpha, delta=dec.float_field(node, "delta", where),
+            mode=dec.field(node, "mode", str, where), weight_bound=t("weight_bound", dtype=_F64, finite=True).clone(),
+            constraint_weight_bounds=cbounds, baseline_lower_bound=lows,
+            radius_scale=dec.float_field(node, "radius_scale", where)))
+        R, d = policy.replications, policy.dim
+        _restore(policy, node, dec, where, {"z": (R, d), "v": (R, d), "w": (R, d), "num_conservative": (R,)})
+        return policy
+    if name == "TSASC":
+        reward, *cons = constraints()
+        alpha = _alphas(node, len(cons), dec, where)
+        return build(dec, where, lambda: cls(reward, cons, alpha=alpha))
+    # BCTS
+    reward, constraint = need("reward", "constraint")
+    sigma = t("sigma_online", dtype=_F64, finite=True).clone()
+    teaching = t("random_teaching", dtype=torch.bool)
+    policy = build(dec, where, lambda: cls(sigma, reward_model=reward, constraint_model=constraint,
+                                           teaching=["random" if r else "cts" for r in teaching.reshape(-1).tolist()]))
+    policy.num_teaching_examples = dec.int_field(node, "num_teaching_examples", where)
+    policy._taught = dec.field(node, "taught", bool, where)
+    return policy
+
+
+def _restore(policy, node, dec: Decoder, where: str, shapes: dict) -> None:
+    state = dec.field(node, "state", dict, where)
+    if set(state) != set(shapes):
+        dec.fail(f"{where}.state: expected exactly {sorted(shapes)}")
+    for key, shape in shapes.items():
+        current = getattr(policy, key)
+        value = dec.tensor(state[key], f"{where}.state.{key}", shape=shape, dtype=current.dtype, finite=True)
+        setattr(policy, key, value.clone())
+
+
+def _alphas(node, count: int, dec: Decoder, where: str) -> list[float]:
+    alpha = dec.field(node, "alpha", list, where)
+    if len(alpha) != count or not all(isinstance(a, (int, float)) and not isinstance(a, bool) for a in alpha):
+        dec.fail(f"{where}: field 'alpha' must hold {count} numbers (one per constraint model), got {alpha!r}")
+    return [float(a) for a in alpha]
