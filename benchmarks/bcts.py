@@ -3,7 +3,7 @@
 The full study: the real IWPC table (the ``data`` extra), sigma_online in {0, 0.25, 0.5,
 0.75, 1} plus the Constraint Mask, teaching by CTS and by random exploration, 50,000
 teaching examples, 20,000 online steps, 5 folds; every setting runs in one batch
-(``bayes_safe.bcts_run.run_bcts``). ``--quick`` times the study's quick configuration
+(``bayes_safe.experiments.run_bcts``). ``--quick`` times the study's quick configuration
 against a 2-minute target instead.
 """
 

@@ -7,7 +7,9 @@ import pytest
 import torch
 
 from bayes_safe._validation import trusted_inputs
-from bayes_safe.bcts_run import BCTSProblem, SharedStreams, _SharedRows, run_bcts
+from bayes_safe.envs import BCTSProblem
+from bayes_safe.experiments import SharedStreams, run_bcts
+from bayes_safe.experiments.bcts import _SharedRows
 from bayes_safe.models import PerArmLinear
 from bayes_safe.policies import BCTS, ConstraintMask, CTSPosterior, ThompsonSampling
 from bayes_safe.random import ReplicationRNG, replication_seeds

@@ -19,10 +19,22 @@ Example:
     >>> write_report(study, "runs")                                               # doctest: +SKIP
 """
 
-from .ab_test import ABProblem, ABTest, Range, VideoUploadProblem, make_problem
-from .logged import LoggedDataProblem
-from .report import write_report
-from .study import Study, make_generation_strategy
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from typing import TYPE_CHECKING
+
+from bayes_safe._extras import EXTRA_OF, MissingExtraError
+
+if TYPE_CHECKING:  # the eager imports, for type checkers and IDEs
+    from bayes_safe.envs.ab_problem import ABProblem
+    from bayes_safe.envs.video_upload import VideoUploadProblem
+
+    from .ab_test import ABTest, Range, make_problem
+    from .logged import LoggedDataProblem
+    from .report import write_report
+    from .study import Study, make_generation_strategy
 
 __all__ = [
            "ABProblem",
@@ -35,3 +47,49 @@ __all__ = [
            "make_problem",
            "write_report",
 ]
+
+#: public name -> the module that defines it. Imported on first use (PEP 562), so
+#: ``bayes_safe.tuning.cli`` builds the ``tune`` parser without torch or Ax. The two problem
+#: classes live with the environments (``bayes_safe.envs``) and are re-exported here.
+_SOURCES = {
+    "ABProblem": "bayes_safe.envs.ab_problem",
+    "VideoUploadProblem": "bayes_safe.envs.video_upload",
+    "ABTest": ".ab_test",
+    "Range": ".ab_test",
+    "make_problem": ".ab_test",
+    "LoggedDataProblem": ".logged",
+    "write_report": ".report",
+    "Study": ".study",
+    "make_generation_strategy": ".study",
+}
+
+
+def _check_tune_extra() -> None:
+    """Fail at ``import bayes_safe.tuning`` with one line naming the extra when a package of
+    ``tune`` is missing; looks the packages up without importing them."""
+    for package, extra in EXTRA_OF.items():
+        if extra != "tune":
+            continue
+        try:
+            found = importlib.util.find_spec(package) is not None
+        except ValueError:  # sys.modules[package] is None: the import is blocked
+            found = False
+        if not found:
+            raise MissingExtraError(f"bayes_safe.tuning needs the optional package {package!r}, which is not "
+                                    f"installed: pip install 'bayes-safe[{extra}]'", name=package)
+
+
+_check_tune_extra()
+
+
+def __getattr__(name: str):
+    source = _SOURCES.get(name)
+    if source is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(source, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -21,32 +21,27 @@ A trial is a pure function of ``(parameters, seed)``: ``ABTest.evaluate`` builds
 problem, the policies and every random stream from them, so it can run in another process
 or on another machine and give the same numbers bit for bit there.
 
-The problem is pluggable: ``ABProblem`` is what the A/B test needs from one (a stream of
-units, outcomes of actions, the policy factory, the feedback a policy learns from, and the
-per-unit metrics). ``VideoUploadProblem`` is the paper's problem on the simulator
-``bayes_safe.envs.video_upload``.
+The problem is pluggable: ``ABProblem`` (``bayes_safe.envs.ab_problem``) is what the A/B
+test needs from one (a stream of units, outcomes of actions, the policy factory, the feedback
+a policy learns from, and the per-unit metrics). ``VideoUploadProblem`` is the paper's problem,
+beside its simulator in ``bayes_safe.envs.video_upload``. This module keeps the engine
+(``ABTest``), the search space (``Range``) and the registry of problems buildable by name
+(``PROBLEMS``, ``make_problem``); it re-exports both problem classes.
 """
 
 from __future__ import annotations
 
-import copy
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from bayes_safe._validation import check_positive_int
-from bayes_safe.envs.video_upload import (
-    ACTION_NAMES,
-    CONNECTIONS,
-    FEATURE_DIM,
-    RESOLUTIONS,
-    VideoUpload,
-    percent_change,
-)
+from bayes_safe.envs.ab_problem import ABProblem
+from bayes_safe.envs.video_upload import VideoUploadProblem, percent_change
 from bayes_safe.threads import single_thread
 
 __all__ = ["PROBLEMS", "ABProblem", "ABTest", "Range", "VideoUploadProblem", "make_problem"]
@@ -105,257 +100,6 @@ class Range:
 
 
 # ---------------------------------------------------------------------- problems
-class ABProblem:
-    """What ``ABTest`` needs from a problem. Subclass it for your own problem.
-
-    A unit (an upload, a request, a patient) arrives with candidate actions; the problem
-    gives a seeded stream of units and their outcomes under any actions, using the same
-    random numbers whatever the actions (common random numbers). Required:
-
-    * ``make_env(parameters, seed)`` -> an environment with ``draw(n)`` returning units that
-      have ``features [n, K, d]``, ``baseline [n]`` and ``valid [n, K]`` (or ``None``), and
-      ``outcomes(units, actions [n])``;
-    * ``make_policy(kind, parameters, env, *, seed, refit_every)`` -> a
-      ``Policy`` (``select`` / ``update``); ``kind`` is the
-      arm's name (``"ts-asc"``, ``"ts"``, ...) and ``refit_every`` the batch size;
-    * ``feedback(env, units, outcomes)`` -> ``(reward [n], constraints [n, C] or None)``, what
-      a policy learns from;
-    * ``unit_metrics(env, units, outcomes)`` -> ``{name: (values [n], mask [n] or None)}``,
-      per-unit values whose means are compared with the baseline's (``mask`` restricts a
-      metric to some units, e.g. uploads with a 1080p source).
-
-    Offline problems (``offline = True``, e.g. ``bayes_safe.tuning.logged.LoggedDataProblem``) replace
-    the simulation: ``estimate(parameters, seed)`` returns the trial's ``{metric: (mean, sem)}``
-    directly and ``metric_names()`` lists every metric by its full name.
-
-    Optional: ``level_metrics(env, units, outcomes, baseline_outcomes, parameters)`` ->
-    ``{name: values [n]}`` reported as means (not as changes); ``config()`` (a JSON-safe dict
-    that rebuilds the problem through ``make_problem``, so a stored study can be resumed
-    from the command line); the study defaults ``parameters``, ``objective``,
-    ``outcome_constraints`` and ``surface`` (the two parameters of the response-surface plots).
-    """
-
-    name: str = "custom"
-    policies: tuple[str, ...] = ()
-    #: arms compared with the tuned one by default (``ABTest(compare=None)``)
-    compare: tuple[str, ...] = ()
-    #: True: trials are estimated by ``estimate`` (no simulation)
-    offline: bool = False
-    parameters: tuple[Range, ...] = ()
-    objective: str | None = None
-    outcome_constraints: tuple[str, ...] = ()
-    surface: tuple[str, str] | None = None
-
-    def metric_names(self) -> tuple[str, ...]:
-        """Names of the per-unit metrics ``unit_metrics`` returns (without the ``_change`` suffix)."""
-        raise NotImplementedError
-
-    def level_metric_names(self) -> tuple[str, ...]:
-        return ()
-
-    def check_parameters(self, ranges: Sequence[Range]) -> None:
-        """Raise ``ValueError`` for parameters this problem does not read or cannot take."""
-
-    def make_env(self, parameters: Mapping, seed: int):
-        raise NotImplementedError
-
-    def make_policy(self, kind: str, parameters: Mapping, env, *, seed: int, refit_every: int):
-        raise NotImplementedError
-
-    def feedback(self, env, units, outcomes):
-        raise NotImplementedError
-
-    def unit_metrics(self, env, units, outcomes) -> dict:
-        raise NotImplementedError
-
-    def level_metrics(self, env, units, outcomes, baseline_outcomes, parameters) -> dict:
-        return {}
-
-    def config(self) -> dict | None:
-        return None
-
-    def estimate(self, parameters: Mapping, seed: int) -> dict[str, tuple[float, float]]:
-        """An offline problem's trial: ``{metric: (mean, sem)}`` for ``parameters``."""
-        raise NotImplementedError(f"problem {self.name!r}: estimate() is for offline problems (offline = True)")
-
-    # -- how the report (bayes_safe.tuning.report) words a study of this problem
-    #: what one trial is, in the set-up line; its observed metrics; the work a trial does
-    trial_noun: str = "A/B test"
-    observed_label: str = "A/B test mean"
-    trial_work: str = "simulation"
-    report_intro: str = (
-        "Bayesian optimisation of TS-ASC's alpha and reward offsets (Daulton et al. 2019, section 5.3): each trial "
-        "is a simulated A/B test of one parameterization against the baseline policy on common random numbers; "
-        "metrics are % changes against the baseline with paired delta-method standard errors.")
-
-    def tuned_label(self, ab_test) -> str:
-        """The tuned arm's name in the figures."""
-        return "TS-ASC" if ab_test.policy == "ts-asc" else ab_test.policy
-
-    def describe(self, ab_test) -> str:
-        """How a trial runs, for the report's set-up line."""
-        text = (f"{ab_test.n_users:,} users per arm in {ab_test.batches} batches (the policy refits after each); "
-                f"tuned arm `{ab_test.policy}`")
-        if ab_test.compare:
-            text += ", compared arms " + ", ".join(f"`{c}`" for c in ab_test.compare)
-        return text
-
-
-#: the paper's search space (section 5.3): omega_360p = 1 fixed; the open lower bounds (0, ...]
-#: become 1e-4 (omega must be positive: the reward must strictly increase with quality)
-VIDEO_UPLOAD_PARAMETERS = (
-    Range("alpha", 0.0, 0.06),
-    Range("omega_480", 1e-4, 0.05),
-    Range("omega_720", 1e-4, 0.04),
-    Range("omega_1080", 1e-4, 0.03),
-)
-
-_OMEGA_NAMES = ("omega_360", "omega_480", "omega_720", "omega_1080")
-_WARM_CACHE: dict = {}
-
-
-@dataclass
-class VideoUploadProblem(ABProblem):
-    """The paper's video-upload problem (section 5) on ``VideoUpload``.
-
-    Parameters read: ``alpha`` (TS-ASC's tolerated relative drop of success probability) and
-    the reward offsets ``omega_480``, ``omega_720``, ``omega_1080`` (``omega_360`` = 1 unless
-    given); a parameter a study does not tune takes its value from ``defaults``.
-
-    Arms: ``"ts-asc"`` (TS-ASC, Algorithm 1, reward view ``ScaledOutcome(model, cumsum(omega))``
-    and constraint view ``SuccessProbability(model)`` of one ``ProbitGP``)
-    and ``"ts"`` (vanilla Thompson sampling on the reward view; alpha is irrelevant to it).
-
-    Warm start (as ``studies/video_upload.py``): before the A/B test, ``warmup`` uploads are
-    logged under a uniformly random valid action and one ProbitGP is fitted on them; every arm
-    starts from a copy. The log is the same for every trial of a study (``warmup_seed``): it is
-    the study's historical exploration data, not part of any trial's randomness, and its
-    fitted model is cached per process.
-
-    Args:
-        warmup: size of the exploration log.
-        warmup_seed: seed of the log and of the warm-start fit.
-        model: keyword arguments of ``ProbitGP``.
-        defaults: values of parameters a study does not tune.
-    """
-
-    warmup: int = 4_000
-    warmup_seed: int = 0
-    model: dict = field(default_factory=dict)
-    defaults: dict = field(default_factory=lambda: {"alpha": 0.01, "omega_360": 1.0, "omega_480": 0.02,
-                                                    "omega_720": 0.02, "omega_1080": 0.02})
-
-    name = "video-upload"
-    policies = ("ts-asc", "ts")
-    compare = ("ts",)
-    parameters = VIDEO_UPLOAD_PARAMETERS
-    objective = "q_1080p_change"
-    outcome_constraints = ("reliability_change >= 0",)
-    surface = ("alpha", "omega_1080")
-
-    def __post_init__(self):
-        if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 10:
-            raise ValueError(f"warmup: expected an int >= 10 (size of the exploration log), got {self.warmup!r}")
-        if not isinstance(self.model, dict):
-            raise TypeError(f"model: expected a dict of ProbitGP keyword arguments, got {type(self.model).__name__}")
-        unknown = set(self.defaults) - {"alpha", *_OMEGA_NAMES}
-        if unknown:
-            raise ValueError(f"defaults: unknown parameters {sorted(unknown)}; expected alpha, {', '.join(_OMEGA_NAMES)}")
-
-    # -- metadata
-    def metric_names(self) -> tuple[str, ...]:
-        return ("reliability", "expected_reliability", "q_1080p", "delivered_quality",
-                *[f"share_{q}" for q in ACTION_NAMES], *[f"reliability_{c}" for c in CONNECTIONS])
-
-    def level_metric_names(self) -> tuple[str, ...]:
-        return ("violation_rate",)
-
-    def check_parameters(self, ranges: Sequence[Range]) -> None:
-        for r in ranges:
-            if r.name not in ("alpha", *_OMEGA_NAMES):
-                raise ValueError(f"parameter {r.name!r}: the video-upload problem reads only alpha and "
-                                 f"{', '.join(_OMEGA_NAMES)}")
-            if r.name == "alpha" and not (0 <= r.low and r.high < 1):
-                raise ValueError(f"parameter 'alpha': bounds [{r.low}, {r.high}] must lie in [0, 1)")
-            if r.name.startswith("omega") and r.low <= 0:
-                raise ValueError(f"parameter {r.name!r}: reward offsets must be positive, got low={r.low} "
-                                 "(the paper's (0, x] interval: use a small positive lower bound such as 1e-4)")
-            if r.integer:
-                raise ValueError(f"parameter {r.name!r}: expected a real parameter, not an integer one")
-
-    def config(self) -> dict:
-        return {"name": self.name, "warmup": self.warmup, "warmup_seed": self.warmup_seed, "model": dict(self.model),
-                "defaults": dict(self.defaults)}
-
-    def describe(self, ab_test) -> str:
-        text = super().describe(ab_test) + f"; warm start from an exploration log of {self.warmup:,} uploads"
-        return text + (f"; model options {self.model}" if self.model else "")
-
-    # -- the problem
-    def _value(self, parameters: Mapping, name: str) -> float:
-        return float(parameters[name]) if name in parameters else float(self.defaults[name])
-
-    def make_env(self, parameters: Mapping, seed: int) -> VideoUpload:
-        omega = [self._value(parameters, n) for n in _OMEGA_NAMES]
-        return VideoUpload(omega=omega, seed=int(seed))
-
-    def _warm_model(self):
-        """The ProbitGP fitted on the exploration log (cached per process)."""
-        key = (self.warmup, self.warmup_seed, repr(sorted(self.model.items())))
-        model = _WARM_CACHE.get(key)
-        if model is None:
-            from bayes_safe.models import ProbitGP
-
-            env = VideoUpload(seed=10_007 + self.warmup_seed)
-            logged = env.draw(self.warmup)
-            gen = torch.Generator().manual_seed(20_011 + self.warmup_seed)
-            a0 = torch.rand(len(logged), 4, generator=gen, dtype=torch.float64).masked_fill(~logged.valid, -1).argmax(-1)
-            o0 = env.outcomes(logged, a0)
-            model = ProbitGP(FEATURE_DIM, **{"seed": self.warmup_seed, **self.model, "refit_every": None})
-            model.update(logged.features[torch.arange(len(logged)), a0], o0.success.double())
-            model.fit()
-            if len(_WARM_CACHE) >= 4:
-                _WARM_CACHE.pop(next(iter(_WARM_CACHE)))
-            _WARM_CACHE[key] = model
-        return model
-
-    def make_policy(self, kind: str, parameters: Mapping, env: VideoUpload, *, seed: int, refit_every: int):
-        from bayes_safe.models import ScaledOutcome, SuccessProbability
-        from bayes_safe.policies import TSASC, ThompsonSampling
-
-        model = copy.deepcopy(self._warm_model())
-        model.refit_every = int(refit_every)
-        if kind == "ts-asc":
-            return TSASC(ScaledOutcome(model, env.reward_scale), SuccessProbability(model),
-                         alpha=self._value(parameters, "alpha"))
-        if kind == "ts":
-            return ThompsonSampling(ScaledOutcome(model, env.reward_scale))
-        raise ValueError(f"policy: expected one of {list(self.policies)} for the video-upload problem, got {kind!r}")
-
-    def feedback(self, env, units, outcomes):
-        return outcomes.reward, outcomes.success.double()[:, None]
-
-    def unit_metrics(self, env, units, outcomes) -> dict:
-        success = outcomes.success.double()
-        source = units.groups["source_resolution"]
-        lines = torch.tensor(RESOLUTIONS, dtype=torch.float64)[outcomes.actions]
-        out = {
-            "reliability": (success, None),
-            "expected_reliability": (outcomes.success_prob, None),
-            "q_1080p": (outcomes.preserved_1080p.double(), source == 3),
-            "delivered_quality": (success * lines, None),
-        }
-        for j, q in enumerate(ACTION_NAMES):
-            out[f"share_{q}"] = ((outcomes.actions == j).double(), None)
-        for i, c in enumerate(CONNECTIONS):
-            out[f"reliability_{c}"] = (success, units.groups["connection"] == i)
-        return out
-
-    def level_metrics(self, env, units, outcomes, baseline_outcomes, parameters) -> dict:
-        alpha = self._value(parameters, "alpha")
-        return {"violation_rate": (outcomes.success_prob < (1 - alpha) * baseline_outcomes.success_prob).double()}
-
-
 #: problems buildable by name (the command line and stored studies use these)
 PROBLEMS: dict[str, Callable[..., ABProblem]] = {"video-upload": VideoUploadProblem}
 

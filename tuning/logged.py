@@ -4,7 +4,7 @@ A simulated A/B test (``VideoUploadProblem``) needs a simulator of the
 production system. Teams that have only logs of their production policy can still tune: a
 trial trains a policy with the parameterization on part of the logs and estimates its value
 and its constraint violations on the held-out part (Kachuee & Lee 2022, section 4.3 metrics;
-``bayes_safe.offline.ab_test.evaluate_offline``). ``LoggedDataProblem`` plugs that
+``bayes_safe.offline.evaluation.evaluate_offline``). ``LoggedDataProblem`` plugs that
 into ``ABTest`` and ``Study`` unchanged: the Ax loop, storage,
 parallel trials, crash recovery and the report work as for simulated A/B tests.
 
@@ -36,8 +36,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bayes_safe._validation import check_positive_int
+from bayes_safe.envs.ab_problem import ABProblem
 
-from .ab_test import ABProblem, Range
+from .ab_test import Range
 
 __all__ = ["METHOD_PARAMETERS", "LoggedDataProblem"]
 

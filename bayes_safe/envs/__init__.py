@@ -2,12 +2,19 @@
 
 Contextual problems with their own protocols (video upload, movie recommendation, warfarin
 dosing) are exported here too but are not in ``PROBLEMS``: each documents how it is run.
+Two problem interfaces live here as well: ``BCTSProblem`` (the finite table a BCTS
+experiment runs on, ``bayes_safe.experiments.run_bcts``) and ``ABProblem`` (what an A/B test
+of ``bayes_safe.tuning`` needs from a problem; ``VideoUploadProblem`` is the paper's).
 """
 
 from __future__ import annotations
 
+from .ab_problem import ABProblem
+from .bcts_problem import BCTSProblem
 from .linear import LinearBandit, Step, daulton2019, kazerouni2017, kazerouni2017_neurips
-from .video_upload import VideoUpload, video_upload
+from .movies import load_movielens, movie_recommendation, synthetic_movielens
+from .video_upload import VideoUpload, VideoUploadProblem, video_upload
+from .warfarin import load_iwpc, warfarin
 
 PROBLEMS = {
     "kazerouni2017": kazerouni2017,
@@ -24,11 +31,21 @@ def make_problem(name: str, **kwargs):
 
 
 __all__ = [
-    "PROBLEMS", "LinearBandit", "Step", "VideoUpload", "daulton2019", "kazerouni2017", "kazerouni2017_neurips",
-    "make_problem", "video_upload",
+    "PROBLEMS",
+    "ABProblem",
+    "BCTSProblem",
+    "LinearBandit",
+    "Step",
+    "VideoUpload",
+    "VideoUploadProblem",
+    "daulton2019",
+    "kazerouni2017",
+    "kazerouni2017_neurips",
+    "load_iwpc",
+    "load_movielens",
+    "make_problem",
+    "movie_recommendation",
+    "synthetic_movielens",
+    "video_upload",
+    "warfarin",
 ]
-
-from .movies import load_movielens, movie_recommendation, synthetic_movielens
-from .warfarin import load_iwpc, warfarin
-
-__all__ += ["load_iwpc", "load_movielens", "movie_recommendation", "synthetic_movielens", "warfarin"]

@@ -46,7 +46,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..bcts_run import BCTSProblem
+from .bcts_problem import BCTSProblem
 
 __all__ = [
     "AGE_BANDS",

@@ -37,7 +37,9 @@ problems with fixed arms and one fixed baseline action per replication (``baseli
 ``optimal_reward``, ``instance_feasible`` are per-replication constants there), while here every
 upload brings a new context, a new baseline action and a new valid-action mask. The study
 ``studies/video_upload.py`` runs the stream itself (``draw`` a batch, ``select``,
-``outcomes``, ``update``).
+``outcomes``, ``update``). ``VideoUploadProblem`` is the same problem as an ``ABProblem``
+(``bayes_safe.envs.ab_problem``): what ``bayes_safe.tuning.ABTest`` needs to run the paper's
+A/B tests of TS-ASC's parameters (section 5.3) on this simulator.
 
 Example:
     >>> env = VideoUpload(seed=0)
@@ -51,14 +53,16 @@ Example:
 
 from __future__ import annotations
 
+import copy
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from .._validation import as_tensor, check_finite
+from .ab_problem import ABProblem
 from .linear import Step
 
 __all__ = [
@@ -70,10 +74,12 @@ __all__ = [
     "FEATURE_DIM",
     "NUM_ACTIONS",
     "RESOLUTIONS",
+    "VIDEO_UPLOAD_PARAMETERS",
     "Outcomes",
     "Uploads",
     "VideoUpload",
     "VideoUploadParameters",
+    "VideoUploadProblem",
     "percent_change",
     "video_upload",
 ]
@@ -478,3 +484,160 @@ def percent_change(policy: torch.Tensor, baseline: torch.Tensor) -> tuple[float,
 def video_upload(omega: Sequence[float] = (1.0, 0.02, 0.02, 0.02), seed: int = 0) -> VideoUpload:
     """Build the video-upload problem (keyword style, like the other problem builders)."""
     return VideoUpload(omega=omega, seed=seed)
+
+
+# ---------------------------------------------------------------------- the A/B-testable problem
+#: the paper's search space (section 5.3), as the fields of ``bayes_safe.tuning.Range``: omega_360p = 1
+#: fixed; the open lower bounds (0, ...] become 1e-4 (omega must be positive: the reward must strictly
+#: increase with quality)
+VIDEO_UPLOAD_PARAMETERS = (
+    {"name": "alpha", "low": 0.0, "high": 0.06},
+    {"name": "omega_480", "low": 1e-4, "high": 0.05},
+    {"name": "omega_720", "low": 1e-4, "high": 0.04},
+    {"name": "omega_1080", "low": 1e-4, "high": 0.03},
+)
+
+_OMEGA_NAMES = ("omega_360", "omega_480", "omega_720", "omega_1080")
+_WARM_CACHE: dict = {}
+
+
+@dataclass
+class VideoUploadProblem(ABProblem):
+    """The paper's video-upload problem (section 5) on ``VideoUpload``.
+
+    Parameters read: ``alpha`` (TS-ASC's tolerated relative drop of success probability) and
+    the reward offsets ``omega_480``, ``omega_720``, ``omega_1080`` (``omega_360`` = 1 unless
+    given); a parameter a study does not tune takes its value from ``defaults``.
+
+    Arms: ``"ts-asc"`` (TS-ASC, Algorithm 1, reward view ``ScaledOutcome(model, cumsum(omega))``
+    and constraint view ``SuccessProbability(model)`` of one ``ProbitGP``)
+    and ``"ts"`` (vanilla Thompson sampling on the reward view; alpha is irrelevant to it).
+
+    Warm start (as ``studies/video_upload.py``): before the A/B test, ``warmup`` uploads are
+    logged under a uniformly random valid action and one ProbitGP is fitted on them; every arm
+    starts from a copy. The log is the same for every trial of a study (``warmup_seed``): it is
+    the study's historical exploration data, not part of any trial's randomness, and its
+    fitted model is cached per process.
+
+    Args:
+        warmup: size of the exploration log.
+        warmup_seed: seed of the log and of the warm-start fit.
+        model: keyword arguments of ``ProbitGP``.
+        defaults: values of parameters a study does not tune.
+    """
+
+    warmup: int = 4_000
+    warmup_seed: int = 0
+    model: dict = field(default_factory=dict)
+    defaults: dict = field(default_factory=lambda: {"alpha": 0.01, "omega_360": 1.0, "omega_480": 0.02,
+                                                    "omega_720": 0.02, "omega_1080": 0.02})
+
+    name = "video-upload"
+    policies = ("ts-asc", "ts")
+    compare = ("ts",)
+    parameters = VIDEO_UPLOAD_PARAMETERS
+    objective = "q_1080p_change"
+    outcome_constraints = ("reliability_change >= 0",)
+    surface = ("alpha", "omega_1080")
+
+    def __post_init__(self):
+        if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 10:
+            raise ValueError(f"warmup: expected an int >= 10 (size of the exploration log), got {self.warmup!r}")
+        if not isinstance(self.model, dict):
+            raise TypeError(f"model: expected a dict of ProbitGP keyword arguments, got {type(self.model).__name__}")
+        unknown = set(self.defaults) - {"alpha", *_OMEGA_NAMES}
+        if unknown:
+            raise ValueError(f"defaults: unknown parameters {sorted(unknown)}; expected alpha, {', '.join(_OMEGA_NAMES)}")
+
+    # -- metadata
+    def metric_names(self) -> tuple[str, ...]:
+        return ("reliability", "expected_reliability", "q_1080p", "delivered_quality",
+                *[f"share_{q}" for q in ACTION_NAMES], *[f"reliability_{c}" for c in CONNECTIONS])
+
+    def level_metric_names(self) -> tuple[str, ...]:
+        return ("violation_rate",)
+
+    def check_parameters(self, ranges: Sequence) -> None:
+        for r in ranges:
+            if r.name not in ("alpha", *_OMEGA_NAMES):
+                raise ValueError(f"parameter {r.name!r}: the video-upload problem reads only alpha and "
+                                 f"{', '.join(_OMEGA_NAMES)}")
+            if r.name == "alpha" and not (0 <= r.low and r.high < 1):
+                raise ValueError(f"parameter 'alpha': bounds [{r.low}, {r.high}] must lie in [0, 1)")
+            if r.name.startswith("omega") and r.low <= 0:
+                raise ValueError(f"parameter {r.name!r}: reward offsets must be positive, got low={r.low} "
+                                 "(the paper's (0, x] interval: use a small positive lower bound such as 1e-4)")
+            if r.integer:
+                raise ValueError(f"parameter {r.name!r}: expected a real parameter, not an integer one")
+
+    def config(self) -> dict:
+        return {"name": self.name, "warmup": self.warmup, "warmup_seed": self.warmup_seed, "model": dict(self.model),
+                "defaults": dict(self.defaults)}
+
+    def describe(self, ab_test) -> str:
+        text = super().describe(ab_test) + f"; warm start from an exploration log of {self.warmup:,} uploads"
+        return text + (f"; model options {self.model}" if self.model else "")
+
+    # -- the problem
+    def _value(self, parameters: Mapping, name: str) -> float:
+        return float(parameters[name]) if name in parameters else float(self.defaults[name])
+
+    def make_env(self, parameters: Mapping, seed: int) -> VideoUpload:
+        omega = [self._value(parameters, n) for n in _OMEGA_NAMES]
+        return VideoUpload(omega=omega, seed=int(seed))
+
+    def _warm_model(self):
+        """The ProbitGP fitted on the exploration log (cached per process)."""
+        key = (self.warmup, self.warmup_seed, repr(sorted(self.model.items())))
+        model = _WARM_CACHE.get(key)
+        if model is None:
+            from ..models import ProbitGP
+
+            env = VideoUpload(seed=10_007 + self.warmup_seed)
+            logged = env.draw(self.warmup)
+            gen = torch.Generator().manual_seed(20_011 + self.warmup_seed)
+            a0 = torch.rand(len(logged), 4, generator=gen, dtype=torch.float64).masked_fill(~logged.valid, -1).argmax(-1)
+            o0 = env.outcomes(logged, a0)
+            model = ProbitGP(FEATURE_DIM, **{"seed": self.warmup_seed, **self.model, "refit_every": None})
+            model.update(logged.features[torch.arange(len(logged)), a0], o0.success.double())
+            model.fit()
+            if len(_WARM_CACHE) >= 4:
+                _WARM_CACHE.pop(next(iter(_WARM_CACHE)))
+            _WARM_CACHE[key] = model
+        return model
+
+    def make_policy(self, kind: str, parameters: Mapping, env: VideoUpload, *, seed: int, refit_every: int):
+        from ..models import ScaledOutcome, SuccessProbability
+        from ..policies import TSASC, ThompsonSampling
+
+        model = copy.deepcopy(self._warm_model())
+        model.refit_every = int(refit_every)
+        if kind == "ts-asc":
+            return TSASC(ScaledOutcome(model, env.reward_scale), SuccessProbability(model),
+                         alpha=self._value(parameters, "alpha"))
+        if kind == "ts":
+            return ThompsonSampling(ScaledOutcome(model, env.reward_scale))
+        raise ValueError(f"policy: expected one of {list(self.policies)} for the video-upload problem, got {kind!r}")
+
+    def feedback(self, env, units, outcomes):
+        return outcomes.reward, outcomes.success.double()[:, None]
+
+    def unit_metrics(self, env, units, outcomes) -> dict:
+        success = outcomes.success.double()
+        source = units.groups["source_resolution"]
+        lines = torch.tensor(RESOLUTIONS, dtype=torch.float64)[outcomes.actions]
+        out = {
+            "reliability": (success, None),
+            "expected_reliability": (outcomes.success_prob, None),
+            "q_1080p": (outcomes.preserved_1080p.double(), source == 3),
+            "delivered_quality": (success * lines, None),
+        }
+        for j, q in enumerate(ACTION_NAMES):
+            out[f"share_{q}"] = ((outcomes.actions == j).double(), None)
+        for i, c in enumerate(CONNECTIONS):
+            out[f"reliability_{c}"] = (success, units.groups["connection"] == i)
+        return out
+
+    def level_metrics(self, env, units, outcomes, baseline_outcomes, parameters) -> dict:
+        alpha = self._value(parameters, "alpha")
+        return {"violation_rate": (outcomes.success_prob < (1 - alpha) * baseline_outcomes.success_prob).double()}

@@ -55,7 +55,7 @@ import pandas as pd
 import torch
 
 from .._validation import check_in_range
-from ..bcts_run import BCTSProblem
+from .bcts_problem import BCTSProblem
 
 __all__ = [
     "DOSE_LEVELS",

@@ -11,11 +11,10 @@ Five lines::
 Modules: ``.data`` (``LoggedData``), ``.constraints`` (eq. 1-2, benchmarks as JSON),
 ``.policy``, ``.training`` (IPS, quadratic, Algorithm 1, Algorithm 2),
 ``.estimators`` (IPS, SNIPS, DM, DR, bootstrap, violation rates), ``.synthetic``
-(skill routing), ``.open_bandit`` (the Open Bandit Dataset sample), ``.ab_test``
+(skill routing), ``.open_bandit`` (the Open Bandit Dataset sample), ``.evaluation``
 (off-policy trials for the tuning loop).
 """
 
-from .ab_test import evaluate_offline, offline_metric_names, trained_policy_factory
 from .constraints import (
     ReplicationConstraints,
     available_benchmarks,
@@ -37,6 +36,7 @@ from .estimators import (
     violation_rates,
     violation_reduction,
 )
+from .evaluation import evaluate_offline, offline_metric_names, trained_policy_factory
 from .policy import mlp_policy, policy_probs
 from .synthetic import SkillRouting, skill_routing_logs
 from .training import (

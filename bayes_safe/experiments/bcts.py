@@ -3,10 +3,11 @@
 ``simulate`` runs one policy on a problem that shows candidates
 every step. BCTS experiments have a different protocol, so they have their own runner:
 
-1. **Folds.** A ``BCTSProblem`` is a finite table of contexts with each arm's reward and
-   whether the behaviour constraint allows it. Replication ``r`` teaches on a fold of
-   ``teaching_size`` contexts (the paper: 200 movies, "5 cross validations using a different
-   subset of 200 movies to train mu^e each time") and recommends on the other contexts.
+1. **Folds.** A ``BCTSProblem`` (``bayes_safe.envs.bcts_problem``) is a finite table of
+   contexts with each arm's reward and whether the behaviour constraint allows it.
+   Replication ``r`` teaches on a fold of ``teaching_size`` contexts (the paper: 200 movies,
+   "5 cross validations using a different subset of 200 movies to train mu^e each time") and
+   recommends on the other contexts.
 2. **Constraint learning.** For each teaching strategy (``"cts"``, ``"random"``) and
    replication, one ``BCTS`` learns ``mu^e`` from ``N`` examples:
    a context drawn uniformly from the teaching fold, the agent's arm, the teacher's verdict
@@ -45,14 +46,14 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ._validation import trusted_inputs
-from .policies.bcts import BCTS, DEFAULT_V, TEACHING_STRATEGIES, ConstraintMask, CTSPosterior
-from .random import ReplicationRNG, replication_seeds, standard_normal
-from .threads import single_thread
+from .._validation import trusted_inputs
+from ..envs.bcts_problem import BCTSProblem
+from ..policies.bcts import BCTS, DEFAULT_V, TEACHING_STRATEGIES, ConstraintMask, CTSPosterior
+from ..random import ReplicationRNG, replication_seeds, standard_normal
+from ..threads import single_thread
 
 __all__ = [
     "PAPER_SIGMAS",
-    "BCTSProblem",
     "BCTSResult",
     "SharedStreams",
     "plot_bcts",
@@ -62,86 +63,6 @@ __all__ = [
 
 #: the settings of sigma_online in the paper's Figure 1 and Tables 1-2
 PAPER_SIGMAS = (0.0, 0.25, 0.5, 0.75, 1.0)
-
-
-@dataclass
-class BCTSProblem:
-    """A finite behaviour-constrained contextual bandit problem.
-
-    Attributes:
-        name: short name (``"movie-recommendation"``, ``"warfarin"``).
-        contexts: ``[n, d]`` float64 context of each of the ``n`` items (movies, patients).
-        rewards: ``[n, K]`` float64 reward of each arm in each context (in ``[0, 1]``).
-        allowed: ``[n, K]`` bool: whether the behaviour constraint allows the arm.
-        feature_names, arm_names: labels of the ``d`` features and ``K`` arms.
-        teaching_size: contexts per teaching fold (the rest are recommended on).
-        info: free-form description (data source, marginals, constraint matrix ...).
-    """
-
-    name: str
-    contexts: torch.Tensor
-    rewards: torch.Tensor
-    allowed: torch.Tensor
-    feature_names: list[str]
-    arm_names: list[str]
-    teaching_size: int = 200
-    info: dict = field(default_factory=dict)
-
-    def __post_init__(self):
-        self.contexts = torch.as_tensor(self.contexts, dtype=torch.float64)
-        self.rewards = torch.as_tensor(self.rewards, dtype=torch.float64)
-        self.allowed = torch.as_tensor(self.allowed, dtype=torch.bool)
-        if self.contexts.dim() != 2:
-            raise ValueError(f"contexts: expected shape [n, d], got {list(self.contexts.shape)}")
-        n, d = self.contexts.shape
-        if self.rewards.dim() != 2 or self.rewards.shape[0] != n:
-            raise ValueError(f"rewards: expected shape [{n}, K], got {list(self.rewards.shape)}")
-        K = self.rewards.shape[1]
-        if tuple(self.allowed.shape) != (n, K):
-            raise ValueError(f"allowed: expected shape [{n}, {K}], got {list(self.allowed.shape)}")
-        for name in ("contexts", "rewards"):
-            if not bool(torch.isfinite(getattr(self, name)).all()):
-                raise ValueError(f"{name}: expected finite values")
-        if len(self.feature_names) != d or len(self.arm_names) != K:
-            raise ValueError(f"feature_names, arm_names: expected {d} and {K} names, got {len(self.feature_names)} "
-                             f"and {len(self.arm_names)}")
-        if not 1 <= int(self.teaching_size) < n:
-            raise ValueError(f"teaching_size: expected an int in [1, {n - 1}] (n = {n} contexts), got {self.teaching_size!r}")
-        self.teaching_size = int(self.teaching_size)
-        self.best_reward = self.rewards.max(-1).values
-        self.best_allowed_reward = self.rewards.masked_fill(~self.allowed, float("-inf")).max(-1).values
-        self.best_allowed_reward = torch.where(torch.isfinite(self.best_allowed_reward), self.best_allowed_reward,
-                                               self.best_reward)
-
-    @property
-    def num_contexts(self) -> int:
-        return self.contexts.shape[0]
-
-    @property
-    def num_arms(self) -> int:
-        return self.rewards.shape[1]
-
-    @property
-    def dim(self) -> int:
-        return self.contexts.shape[1]
-
-    def folds(self, replications: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-        """Teaching and online context indices of each replication, ``([R, s], [R, n - s])``.
-
-        The contexts are shuffled once (``seed``); replication ``r`` teaches on positions
-        ``r s, ..., r s + s - 1`` (mod ``n``) of the shuffle and recommends on the others, so
-        the teaching folds are disjoint while ``R s <= n`` (cross-validation folds).
-        """
-        n, s = self.num_contexts, self.teaching_size
-        perm = np.random.Generator(np.random.PCG64([int(seed), zlib.crc32(b"folds")])).permutation(n)
-        teach, online = [], []
-        for r in range(int(replications)):
-            pos = (r * s + np.arange(s)) % n
-            mask = np.zeros(n, dtype=bool)
-            mask[pos] = True
-            teach.append(perm[pos])
-            online.append(perm[~mask])
-        return torch.as_tensor(np.stack(teach)), torch.as_tensor(np.stack(online))
 
 
 class SharedStreams(ReplicationRNG):
@@ -473,7 +394,7 @@ def plot_bcts(result: BCTSResult, path=None, *, num_teaching: int | None = None,
     one column per teaching strategy, every ``sigma_online`` and the Constraint Mask (mean
     over replications, band = 2 standard errors). ``E(t)`` is on a symmetric-log axis so the
     few errors of small ``sigma_online`` and the many of ``sigma_online = 1`` both show."""
-    from .plots import plt
+    from ..plots import plt
 
     budgets = result.config["num_teaching"]
     n = budgets[-1] if num_teaching is None else int(num_teaching)
@@ -518,7 +439,7 @@ def _finish_axes(errors_ax, axes, legend: dict) -> None:
 
 
 def _finish_figure(fig, title: str | None, path):
-    from .plots import save_figure
+    from ..plots import save_figure
 
     if title:
         fig.suptitle(title)
@@ -530,7 +451,7 @@ def _finish_figure(fig, title: str | None, path):
 
 def plot_errors_by_budget(result: BCTSResult, path=None, *, title: str | None = None):
     """``E(T)`` (left) and ``R(T)/T`` (right) against the teaching budget ``N``, per strategy and sigma."""
-    from .plots import plt
+    from ..plots import plt
 
     rows = [r for r in result.summary() if r["policy"] == "bcts"]
     fig, (ax_e, ax_r) = plt.subplots(1, 2, figsize=(12, 4.5))

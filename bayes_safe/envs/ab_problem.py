@@ -1,0 +1,122 @@
+"""What an A/B-testable problem is: the interface ``bayes_safe.tuning.ABTest`` runs trials on.
+
+A problem gives a seeded stream of units (uploads, requests, patients), their outcomes under
+any actions with common random numbers, a factory of the policies compared in a trial, the
+feedback a policy learns from and the per-unit metrics a trial reports. ``ABProblem`` is the
+base class to subclass; ``bayes_safe.envs.video_upload.VideoUploadProblem`` is the paper's
+problem (Daulton et al. 2019, section 5) and ``bayes_safe.tuning.LoggedDataProblem`` an
+offline one estimated from logs.
+
+The problem lives with the environments; the engine that runs the A/B test
+(``bayes_safe.tuning.ABTest``), the search space (``bayes_safe.tuning.Range``) and the
+registry of problems the command line can build (``bayes_safe.tuning.ab_test.PROBLEMS``) live
+in the tuning package above it. A problem names its search space with plain data (``Range``
+objects or dicts of their fields), so this module imports nothing from tuning.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+__all__ = ["ABProblem"]
+
+
+class ABProblem:
+    """What ``ABTest`` needs from a problem. Subclass it for your own problem.
+
+    A unit (an upload, a request, a patient) arrives with candidate actions; the problem
+    gives a seeded stream of units and their outcomes under any actions, using the same
+    random numbers whatever the actions (common random numbers). Required:
+
+    * ``make_env(parameters, seed)`` -> an environment with ``draw(n)`` returning units that
+      have ``features [n, K, d]``, ``baseline [n]`` and ``valid [n, K]`` (or ``None``), and
+      ``outcomes(units, actions [n])``;
+    * ``make_policy(kind, parameters, env, *, seed, refit_every)`` -> a
+      ``Policy`` (``select`` / ``update``); ``kind`` is the
+      arm's name (``"ts-asc"``, ``"ts"``, ...) and ``refit_every`` the batch size;
+    * ``feedback(env, units, outcomes)`` -> ``(reward [n], constraints [n, C] or None)``, what
+      a policy learns from;
+    * ``unit_metrics(env, units, outcomes)`` -> ``{name: (values [n], mask [n] or None)}``,
+      per-unit values whose means are compared with the baseline's (``mask`` restricts a
+      metric to some units, e.g. uploads with a 1080p source).
+
+    Offline problems (``offline = True``, e.g. ``bayes_safe.tuning.logged.LoggedDataProblem``) replace
+    the simulation: ``estimate(parameters, seed)`` returns the trial's ``{metric: (mean, sem)}``
+    directly and ``metric_names()`` lists every metric by its full name.
+
+    Optional: ``level_metrics(env, units, outcomes, baseline_outcomes, parameters)`` ->
+    ``{name: values [n]}`` reported as means (not as changes); ``config()`` (a JSON-safe dict
+    that rebuilds the problem through ``make_problem``, so a stored study can be resumed
+    from the command line); the study defaults ``parameters``, ``objective``,
+    ``outcome_constraints`` and ``surface`` (the two parameters of the response-surface plots).
+    """
+
+    name: str = "custom"
+    policies: tuple[str, ...] = ()
+    #: arms compared with the tuned one by default (``ABTest(compare=None)``)
+    compare: tuple[str, ...] = ()
+    #: True: trials are estimated by ``estimate`` (no simulation)
+    offline: bool = False
+    #: the default search space: ``bayes_safe.tuning.Range`` entries, or dicts of their fields
+    #: (``name``, ``low``, ``high``, ``log``, ``integer``): anything ``Study(parameters=...)`` takes
+    parameters: tuple = ()
+    objective: str | None = None
+    outcome_constraints: tuple[str, ...] = ()
+    surface: tuple[str, str] | None = None
+
+    def metric_names(self) -> tuple[str, ...]:
+        """Names of the per-unit metrics ``unit_metrics`` returns (without the ``_change`` suffix)."""
+        raise NotImplementedError
+
+    def level_metric_names(self) -> tuple[str, ...]:
+        return ()
+
+    def check_parameters(self, ranges: Sequence) -> None:
+        """Raise ``ValueError`` for parameters this problem does not read or cannot take.
+
+        ``ranges``: the study's search space as ``bayes_safe.tuning.Range`` objects (read
+        through their ``name``, ``low``, ``high``, ``log`` and ``integer`` attributes)."""
+
+    def make_env(self, parameters: Mapping, seed: int):
+        raise NotImplementedError
+
+    def make_policy(self, kind: str, parameters: Mapping, env, *, seed: int, refit_every: int):
+        raise NotImplementedError
+
+    def feedback(self, env, units, outcomes):
+        raise NotImplementedError
+
+    def unit_metrics(self, env, units, outcomes) -> dict:
+        raise NotImplementedError
+
+    def level_metrics(self, env, units, outcomes, baseline_outcomes, parameters) -> dict:
+        return {}
+
+    def config(self) -> dict | None:
+        return None
+
+    def estimate(self, parameters: Mapping, seed: int) -> dict[str, tuple[float, float]]:
+        """An offline problem's trial: ``{metric: (mean, sem)}`` for ``parameters``."""
+        raise NotImplementedError(f"problem {self.name!r}: estimate() is for offline problems (offline = True)")
+
+    # -- how the report (bayes_safe.tuning.report) words a study of this problem
+    #: what one trial is, in the set-up line; its observed metrics; the work a trial does
+    trial_noun: str = "A/B test"
+    observed_label: str = "A/B test mean"
+    trial_work: str = "simulation"
+    report_intro: str = (
+        "Bayesian optimisation of TS-ASC's alpha and reward offsets (Daulton et al. 2019, section 5.3): each trial "
+        "is a simulated A/B test of one parameterization against the baseline policy on common random numbers; "
+        "metrics are % changes against the baseline with paired delta-method standard errors.")
+
+    def tuned_label(self, ab_test) -> str:
+        """The tuned arm's name in the figures."""
+        return "TS-ASC" if ab_test.policy == "ts-asc" else ab_test.policy
+
+    def describe(self, ab_test) -> str:
+        """How a trial runs, for the report's set-up line."""
+        text = (f"{ab_test.n_users:,} users per arm in {ab_test.batches} batches (the policy refits after each); "
+                f"tuned arm `{ab_test.policy}`")
+        if ab_test.compare:
+            text += ", compared arms " + ", ".join(f"`{c}`" for c in ab_test.compare)
+        return text
