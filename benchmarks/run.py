@@ -6,7 +6,8 @@
 
 A benchmark is a module in this folder with ``run(quick: bool) -> list[dict]``; each row has
 ``benchmark``, ``value``, ``unit``, ``target`` (text), ``ratio`` (value over target, > 1 is
-better for rates; for times the module reports target over value) and optionally ``vs_numpy``.
+better for rates; for times the module reports target over value) and optionally ``vs_numpy``;
+any other key of a row (e.g. ``min``, ``max`` of ``cli_startup``) becomes a column after ``unit``.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-BENCHMARKS = ["linear_ts", "probit_gp", "linear_studies", "acol", "bcts", "offline", "tuning"]
+BENCHMARKS = ["cli_startup", "linear_ts", "probit_gp", "linear_studies", "acol", "bcts", "offline", "tuning"]
+HEADERS = ("benchmark", "value", "unit", "target", "ratio", "vs_numpy")
 
 
 def _fmt(v) -> str:
@@ -39,11 +41,12 @@ def main(argv=None) -> int:
     for name in names:
         module = importlib.import_module(name)
         rows.extend(module.run(quick=args.quick))
-    print_table(rows)
+    extra = [k for k in dict.fromkeys(k for r in rows for k in r) if k not in HEADERS]
+    print_table(rows, headers=(*HEADERS[:3], *extra, *HEADERS[3:]))
     return 0
 
 
-def print_table(rows: list[dict], headers=("benchmark", "value", "unit", "target", "ratio", "vs_numpy")) -> None:
+def print_table(rows: list[dict], headers=HEADERS) -> None:
     """Print benchmark rows as an aligned text table."""
     table = [[_fmt(r.get(h)) for h in headers] for r in rows]
     widths = [max(len(h), *(len(row[i]) for row in table)) for i, h in enumerate(headers)]

@@ -34,3 +34,40 @@ def test_simulate_rejects_bad_input_and_writes_nothing(tmp_path, capsys, args, m
     assert message in capsys.readouterr().err
     assert not out.exists()
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["simulate", "--problem", "daulton2019", "--policy", "ts", "--horizon", "0"],
+         "argument --horizon: expected a positive integer, got '0'"),
+        (["simulate", "--problem", "daulton2019", "--policy", "ts", "--alpha", "nan"],
+         "argument --alpha: expected a value in [0, 1), got 'nan'"),
+        (["simulate", "--problem", "daulton2019", "--policy", "ts", "--out", "FILE"], "exists and is not a directory"),
+        (["study", "run", "ts-asc-synthetic", "--out", "FILE"], "exists and is not a directory"),
+        (["diagnose", "MISSING"], "does not exist"),
+        (["diagnose", "FILE"], "is not a directory"),
+        (["tune", "video-upload", "--trials", "0"], "argument --trials: expected a positive integer, got '0'"),
+        (["tune", "video-upload", "--parallel", "-1"], "argument --parallel: expected a positive integer"),
+        (["tune", "video-upload", "--acquisition", "EI"], "invalid choice: 'EI'"),
+        (["tune", "video-upload", "--out", "FILE"], "exists and is not a directory"),
+        (["tune", "logged-data", "--holdout", "1"], "argument --holdout: expected a share in (0, 1), got '1'"),
+        (["tune", "logged-data", "--max-violation", "2"], "argument --max-violation: expected a rate in [0, 1]"),
+        (["tune", "resume", "--trials", "x"], "argument --trials: expected a positive integer, got 'x'"),
+        (["tune", "nope"], "invalid choice: 'nope'"),
+    ],
+)
+def test_bad_arguments_are_one_error_line_with_status_2(tmp_path, capsys, argv, message):
+    """Argument types shared by both command lines (bayes_safe._cli_args): one line, exit 2, nothing written."""
+    (tmp_path / "FILE").write_text("")
+    argv = [str(tmp_path / a) if a in ("FILE", "MISSING") else a for a in argv]
+    if "--out" not in argv and argv[0] in ("simulate", "tune", "study"):
+        argv += ["--out", str(tmp_path / "run")]
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if "error:" in line]
+    assert len(errors) == 1 and message in errors[0], err
+    assert "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["FILE"]

@@ -7,7 +7,10 @@
 The study lives in ``DIR/study.sqlite`` unless ``--storage URL`` names another database; at the
 end ``DIR`` holds ``report.md``, the figures, ``trials.csv``, ``best.json`` and ``study.json``.
 ``bayes_safe.cli`` adds these commands with ``add_tune_parser`` and runs them with
-``run_tune``.
+``run_tune``. Building the parser imports nothing heavy (no torch, no Ax): the names it offers
+are light copies (``PROBLEM_NAMES``, ``ACQUISITION_FUNCTIONS``; tests/test_cli_startup.py checks
+them against ``bayes_safe.tuning.ab_test.PROBLEMS`` and ``bayes_safe.tuning.study``), and the
+argument types come from ``bayes_safe._cli_args``, which both command lines share.
 """
 
 from __future__ import annotations
@@ -15,11 +18,22 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
-from bayes_safe.cli import _positive_int
+from bayes_safe._cli_args import (
+    check_output_dir,
+    open_fraction,
+    output_dir,
+    positive_int,
+    probability,
+)
 
-__all__ = ["FULL", "QUICK", "add_tune_parser", "default_ab_test", "run_tune"]
+__all__ = ["ACQUISITION_FUNCTIONS", "FULL", "PROBLEM_NAMES", "QUICK", "add_tune_parser", "default_ab_test",
+           "run_tune"]
+
+#: the names of ``bayes_safe.tuning.ab_test.PROBLEMS`` (one ``tune`` subcommand each), without importing torch
+PROBLEM_NAMES = ("video-upload",)
+#: ``bayes_safe.tuning.study.ACQUISITION_FUNCTIONS`` (the first is the default), without importing Ax
+ACQUISITION_FUNCTIONS = ("qLogNoisyExpectedImprovement", "qNoisyExpectedImprovement")
 
 #: the A/B test of a full study (per arm: TS-ASC, vanilla TS, baseline on the same users)
 FULL = {"n_users": 20_000, "batches": 4, "warmup": 4_000, "model": {}}
@@ -28,10 +42,10 @@ QUICK = {"n_users": 4_000, "batches": 2, "warmup": 4_000, "model": {"nn_epochs":
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", required=True, type=Path, help="output directory (report, figures; the SQLite study by default)")
+    p.add_argument("--out", required=True, type=output_dir, help="output directory (report, figures; the SQLite study by default)")
     p.add_argument("--storage", default=None, help="database URL of the study (default: sqlite in --out), e.g. "
                    "postgresql://user@host/db, or an SQLite file path")
-    p.add_argument("--parallel", type=_positive_int, default=None, help="trials in flight at once, each in its own process")
+    p.add_argument("--parallel", type=positive_int, default=None, help="trials in flight at once, each in its own process")
     p.add_argument("--scheduler", default=None, metavar="ADDRESS",
                    help="run trials on a Dask distributed scheduler (tcp://host:8786) instead of local processes")
     p.add_argument("--no-progress", action="store_true", help="print no line per trial")
@@ -40,20 +54,18 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 def add_tune_parser(subparsers) -> argparse.ArgumentParser:
     """Add ``tune`` (with ``video-upload`` ... and ``resume``) to a ``bayes-safe`` subparsers object."""
-    from .ab_test import PROBLEMS
-
     tune = subparsers.add_parser("tune", help="tune alpha and reward offsets with Ax/BoTorch (trials are A/B tests)")
     sub = tune.add_subparsers(dest="tune_command", required=True)
-    for name in PROBLEMS:
+    for name in PROBLEM_NAMES:
         p = sub.add_parser(name, help=f"start a new tuning study of the {name} problem")
         _common(p)
         _study_options(p)
         p.add_argument("--quick", action="store_true",
                        help=f"small A/B tests for a smoke run ({QUICK['n_users']:,} users, {QUICK['batches']} batches)")
-        p.add_argument("--users", type=_positive_int, default=None, help=f"users per arm of each A/B test (default {FULL['n_users']:,})")
-        p.add_argument("--batches", type=_positive_int, default=None, help="batches per A/B test (the policy refits after each)")
-        p.add_argument("--warmup", type=_positive_int, default=None, help="size of the exploration log of the warm start")
-        p.add_argument("--model-epochs", type=_positive_int, default=None, help="feature-network epochs per ProbitGP refit")
+        p.add_argument("--users", type=positive_int, default=None, help=f"users per arm of each A/B test (default {FULL['n_users']:,})")
+        p.add_argument("--batches", type=positive_int, default=None, help="batches per A/B test (the policy refits after each)")
+        p.add_argument("--warmup", type=positive_int, default=None, help="size of the exploration log of the warm start")
+        p.add_argument("--model-epochs", type=positive_int, default=None, help="feature-network epochs per ProbitGP refit")
         p.add_argument("--no-compare", action="store_true", help="do not also run vanilla TS in each trial (no Figure 3c TS points)")
     p = sub.add_parser("logged-data", help="start a tuning study whose trials are off-policy estimates from logs "
                        "(train on part of the logs, estimate value and violations on the rest)")
@@ -65,28 +77,26 @@ def add_tune_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--column", action="append", default=None, metavar="ARG=VALUE",
                    help="a column argument of LoggedData.from_dataframe for a file source (repeat), e.g. "
                         "action_column=action; list arguments take comma-separated names")
-    p.add_argument("--rows", type=_positive_int, default=None, help="rows of the synthetic logs (default 50,000)")
+    p.add_argument("--rows", type=positive_int, default=None, help="rows of the synthetic logs (default 50,000)")
     p.add_argument("--method", choices=("ips", "quadratic", "minimax", "meta"), default="minimax",
                    help="training method whose hyperparameters are tuned (default minimax: eta, gamma)")
     p.add_argument("--benchmark", default="default",
                    help="replication-constraint benchmark name or JSON path (default: critical / obd-critical)")
-    p.add_argument("--max-violation", type=float, default=0.2,
+    p.add_argument("--max-violation", type=probability, default=0.2,
                    help="default outcome constraint violation_macro <= this (default 0.2)")
-    p.add_argument("--epochs", type=_positive_int, default=8, help="training epochs per trial (default 8)")
-    p.add_argument("--holdout", type=float, default=0.3, help="share of the logs held out for the estimates (default 0.3)")
+    p.add_argument("--epochs", type=positive_int, default=8, help="training epochs per trial (default 8)")
+    p.add_argument("--holdout", type=open_fraction, default=0.3, help="share of the logs held out for the estimates (default 0.3)")
     r = sub.add_parser("resume", help="continue a stored study (after a crash, or with more --trials) and rewrite its report")
     _common(r)
-    r.add_argument("--trials", type=_positive_int, default=None, help="completed trials to reach (default: the stored target)")
+    r.add_argument("--trials", type=positive_int, default=None, help="completed trials to reach (default: the stored target)")
     r.add_argument("--name", default=None, help="the study's name (default: the only study in the database)")
     return tune
 
 
 def _study_options(p: argparse.ArgumentParser) -> None:
     """Options every new study takes (search space, objective, Ax, storage name, seed)."""
-    from .study import ACQUISITION_FUNCTIONS
-
-    p.add_argument("--trials", type=_positive_int, default=30, help="completed trials to reach (default 30)")
-    p.add_argument("--sobol", type=_positive_int, default=None, help="Sobol initialisation trials (default 2 x parameters)")
+    p.add_argument("--trials", type=positive_int, default=30, help="completed trials to reach (default 30)")
+    p.add_argument("--sobol", type=positive_int, default=None, help="Sobol initialisation trials (default 2 x parameters)")
     p.add_argument("--parameter", action="append", default=None, metavar="NAME=LOW:HIGH",
                    help="declare a tuned parameter (repeat; replaces the default search space); e.g. alpha=0:0.03")
     p.add_argument("--objective", default=None, help="Ax objective over the trial's metrics (default: the problem's)")
@@ -184,11 +194,6 @@ def _build_ab_test(args):
                            model_epochs=args.model_epochs, compare=not args.no_compare, seed=args.seed)
 
 
-def _check_out(out: Path) -> None:
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"--out: {out} exists and is not a directory")
-
-
 def run_tune(args) -> int:
     """Run ``bayes-safe tune ...`` from parsed arguments. Bad input raises ``ValueError``."""
     from . import storage
@@ -196,7 +201,7 @@ def run_tune(args) -> int:
     from .report import write_report
     from .study import Study
 
-    _check_out(args.out)
+    check_output_dir(args.out)
     start = time.perf_counter()
     if args.tune_command == "resume":
         url = storage.resolve_url(args.storage, args.out)

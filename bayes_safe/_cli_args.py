@@ -1,0 +1,99 @@
+"""Argument types and checks shared by the command lines.
+
+``bayes_safe.cli`` (``bayes-safe simulate | diagnose | study``) and ``bayes_safe.tuning.cli``
+(``bayes-safe tune``) both take their argument types from here; neither imports the other's
+private helpers. The top-level ``bayes_safe.cli`` composes ``tune`` from
+``bayes_safe.tuning.cli.add_tune_parser``, never the reverse.
+
+This module imports only the standard library: building a parser must not load torch.
+
+Each ``*_type`` function is an argparse ``type=``. On bad input it raises
+``argparse.ArgumentTypeError``, and argparse prints one line and exits with status 2, e.g.
+``bayes-safe simulate: error: argument --horizon: expected a positive integer, got '0'``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+
+__all__ = [
+    "check_output_dir",
+    "existing_dir",
+    "open_fraction",
+    "output_dir",
+    "positive_int",
+    "probability",
+    "probability_below_one",
+]
+
+
+def positive_int(text: str) -> int:
+    """An integer >= 1 (``--horizon``, ``--trials``, ``--parallel`` ...)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _float(text: str, what: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+    return value
+
+
+def probability(text: str) -> float:
+    """A rate in [0, 1] (``--max-violation``)."""
+    what = "a rate in [0, 1]"
+    value = _float(text, what)
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+    return value
+
+
+def probability_below_one(text: str) -> float:
+    """A level in [0, 1): 1 is excluded (``--alpha``, the allowed shortfall against the baseline)."""
+    what = "a value in [0, 1)"
+    value = _float(text, what)
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+    return value
+
+
+def open_fraction(text: str) -> float:
+    """A share in (0, 1): neither none nor all (``--holdout``)."""
+    what = "a share in (0, 1)"
+    value = _float(text, what)
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+    return value
+
+
+def check_output_dir(path: Path, option: str = "--out") -> None:
+    """Raise ``ValueError`` if ``path`` exists and is not a directory (it may not exist yet)."""
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{option}: {path} exists and is not a directory")
+
+
+def output_dir(text: str) -> Path:
+    """An output directory: new, or an existing directory; never an existing file."""
+    path = Path(text)
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{path} exists and is not a directory")
+    return path
+
+
+def existing_dir(text: str) -> Path:
+    """A directory that exists (the input of ``diagnose``)."""
+    path = Path(text)
+    if not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{path} is not a directory" if path.exists() else f"{path} does not exist")
+    return path
