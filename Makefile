@@ -25,7 +25,14 @@ demo: $(STAMP)
 data: $(STAMP)
 	$(PY) -m bayes_safe.offline.open_bandit --fetch
 
-test: $(STAMP) data
+# headless Chromium and its driver for tests/test_docs_render.py (Debian packages; needs root)
+.PHONY: browser
+browser:
+	@if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; \
+	fi
+
+test: $(STAMP) data browser
 	$(PY) -m pytest -q
 
 test-slow: $(STAMP) data

@@ -192,7 +192,7 @@ def _report(p: dict) -> str:
     cfg, f4, f5, info = p["config"], p["figure4"], p["figure5"], p["problem"]
     lines = [f"# acol-driving: Lindner et al. (2022), Figures 4 and 5{' (quick run)' if p['quick'] else ''}", "",
              f"Wall time {p['wall_seconds']:.0f} s (Figure 4: {p['figure4_seconds']:.0f} s).", "",
-             "![Figure 4](fig4.png)", "", "![Figure 5](fig5.png)", "", "## The paper's claims and ours", "",
+             "[![Figure 4](fig4.png)](fig4.png)", "", "[![Figure 5](fig5.png)](fig5.png)", "", "## The paper's claims and ours", "",
              "| claim (paper) | ours |", "|---|---|"]
     lam = {sc: d["smallest_feasible_lambda"] for sc, d in f4.items()}
     worse = {sc: (d["reward_at_smallest_feasible_lambda"] is not None

@@ -214,7 +214,7 @@ def _report(p: dict) -> str:
              "static algorithms with Proposition 2 intervals (fresh regression each round, ridge 0.01), greedy algorithms "
              "with ridge 0.1 and either Proposition 3 ('theory', S = ||phi||, R = 1) or the tuned beta = 1/4 "
              "(confidence multiplier 0.5). Budget-limited runs count as the budget (a lower bound).", "",
-             "![Figure 2](fig2.png)", "", "![Figure 3](fig3.png)", "", "## The paper's claims and ours", "",
+             "[![Figure 2](fig2.png)](fig2.png)", "", "[![Figure 3](fig3.png)](fig3.png)", "", "## The paper's claims and ours", "",
              "| claim (paper) | ours |", "|---|---|"]
     s = p["summary"]
     lines.append(f"| All methods return the correct solution | every finished run correct: **{s['every_finished_run_correct']}**"

@@ -11,11 +11,11 @@ on the real ratings.
 Every ``sigma_online`` in {0, 0.25, 0.5, 0.75, 1}, both teaching strategies (CTS and
 random), every teaching budget ``N`` of the paper's tables, 5 cross-validation folds of 200
 teaching movies, and the Constraint Mask run as one batch
-(``bayes_safe.bcts_run.run_bcts``). Outputs: ``results.json``, ``summary.csv``,
+(``bayes_safe.experiments.run_bcts``). Outputs: ``results.json``, ``summary.csv``,
 ``figure1.png`` (R(t)/t and E(t) at N = 50,000), ``errors_by_budget.png`` and
 ``report.md`` with the paper's Tables 1 and 2 beside ours and the checks of their robust
 patterns, and ``models/``: the fitted posteriors at the end of the run
-(``bayes_safe.bcts_run.BCTSResult.models``: each setting's reward posterior, each learned
+(``bayes_safe.experiments.BCTSResult.models``: each setting's reward posterior, each learned
 constraint posterior, the Constraint Mask's reward posterior; batch = folds), which
 ``bayes-safe diagnose OUT`` reads.
 """
@@ -26,18 +26,18 @@ import os
 import time
 from pathlib import Path
 
-from bayes_safe.bcts_run import (
-    PAPER_SIGMAS,
-    plot_bcts,
-    plot_errors_by_budget,
-    run_bcts,
-)
 from bayes_safe.diagnostics import save_models
 from bayes_safe.envs.movies import (
     AGE_BANDS,
     MOVIE_GENRES,
     movie_recommendation,
     synthetic_movielens,
+)
+from bayes_safe.experiments import (
+    PAPER_SIGMAS,
+    plot_bcts,
+    plot_errors_by_budget,
+    run_bcts,
 )
 from bayes_safe.io import atomic_output_dir, atomic_write_json, atomic_write_text
 
@@ -230,9 +230,9 @@ def _report(cfg, problem, result, summary, found, seconds, quick) -> str:
         "",
         f"## Figure 1 (N = {n:,})",
         "",
-        "![R(t)/t and E(t)](figure1.png)",
+        "[![R(t)/t and E(t)](figure1.png)](figure1.png)",
         "",
-        "![E(T) and R(T)/T against N](errors_by_budget.png)",
+        "[![E(T) and R(T)/T against N](errors_by_budget.png)](errors_by_budget.png)",
         "",
         "## Constraint learning",
         "",

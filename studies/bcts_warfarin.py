@@ -9,9 +9,9 @@ warfarin for patients with both extra features".
 Every ``sigma_online`` in {0, 0.25, 0.5, 0.75, 1}, teaching by CTS and by random
 exploration with N = 50,000 examples, T = 20,000 online steps, 5 cross-validation folds of
 200 teaching patients, and the Constraint Mask, all in one batch
-(``bayes_safe.bcts_run.run_bcts``). Outputs: ``results.json``, ``summary.csv``,
+(``bayes_safe.experiments.run_bcts``). Outputs: ``results.json``, ``summary.csv``,
 ``figure1.png``, ``report.md`` with the paper's findings beside ours, and ``models/``: the
-fitted posteriors at the end of the run (``bayes_safe.bcts_run.BCTSResult.models``; batch =
+fitted posteriors at the end of the run (``bayes_safe.experiments.BCTSResult.models``; batch =
 folds), which ``bayes-safe diagnose OUT`` reads.
 """
 
@@ -21,9 +21,9 @@ import itertools
 import time
 from pathlib import Path
 
-from bayes_safe.bcts_run import PAPER_SIGMAS, plot_bcts, run_bcts
 from bayes_safe.diagnostics import save_models
 from bayes_safe.envs.warfarin import DOSE_LEVELS, DOSE_THRESHOLDS, warfarin
+from bayes_safe.experiments import PAPER_SIGMAS, plot_bcts, run_bcts
 from bayes_safe.io import atomic_output_dir, atomic_write_json, atomic_write_text
 
 from ._common import md_table, write_csv
@@ -133,7 +133,7 @@ def _report(cfg, problem, result, summary, found, seconds, quick) -> str:
         "",
         md_table(["check", "holds", "ours"], [[c["check"], "yes" if c["pass"] else "**no**", c["detail"]] for c in found]),
         "",
-        "![R(t)/t and E(t)](figure1.png)",
+        "[![R(t)/t and E(t)](figure1.png)](figure1.png)",
         "",
         "## Constraint learning",
         "",

@@ -41,7 +41,7 @@ from bayes_safe.io import atomic_output_dir, atomic_write_json
 from bayes_safe.metrics import cumulative_constraint_satisfied, mean_and_sem
 from bayes_safe.plots import save_figure
 from bayes_safe.policies import LUCB
-from bayes_safe.simulate import simulate
+from bayes_safe.simulation import simulate
 
 from ._common import (
     Timer,
@@ -241,7 +241,7 @@ def _report(info: dict, cfg: dict) -> str:
         "",
         "## Figure 1: expected reward per period",
         "",
-        "![Figure 1](figure1_reward_per_period.png)",
+        "[![Figure 1](figure1_reward_per_period.png)](figure1_reward_per_period.png)",
         "",
         "Paper: CLUCB plays conservatively at first and has a larger regret than LUCB, the gap vanishes over time, and it "
         "vanishes faster for larger alpha.",

@@ -440,13 +440,13 @@ def _report(results: dict, quick: bool) -> str:
         "",
         "## Figure 3 analogue: sensitivity (synthetic, critical benchmark)",
         "",
-        "![figure 3](figure3.png)",
+        "[![figure 3](figure3.png)](figure3.png)",
         "",
         _fig3_text(f3, cfg["figure3"]["epochs"]),
         "",
         "## Figure 4 analogue: penalty weights (synthetic, global benchmark, first seed)",
         "",
-        "![figure 4](figure4.png)",
+        "[![figure 4](figure4.png)](figure4.png)",
         "",
         (f"Penalty weight e^u over the first {cfg['figure4']['iterations']:,} iterations or the whole run if shorter "
          "(line: mean over the 27 domains; band: min to max), with two extra runs for contrast: minimax with "

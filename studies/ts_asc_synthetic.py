@@ -63,7 +63,7 @@ from bayes_safe.metrics import (
 from bayes_safe.models import BayesianLinear
 from bayes_safe.plots import save_figure
 from bayes_safe.policies import TSASC
-from bayes_safe.simulate import simulate
+from bayes_safe.simulation import simulate
 
 from ._common import (
     Timer,
@@ -379,7 +379,7 @@ def _report(info: dict, cfg: dict) -> str:
         "",
         "## Figure 1a: per-step regret",
         "",
-        "![Figure 1a](figure1a_regret.png)",
+        "[![Figure 1a](figure1a_regret.png)](figure1a_regret.png)",
         "",
     ]
     head = ["alpha", "policy", "per-step regret, last 100 (mean +- SEM)", "baseline policy", "steps on baseline",
@@ -436,7 +436,7 @@ def _report(info: dict, cfg: dict) -> str:
         "",
         "## Figure 1b: moving average of instance-level violations",
         "",
-        "![Figure 1b](figure1b_violations.png)",
+        "[![Figure 1b](figure1b_violations.png)](figure1b_violations.png)",
         "",
         "Paper: TS-ASC \"ultimately learns a policy that satisfies the instance-level constraint with high probability\", "
         "with \"only slightly more common constraint violation early\"; CLUCB2-ASC-C violates \"more than 40% of the time "
@@ -461,7 +461,7 @@ def _report(info: dict, cfg: dict) -> str:
         f"Realisation {cfg['figure2a_replication']} at alpha = {cfg['figure2a_alpha']:g}, with N(0, 0.02^2) jitter as in "
         "the paper (log time axis).",
         "",
-        "![Figure 2a](figure2a_constraint.png)",
+        "[![Figure 2a](figure2a_constraint.png)](figure2a_constraint.png)",
         "",
         "Paper: TS-ASC quickly converges to a single action above the threshold; CLUCB2-ASC-C ends with a mixture of "
         "feasible and infeasible actions.",

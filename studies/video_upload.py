@@ -547,7 +547,7 @@ def _report(results: dict) -> str:
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
         base_cells = [f"{s['baseline'][f'by_{group}'][lab].get('reliability', float('nan')):.3f}" for lab in labels]
         lines += ["", "Baseline reliability: " + ", ".join(f"{lab} {c}" for lab, c in zip(labels, base_cells)), ""]
-    lines += ["## Figures", "", "![changes](changes.png)", "", "![batches](batches.png)", "", "![shares](shares.png)", "",
+    lines += ["## Figures", "", "[![changes](changes.png)](changes.png)", "", "[![batches](batches.png)](batches.png)", "", "[![shares](shares.png)](shares.png)", "",
               "## Run", "", f"Seconds: total {results['seconds']:.0f}; model updates and refits per arm: "
               + ", ".join(f"{k} {v:.0f}" for k, v in results["fit_seconds"].items()) + ".", ""]
     return "\n".join(lines)

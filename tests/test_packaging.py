@@ -74,7 +74,7 @@ def test_user_files_named_tuning_and_studies_do_not_shadow_ours(tmp_path):
         (tmp_path / name).write_text("raise SystemExit('the user file was imported instead of bayes_safe\\'s')\n")
     code = ("import bayes_safe.tuning, bayes_safe.studies\nfrom bayes_safe.cli import main\n"
             "print(sorted(bayes_safe.studies.available_studies())[0])")
-    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False)
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.stdout.strip() == "acol-driving"
 
@@ -97,7 +97,7 @@ def _run_blocked(code: str, blocked: list[str], *args: str) -> subprocess.Comple
     """Run ``code`` in a fresh interpreter in which the ``blocked`` packages cannot be imported."""
     prelude = "import sys\n" + "".join(f"sys.modules[{m!r}] = None\n" for m in blocked)
     return subprocess.run([sys.executable, "-c", prelude + textwrap.dedent(code), *args],
-                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+                          capture_output=True, text=True, timeout=300, cwd=ROOT, check=False)
 
 
 @pytest.mark.parametrize("code, blocked, extra", [
@@ -148,7 +148,7 @@ def _venv(path: Path) -> Path:
 
 def _pip(python: Path, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
     env = dict(os.environ, PIP_DISABLE_PIP_VERSION_CHECK="1")
-    out = subprocess.run([str(python), "-m", "pip", *args], capture_output=True, text=True, timeout=timeout, env=env)
+    out = subprocess.run([str(python), "-m", "pip", *args], capture_output=True, text=True, timeout=timeout, env=env, check=False)
     assert out.returncode == 0, f"pip {' '.join(args)} failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
     return out
 
@@ -197,17 +197,17 @@ def test_pip_install_without_extras_runs_the_readme(tmp_path):
     work = tmp_path / "user"
     work.mkdir()
     (work / "readme.py").write_text(block)
-    out = subprocess.run([str(python), "readme.py"], cwd=work, capture_output=True, text=True, timeout=600)
+    out = subprocess.run([str(python), "readme.py"], cwd=work, capture_output=True, text=True, timeout=600, check=False)
     assert out.returncode == 0, out.stderr
     assert "tensor(" in out.stdout
     # the package data and the optional parts behave as installed, not as in the repository
     check = ("from bayes_safe.offline import load_benchmark\nload_benchmark('critical')\n"
              "import bayes_safe.studies as s\nassert 'ts-asc-synthetic' in s.available_studies()\n"
              "try:\n    import bayes_safe.tuning\nexcept ModuleNotFoundError as e:\n    print(e)\n")
-    out = subprocess.run([str(python), "-c", check], cwd=work, capture_output=True, text=True, timeout=600)
+    out = subprocess.run([str(python), "-c", check], cwd=work, capture_output=True, text=True, timeout=600, check=False)
     assert out.returncode == 0, out.stderr
     assert "pip install 'bayes-safe[tune]'" in out.stdout
     cli = subprocess.run([str(python), "-m", "bayes_safe.cli", "tune", "resume", "--out", str(work / "x")],
-                         cwd=work, capture_output=True, text=True, timeout=600)
+                         cwd=work, capture_output=True, text=True, timeout=600, check=False)
     assert cli.returncode == 2
     assert "Traceback" not in cli.stderr and "bayes-safe[tune]" in cli.stderr, cli.stderr

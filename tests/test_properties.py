@@ -108,7 +108,7 @@ def decision_step(draw):
 @SETTINGS
 @given(decision_step(), st.integers(0, 1000))
 def test_tsasc_chooses_within_the_valid_set_or_the_baseline(step, seed):
-    R, K, d, feats, baseline, valid, alpha = step
+    R, _, d, feats, baseline, valid, alpha = step
     models = [BayesianLinear(_prior(d, 1.0), noise_std=0.5, batch_shape=[R]) for _ in range(2)]
     policy = TSASC(models[0], [models[1]], alpha=alpha)
     action = policy.select(feats, baseline, generator=torch.Generator().manual_seed(seed), valid=valid)
@@ -120,7 +120,7 @@ def test_tsasc_chooses_within_the_valid_set_or_the_baseline(step, seed):
 @SETTINGS
 @given(decision_step(), st.integers(0, 1000))
 def test_thompson_sampling_respects_the_valid_mask(step, seed):
-    R, K, d, feats, baseline, valid, _ = step
+    R, _, d, feats, _, valid, _ = step
     valid[:, 0] = True  # at least one valid action per replication
     policy = ThompsonSampling(BayesianLinear(_prior(d, 1.0), noise_std=0.5, batch_shape=[R]))
     action = policy.select(feats, generator=torch.Generator().manual_seed(seed), valid=valid)

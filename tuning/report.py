@@ -362,7 +362,8 @@ def _markdown(study, rows, result, title, export=True, note=None) -> str:
             "progress.png": "Each trial's objective; the line is the best observed feasible value so far.",
         }
         for f in result["figures"]:
-            lines += [f"![{f}]({f})", "", captions.get(f, ""), ""]
+            # linked to the full-size image: the page scales the figure to the text column
+            lines += [f"[![{f}]({f})]({f})", "", captions.get(f, ""), ""]
     cons = [c for w, _, _ in study.constraints for c in w]
     has_ts = "ts" in ab.compare
     def pct(m):

@@ -17,13 +17,15 @@ paper also absorbs arms outside ``U_t`` whose upper bound drops below ``tau``, w
 change ``r`` except for an arm already certified infeasible, a contradiction of probability
 ``<= delta`` that we do not act on).
 
-Step interface (a person answers the queries)::
+Step interface (a person answers the queries):
 
-    learner = GACOL(arms, theta, tau=1.0, beta=0.25, feedback="binary")
-    while not learner.done:
-        arm = learner.next_query()
-        learner.observe(arm, ask_person(arm))      # 1 = "violates", 0 = "fine"
-    best = learner.recommendation
+```python
+learner = GACOL(arms, theta, tau=1.0, beta=0.25, feedback="binary")
+while not learner.done:
+    arm = learner.next_query()
+    learner.observe(arm, ask_person(arm))      # 1 = "violates", 0 = "fine"
+best = learner.recommendation
+```
 
 Round-based learners (``ACOL``, ``GAllocation``, ``Uniform``, ``Oracle``;
 Algorithms 1 and 3) use Proposition 2 intervals from a fresh regression on each round's data;

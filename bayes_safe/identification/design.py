@@ -3,8 +3,9 @@
 Lindner et al. (2022), section 3.3 and appendix B, need allocations (designs) ``lambda`` over
 the arms ``X`` that solve problems of the form
 
-.. math::  \\rho = \\min_\\lambda \\max_{x \\in T} w_x \\, \\|x\\|^2_{A(\\lambda)^{-1}},
-           \\qquad A(\\lambda) = \\sum_{a \\in X} \\lambda_a a a^\\top,
+```text
+rho = min_lambda max_{x in T} w_x ||x||^2_{A(lambda)^-1},    A(lambda) = sum_{a in X} lambda_a a a^T,
+```
 
 with the targets ``T`` and weights ``w``:
 

@@ -584,11 +584,12 @@ class ProbitGP:
             out._X, out._y = [X[keep].clone()], [y[keep].clone()]
         return out
 
-    # ------------------------------------------------------------------ pickling (torch.save)
+    # ------------------------------------------------------------------ pickling (between processes)
     def __getstate__(self) -> dict:
-        """Picklable state: GPyTorch's ``LinearKernel`` holds its variance prior through local
-        lambdas, which cannot be pickled, so the GP is stored as its inducing points and
-        ``state_dict`` and rebuilt by ``__setstate__`` (``torch.save`` / ``torch.load``)."""
+        """Picklable state, for sending a model to a worker process (files use the code-free
+        ``bayes_safe.state`` format instead): GPyTorch's ``LinearKernel`` holds its variance prior
+        through local lambdas, which cannot be pickled, so the GP is stored as its inducing
+        points and ``state_dict`` and rebuilt by ``__setstate__``."""
         state = dict(self.__dict__)
         gp = state.pop("gp")
         state["_gp_state"] = {

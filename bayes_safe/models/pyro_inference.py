@@ -11,13 +11,14 @@ when the prior is not conjugate: every ``PyroLinearPosterior.fit`` refits from s
 all the data, so it is far slower than a conjugate update and is meant for problems of modest
 size.
 
-Example::
-
+Example:
+    ```python
     import pyro.distributions as dist
     post = PyroLinearPosterior(dist.Laplace(0.0, 1.0).expand([3]).to_event(1), 3,
                                noise_std=0.1, num_samples=100, warmup_steps=100)
     post.fit(X, y)    # X: [n, 3], y: [n]
     post.draws        # [num_chains * num_samples, 3] posterior draws of w
+    ```
 """
 
 from __future__ import annotations
@@ -119,12 +120,14 @@ class PyroLinearPosterior:
             and ``batch_shape == []`` (e.g. ``dist.Laplace(0., 1.).expand([d]).to_event(1)``,
             ``dist.MultivariateNormal(...)``), sampled as the site ``"w"``; or a callable
             Pyro model taking no arguments that samples its own (continuous) hyperparameters
-            with ``pyro.sample`` and returns ``w`` of shape ``[dim]``, e.g. a horseshoe::
+            with ``pyro.sample`` and returns ``w`` of shape ``[dim]``, e.g. a horseshoe:
 
-                def horseshoe():
-                    tau = pyro.sample("tau", dist.HalfCauchy(1.0))
-                    lam = pyro.sample("lam", dist.HalfCauchy(torch.ones(d)).to_event(1))
-                    return pyro.sample("w", dist.Normal(0.0, tau * lam).to_event(1))
+            ```python
+            def horseshoe():
+                tau = pyro.sample("tau", dist.HalfCauchy(1.0))
+                lam = pyro.sample("lam", dist.HalfCauchy(torch.ones(d)).to_event(1))
+                return pyro.sample("w", dist.Normal(0.0, tau * lam).to_event(1))
+            ```
 
             A callable is run once at construction to check what it returns. It must not use
             the site names ``"y"`` and ``"noise_var"``, and a site it names ``"w"`` must be

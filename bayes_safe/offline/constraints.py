@@ -1,9 +1,11 @@
 """Per-domain replication constraints (Kachuee & Lee 2022, eq. 1-2 and appendix A.1).
 
 The replication rate of a policy ``Pi_theta`` with respect to the production policy
-``Pi_0`` at a context ``x`` is (eq. 1)::
+``Pi_0`` at a context ``x`` is (eq. 1)
 
-    R_theta(x) = 1 - |Pi_theta(.|x) - Pi_0(.|x)|_1 / 2          in [0, 1]
+```text
+R_theta(x) = 1 - |Pi_theta(.|x) - Pi_0(.|x)|_1 / 2          in [0, 1]
+```
 
 (one minus the total-variation distance: the probability that the two policies, both
 sampled, can be coupled to the same action). A constraint set gives each domain ``k`` a
@@ -13,12 +15,14 @@ range ``c_min_k <= R_theta(x) <= c_max_k`` that every context of that domain sho
 A constraint set is *data*: a list of rules, applied in order, each with a description, a
 domain (a name, or ``"*"`` for every domain) and any of ``c_min`` / ``c_max``; a later rule
 overrides an earlier one for the bounds it sets. The paper's benchmarks are JSON files in
-``bayes_safe/offline/benchmarks/`` (see ``available_benchmarks``)::
+``bayes_safe/offline/benchmarks/`` (see ``available_benchmarks``):
 
-    {"name": "critical", "description": "...",
-     "constraints": [
-       {"description": "default for every domain", "domain": "*", "c_min": 0.75},
-       {"description": "business critical", "domain": "shopping", "c_min": 0.9}]}
+```json
+{"name": "critical", "description": "...",
+ "constraints": [
+   {"description": "default for every domain", "domain": "*", "c_min": 0.75},
+   {"description": "business critical", "domain": "shopping", "c_min": 0.9}]}
+```
 """
 
 from __future__ import annotations

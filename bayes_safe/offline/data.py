@@ -8,12 +8,14 @@ A logged data set holds, for each of ``N`` rounds of a production (logging) poli
 (``[N, A]``, needed for the replication rate of eq. 1) and a mask of the actions available
 in each round (``[N, A]`` bool; e.g. the items of a campaign).
 
-Load from a pandas frame, CSV or Parquet with named columns::
+Load from a pandas frame, CSV or Parquet with named columns:
 
-    data = LoggedData.from_dataframe(
-        df, context_columns=["f0", "f1"], action_column="action", reward_column="reward",
-        propensity_column="pscore", domain_column="domain",
-        logging_prob_columns=["pi0_0", "pi0_1", "pi0_2"])
+```python
+data = LoggedData.from_dataframe(
+    df, context_columns=["f0", "f1"], action_column="action", reward_column="reward",
+    propensity_column="pscore", domain_column="domain",
+    logging_prob_columns=["pi0_0", "pi0_1", "pi0_2"])
+```
 
 Every check names the failing rows (by the frame's index labels), so a bad export can be
 found and fixed: propensities outside ``(0, 1]``, missing values, actions outside

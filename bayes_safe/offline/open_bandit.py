@@ -11,9 +11,11 @@ This module downloads the wheel with ``pip download obp==0.4.1 --no-deps`` into 
 directory (``$BAYES_SAFE_DATA/obp`` if ``BAYES_SAFE_DATA`` is set, else
 ``~/.cache/bayes_safe/obp``) and reads the CSVs straight from the wheel (a zip file). obp is
 never installed (its version pins break this environment) and the data never enters the
-repository::
+repository:
 
-    python -m bayes_safe.offline.open_bandit --fetch     # once; `make test` does it
+```bash
+python -m bayes_safe.offline.open_bandit --fetch     # once; `make test` does it
+```
 
 As logged bandit data (``load_open_bandit``):
 
