@@ -11,19 +11,30 @@ copies of the registries (``PROBLEM_NAMES``, ``POLICY_NAMES``; tests/test_cli_st
 that they equal ``bayes_safe.envs.PROBLEMS`` and ``bayes_safe.factory.POLICIES``); each
 subcommand imports what it runs. Argument types shared with ``tune`` live in
 ``bayes_safe._cli_args``.
+
+Failures: one the user can fix (bad input, ``--out`` under a file, a corrupt model file, a full
+disk) is one line ``bayes-safe CMD: error: ...`` and status 2; any other is one line
+``bayes-safe CMD: internal error: ...`` and status 1 (``--debug`` shows the traceback). ``--out``
+is checked before any work, and replaced as a whole only when the run succeeds
+(``bayes_safe.io.atomic_output_dir(..., replace=True)``).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import json
+import os
+import re
 import sys
 import time
+import traceback
 
 from ._cli_args import existing_dir, output_dir, positive_int, probability_below_one
 from ._extras import MissingExtraError
 
-__all__ = ["POLICY_NAMES", "PROBLEM_NAMES", "main"]
+__all__ = ["POLICY_NAMES", "PROBLEM_NAMES", "UsageError", "main"]
 
 #: the names of ``bayes_safe.envs.PROBLEMS`` (sorted), without importing torch
 PROBLEM_NAMES = ("daulton2019", "kazerouni2017", "kazerouni2017-neurips")
@@ -31,8 +42,17 @@ PROBLEM_NAMES = ("daulton2019", "kazerouni2017", "kazerouni2017-neurips")
 POLICY_NAMES = ("ts", "ts-asc", "linucb", "greedy", "random", "lucb", "clucb", "clucb2-asc-c", "clucb2-asc-i")
 
 
+_DEBUG_HELP = "on an unexpected error, show the Python traceback"
+
+
+def _add_debug(parser: argparse.ArgumentParser) -> None:
+    # SUPPRESS: absent here, the top-level `bayes-safe --debug CMD` value stands
+    parser.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=_DEBUG_HELP)
+
+
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="bayes-safe", description="Safe decision-making with Bayesian posteriors.")
+    parser.add_argument("--debug", action="store_true", help=_DEBUG_HELP)
     sub = parser.add_subparsers(dest="command", required=True)
     sim = sub.add_parser("simulate", help="run a policy on a simulated problem and write its trace")
     sim.add_argument("--problem", required=True, choices=PROBLEM_NAMES, help="problem name")
@@ -45,6 +65,7 @@ def _build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--ridge", type=float, default=1.0, help="ridge penalty of the Bayesian linear models")
     sim.add_argument("--out", required=True, type=output_dir, help="output directory")
     sim.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    _add_debug(sim)
 
     diag = sub.add_parser("diagnose", help="posterior diagnostics of a run's saved models")
     diag.add_argument("run_dir", type=existing_dir, help="a directory written by `simulate` or a study")
@@ -52,6 +73,7 @@ def _build_parser() -> argparse.ArgumentParser:
     diag.add_argument("--allow-imports", action="store_true",
                       help="import the custom prior functions the saved models name (module:function); "
                            "only for runs whose code you trust")
+    _add_debug(diag)
 
     study = sub.add_parser("study", help="reproductions of the papers' experiments")
     study_sub = study.add_subparsers(dest="study_command", required=True)
@@ -61,6 +83,7 @@ def _build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out", required=True, type=output_dir, help="output directory")
     run.add_argument("--quick", action="store_true", help="a small version for smoke tests (< 2 minutes)")
     run.add_argument("--seed", type=int, default=0)
+    _add_debug(run)
 
     try:
         from bayes_safe.tuning.cli import add_tune_parser
@@ -75,12 +98,69 @@ def _build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class UsageError(Exception):
+    """A command-line failure for the user to fix: ``bayes-safe CMD: error: MESSAGE``, status 2."""
+
+
+#: errno values of writes that fail for a reason outside the program (full disk, quota, file-size limit, read-only)
+_DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS})
+_RUST_OS_ERROR = re.compile(r"\(os error (\d+)\)")
+
+
+def _os_errno(exc: BaseException) -> int | None:
+    """The errno behind ``exc`` (an ``OSError``, one it was raised from, or a Rust writer's
+    ``(os error N)`` such as safetensors'), or None."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno is not None:
+            return exc.errno
+        match = _RUST_OS_ERROR.search(str(exc))
+        if match:
+            return int(match.group(1))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def _reason(exc: BaseException) -> str:
+    """What went wrong, for one line: an ``OSError``'s text without ``[Errno N]``."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"{exc.filename}: {exc.strerror}" if exc.filename else exc.strerror
+    number = _os_errno(exc)
+    if number is not None and not isinstance(exc, OSError):
+        return os.strerror(number)
+    return str(exc)
+
+
+@contextlib.contextmanager
+def _writing(out, option: str = "--out", errnos=None):
+    """Turn a failed write into ``option: cannot write OUT: REASON`` (``errnos``: only these; None: any)."""
+    try:
+        yield
+    except (UsageError, KeyboardInterrupt):
+        raise
+    except Exception as exc:
+        number = _os_errno(exc)
+        if number is None or (errnos is not None and number not in errnos):
+            raise
+        own = isinstance(exc, OSError) and exc.strerror and exc.strerror != os.strerror(number)
+        if own:  # a message of bayes_safe.io's checks: it names the path and what is short
+            raise UsageError(f"{option}: {exc.strerror}") from exc
+        raise UsageError(f"{option}: cannot write {out}: {os.strerror(number)}") from exc
+
+
+def _trace_bytes(horizon: int, replications: int, metrics: int) -> int:
+    """About the size of a trace's NetCDF file: per step and replication, 5 int64/float64
+    values, 3 per metric and a violation byte."""
+    return horizon * replications * (5 * 8 + 3 * 8 * metrics + 1) + 20_000
+
+
 def _simulate(args) -> int:
     from . import plots
     from .diagnostics import save_models
     from .envs import make_problem
     from .factory import make_policy
-    from .io import atomic_output_dir, atomic_write_json
+    from .io import atomic_output_dir, atomic_write_json, check_free_space
     from .metrics import mean_and_sem, summary
     from .simulation import simulate
 
@@ -89,9 +169,14 @@ def _simulate(args) -> int:
         kwargs["alpha"] = args.alpha
     env = make_problem(args.problem, **kwargs)
     policy = make_policy(args.policy, env, ridge=args.ridge, alpha=args.alpha)
+    trace_bytes = _trace_bytes(args.horizon, args.replications, env.num_metrics)
+    steps_bytes = args.horizon * 120
+    with _writing(args.out):  # before the run: a full disk fails now, not after it
+        check_free_space(args.out, trace_bytes + steps_bytes + 1_000_000, what="run",
+                         largest=max(trace_bytes, steps_bytes))
     start = time.perf_counter()
     trace = simulate(policy, env, args.horizon, seed=args.seed + 1, progress=not args.no_progress)
-    with atomic_output_dir(args.out) as tmp:
+    with _writing(args.out), atomic_output_dir(args.out, replace=True) as tmp:
         trace.to_netcdf(tmp / "trace.nc")
         regret_mean, regret_sem = mean_and_sem(trace.regret)
         import pandas as pd
@@ -119,35 +204,84 @@ def _study(args) -> int:
         for name, (_, description) in sorted(available_studies().items()):
             print(f"{name:28s} {description}")
         return 0
+    from .io import atomic_output_dir
+
     module = get_study(args.name)
-    results = module.run(args.out, quick=args.quick, seed=args.seed)
+    # the study writes into a scratch directory that then replaces --out as a whole
+    with _writing(args.out, errnos=_DISK_ERRNOS), atomic_output_dir(args.out, replace=True) as tmp:
+        results = module.run(tmp, quick=args.quick, seed=args.seed)
     print(f"study {args.name}: wrote {args.out} ({len(results)} result entries)")
     return 0
 
 
+def _run(args) -> int:
+    if getattr(args, "out", None) is not None:
+        from .io import check_output_path
+
+        check_output_path(args.out, "--out")  # before any work: --out under a file, or not writable
+    if args.command == "simulate":
+        return _simulate(args)
+    if args.command == "study":
+        return _study(args)
+    if args.command == "tune":
+        if getattr(args, "missing_extra", None):
+            raise MissingExtraError(args.missing_extra)
+        from bayes_safe.tuning.cli import run_tune
+
+        return run_tune(args)
+    if args.command == "diagnose":
+        from .diagnostics import diagnose_run
+
+        with _writing(args.run_dir / "diagnostics", option="run_dir", errnos=_DISK_ERRNOS):
+            report = diagnose_run(args.run_dir, num_draws=args.draws, allow_imports=args.allow_imports)
+        print(f"wrote {report} and one NetCDF per model")
+        return 0
+    raise AssertionError(f"unknown command {args.command!r}")  # pragma: no cover - argparse requires one
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def _user_message(exc: BaseException) -> str | None:
+    """The one-line message of a failure the user can fix (status 2), or None for an internal error."""
+    if isinstance(exc, UsageError):
+        return str(exc)
+    if isinstance(exc, (ValueError, TypeError, MissingExtraError)):  # bad input; StateError is a ValueError
+        return str(exc)
+    if isinstance(exc, OSError) and (isinstance(exc, (FileNotFoundError, NotADirectoryError, IsADirectoryError,
+                                                      PermissionError, FileExistsError))
+                                     or exc.errno in _DISK_ERRNOS):
+        return _reason(exc)
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run ``bayes-safe`` with ``argv``; return the exit status.
+
+    A failure the user can fix (bad input, a file that is not what was expected, a full disk)
+    is one line ``bayes-safe CMD: error: ...`` and status 2 (via ``SystemExit``, as argparse's
+    own errors); any other exception is one line ``bayes-safe CMD: internal error: ...`` and
+    status 1, with its traceback under ``--debug``. Either way the output directory is left as
+    it was.
+    """
     parser = _build_parser()
     args = parser.parse_args(argv)
+    command = " ".join(c for c in (args.command, getattr(args, "study_command", None)) if c)
     try:
-        if args.command == "simulate":
-            return _simulate(args)
-        if args.command == "study":
-            return _study(args)
-        if args.command == "tune":
-            if getattr(args, "missing_extra", None):
-                raise MissingExtraError(args.missing_extra)
-            from bayes_safe.tuning.cli import run_tune
-
-            return run_tune(args)
-        if args.command == "diagnose":
-            from .diagnostics import diagnose_run
-
-            report = diagnose_run(args.run_dir, num_draws=args.draws, allow_imports=args.allow_imports)
-            print(f"wrote {report} and one NetCDF per model")
-            return 0
-    except (ValueError, TypeError, FileNotFoundError, MissingExtraError) as exc:
-        parser.exit(2, f"bayes-safe {args.command}: error: {exc}\n")
-    return 1
+        return _run(args)
+    except KeyboardInterrupt:
+        print(f"bayes-safe {command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # noqa: BLE001 - the one place that turns any failure into one line
+        if args.debug:
+            traceback.print_exc()
+        message = _user_message(exc)
+        if message is not None:
+            parser.exit(2, f"bayes-safe {command}: error: {_one_line(message)}\n")
+        print(f"bayes-safe {command}: internal error: {type(exc).__name__}: {_one_line(exc)}"
+              + ("" if args.debug else " (run with --debug to see the traceback)"), file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":  # pragma: no cover

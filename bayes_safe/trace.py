@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -99,8 +100,23 @@ class Trace:
         return ds
 
     def to_netcdf(self, path) -> None:
-        """Write the trace as NetCDF-4 (h5netcdf engine)."""
-        self.to_xarray().to_netcdf(path, engine="h5netcdf")
+        """Write the trace as NetCDF-4 (h5netcdf engine), atomically: all of it or nothing.
+
+        The file is built in memory and written under a temporary name beside ``path``, then
+        renamed onto it, after checking the free space (``bayes_safe.io.check_free_space``). A
+        full disk raises ``OSError`` and leaves ``path`` as it was: h5py never writes to the disk
+        itself (a failed HDF5 write crashes the interpreter when the file is closed).
+        """
+        from .io import atomic_write, atomic_write_bytes, check_free_space
+
+        ds = self.to_xarray()
+        try:
+            data = ds.to_netcdf(engine="h5netcdf")  # the file, in memory
+        except (ValueError, TypeError, NotImplementedError):  # an xarray that writes h5netcdf to files only
+            check_free_space(Path(path).parent, int(ds.nbytes) + 65536, what=Path(path).name)
+            atomic_write(path, lambda tmp: ds.to_netcdf(tmp, engine="h5netcdf"))
+        else:
+            atomic_write_bytes(path, data)
 
     @classmethod
     def from_netcdf(cls, path) -> Trace:

@@ -179,7 +179,7 @@ def run(out, quick: bool = False, seed: int = 0) -> dict:
             "optimal_arm": [int(i) for i in problem.optimal_arms], "normalisation_scale": problem.info["scale"]}
     payload = {"config": cfg, "quick": quick, "seed": seed, "wall_seconds": wall, "figure4_seconds": t4,
                "figure4": f4, "problem": info, "figure5": f5, "paper": PAPER}
-    with atomic_output_dir(out) as tmp:
+    with atomic_output_dir(out, replace=True) as tmp:
         _plot4(f4, tmp / "fig4.png")
         _plot5(f5, tmp / "fig5.png")
         atomic_write_json(tmp / "results.json", payload)

@@ -177,7 +177,7 @@ def run(out, quick: bool = False, seed: int = 0) -> dict:
     summary = _summary(results, fig3)
     payload = {"config": cfg, "quick": quick, "seed": seed, "wall_seconds": wall, "figure2": results, "figure3": fig3,
                "summary": summary, "paper": PAPER, "slowest": sorted(timings.items(), key=lambda kv: -kv[1])[:10]}
-    with atomic_output_dir(out) as tmp:
+    with atomic_output_dir(out, replace=True) as tmp:
         _plot_fig2(results, tmp / "fig2.png", cfg)
         _plot_fig3(fig3, tmp / "fig3.png")
         atomic_write_json(tmp / "results.json", payload)

@@ -285,7 +285,7 @@ def run(out, quick: bool = False, seed: int = 0, config: dict | None = None) -> 
         "run": result.to_dict(),
         "age_bands": list(AGE_BANDS),
     }
-    with atomic_output_dir(out) as tmp:
+    with atomic_output_dir(out, replace=True) as tmp:
         tmp = Path(tmp)
         atomic_write_json(tmp / "results.json", payload)
         write_csv(tmp / "summary.csv", summary)

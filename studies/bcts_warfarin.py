@@ -185,7 +185,7 @@ def run(out, quick: bool = False, seed: int = 0, config: dict | None = None) -> 
         "summary": result.summary(), "checks": found, "paper_findings": PAPER_FINDINGS, "seconds": seconds,
         "run": result.to_dict(),
     }
-    with atomic_output_dir(out) as tmp:
+    with atomic_output_dir(out, replace=True) as tmp:
         tmp = Path(tmp)
         atomic_write_json(tmp / "results.json", payload)
         write_csv(tmp / "summary.csv", payload["summary"])

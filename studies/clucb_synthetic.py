@@ -142,7 +142,7 @@ def run(out, quick: bool = False, seed: int = 0) -> dict:
     fitted[wide_name] = policy.models()
     del trace, policy
 
-    with atomic_output_dir(out) as tmp:
+    with atomic_output_dir(out, replace=True) as tmp:
         idx = thin(T, 5000)
         rows = []
         for name, c in curves.items():

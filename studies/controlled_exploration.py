@@ -606,7 +606,7 @@ def run(out, quick: bool = False, seed: int = 0) -> dict:
     results["timing"] = dict(timer.seconds)
     results["seconds"] = time.perf_counter() - t0
 
-    with atomic_output_dir(out) as tmp:
+    with atomic_output_dir(out, replace=True) as tmp:
         _plot_figure3(f3, tmp / "figure3.png", "Figure 3 analogue: minimax vs meta-gradient sensitivity "
                       f"({f3['benchmark']} benchmark, synthetic)")
         _plot_figure4(traces, tmp / "figure4.png", "Figure 4 analogue: penalty weights (global benchmark)")

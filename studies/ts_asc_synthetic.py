@@ -292,7 +292,7 @@ def run(out, quick: bool = False, seed: int = 0) -> dict:
             "variant_oracle_mean": variant[alpha]["oracle"]["mean"], "variant_oracle_sem": variant[alpha]["oracle"]["sem"],
         })
 
-    with atomic_output_dir(out) as tmp:
+    with atomic_output_dir(out, replace=True) as tmp:
         rows = []
         for alpha in alphas:
             for name in POLICIES:

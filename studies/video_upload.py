@@ -588,7 +588,7 @@ def run(out, quick: bool = False, seed: int = 0, config: dict | None = None) -> 
         "seconds": time.perf_counter() - start,
     }
     results["finding"]["paper"] = "vanilla TS decreases reliability; TS-ASC with alpha close to 0 does not (section 5.4, Figure 3)"
-    with atomic_output_dir(out) as tmp:
+    with atomic_output_dir(out, replace=True) as tmp:
         (tmp / "results.json").write_text(json.dumps(_clean(results), indent=2) + "\n")
         (tmp / "summary.csv").write_text(_csv({**summary, **{f"reference {k}": v for k, v in reference.items() if k != "baseline"}}))
         results["figures"] = _figures(summary, tmp)

@@ -71,3 +71,51 @@ def test_bad_arguments_are_one_error_line_with_status_2(tmp_path, capsys, argv, 
     assert len(errors) == 1 and message in errors[0], err
     assert "Traceback" not in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["FILE"]
+
+
+def test_a_later_simulate_leaves_no_file_of_the_earlier_run(tmp_path):
+    out = tmp_path / "run"
+    (out / "models").mkdir(parents=True)
+    (out / "models" / "old-policy.json").write_text("{}")
+    (out / "from-the-old-run.txt").write_text("old")
+    assert main(["simulate", "--problem", "daulton2019", "--policy", "ts", "--replications", "2",
+                 "--horizon", "5", "--out", str(out), "--no-progress"]) == 0
+    assert {p.name for p in out.iterdir()} == {"trace.nc", "steps.csv", "summary.json", "regret.png", "models"}
+    assert not (out / "models" / "old-policy.json").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+
+
+class _FakeStudy:
+    """A study module: writes through its own atomic_output_dir, as the real ones do."""
+
+    def __init__(self, files, fail=False):
+        self.files, self.fail = files, fail
+
+    def run(self, out, quick=False, seed=0):
+        from bayes_safe.io import atomic_output_dir
+
+        with atomic_output_dir(out) as tmp:
+            for name in self.files:
+                (tmp / name).write_text(name)
+        if self.fail:
+            raise ValueError("config: expected something else")
+        return {"n": len(self.files)}
+
+
+def test_study_run_replaces_out_as_a_whole_and_a_failure_leaves_it(tmp_path, monkeypatch, capsys):
+    from bayes_safe import studies
+
+    out = tmp_path / "study"
+    monkeypatch.setattr(studies, "get_study", lambda name: _FakeStudy(["results.json", "report.md"]))
+    assert main(["study", "run", "fake", "--out", str(out)]) == 0
+    monkeypatch.setattr(studies, "get_study", lambda name: _FakeStudy(["results.json"]))
+    assert main(["study", "run", "fake", "--out", str(out)]) == 0
+    assert [p.name for p in out.iterdir()] == ["results.json"]  # report.md of the first run is gone
+    monkeypatch.setattr(studies, "get_study", lambda name: _FakeStudy(["other.json"], fail=True))
+    with pytest.raises(SystemExit) as exc:
+        main(["study", "run", "fake", "--out", str(out)])
+    assert exc.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == \
+        "bayes-safe study run: error: config: expected something else"
+    assert [p.name for p in out.iterdir()] == ["results.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["study"]

@@ -200,7 +200,7 @@ def diagnose_run(run_dir, *, num_draws: int = 500, max_batch: int | None = 10, s
         ValueError: a model file is in the old pickle format or is not a valid saved state
             (``bayes_safe.state.StateError``); the message names the file, and nothing is loaded.
     """
-    from ..io import atomic_output_dir, atomic_write_text
+    from ..io import atomic_output_dir, atomic_write_text, check_free_space
 
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
@@ -223,11 +223,14 @@ def diagnose_run(run_dir, *, num_draws: int = 500, max_batch: int | None = 10, s
             f"converter (found {', '.join(f'{k} x {v}' for k, v in found.items())}); expected {ACCEPTED_MODELS}"
         )
     sections, index = [], []
-    with atomic_output_dir(run_dir / "diagnostics") as tmp:
+    with atomic_output_dir(run_dir / "diagnostics", replace=True) as tmp:
         for keys in convertible:
             name = _group_name(keys)
             model = models[keys[0]]
             idata = to_inference_data(model, num_draws=num_draws, seed=seed, max_batch=max_batch)
+            # h5py crashes the interpreter on a failed write (a full disk): check the space first
+            size = sum(int(idata[group].nbytes) for group in idata.groups()) + 65536 * len(idata.groups())
+            check_free_space(tmp, size, what=f"{name}.nc")
             idata.to_netcdf(str(tmp / f"{name}.nc"), engine="h5netcdf")
             sections.append(_model_section(name, keys, [models[k] for k in keys], idata, show_batch, seed))
             index.append(f'<li><a href="#{html.escape(name)}">{html.escape(name)}</a> '
