@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import math
 import numbers
+import sys
 
 import torch
 
-__all__ = ["as_tensor", "check_finite", "check_in_range", "check_positive", "check_positive_int", "check_probability",
-           "trusted_inputs"]
+__all__ = ["as_tensor", "check_batch_shape", "check_distribution_parameters", "check_finite", "check_in_range",
+           "check_positive", "check_positive_int", "check_probability", "check_std", "trusted_inputs"]
 
 import contextlib
 
@@ -61,15 +62,72 @@ def check_positive_int(value, name: str, allow_none: bool = False) -> int | None
     return int(value)
 
 
+def _as_float(value, name: str, expected: str) -> float:
+    """``float(value)`` for a real number (a 0-d tensor or numpy scalar too); ``bool`` and
+    anything else raise a ``TypeError`` naming ``name``."""
+    if isinstance(value, (bool, str, bytes)) or value is None:
+        raise TypeError(f"{name}: expected {expected}, got {value!r}")
+    if isinstance(value, torch.Tensor) and value.numel() != 1:
+        raise TypeError(f"{name}: expected {expected}, got a tensor of shape {list(value.shape)}")
+    try:
+        return float(value)
+    except (TypeError, ValueError, RuntimeError):
+        raise TypeError(f"{name}: expected {expected}, got {type(value).__name__}") from None
+
+
 def check_positive(value, name: str) -> float:
-    v = float(value)
+    v = _as_float(value, name, "a finite number > 0")
     if not (math.isfinite(v) and v > 0):
         raise ValueError(f"{name}: expected a finite number > 0, got {value!r}")
     return v
 
 
+def check_std(value, name: str) -> float:
+    """A standard deviation: finite, > 0, and whose square (a variance) and inverse square (a
+    precision) are normal float64 numbers. ``1e-200`` is rejected: its square underflows to 0."""
+    v = check_positive(value, name)
+    var = v * v
+    if not (var >= sys.float_info.min and math.isfinite(var) and math.isfinite(1.0 / var)):
+        raise ValueError(f"{name}: expected a standard deviation whose square is a normal float64 "
+                         f"(about 1.5e-154 to 1.3e154), got {value!r}")
+    return v
+
+
+def check_batch_shape(value, name: str = "batch_shape") -> torch.Size:
+    """A sequence of positive ints (``()`` for no batch) as a ``torch.Size``."""
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        raise TypeError(f"{name}: expected a sequence of positive ints such as [R], got {value!r}")
+    return torch.Size(check_positive_int(b, name) for b in value)
+
+
+def check_distribution_parameters(d, name: str) -> None:
+    """Raise ``ValueError`` naming ``name`` if a parameter of the distribution ``d`` (or of the
+    distributions it wraps: ``Independent``, ``ExpandedDistribution``) is NaN/inf or outside its
+    constraint. Catches what ``validate_args=False`` let through (a NaN prior gives a NaN posterior)."""
+    seen = 0
+    while d is not None and seen < 8:
+        for key, constraint in getattr(d, "arg_constraints", {}).items():
+            try:
+                value = getattr(d, key)
+            except (AttributeError, RuntimeError, ValueError, NotImplementedError):
+                value = None  # a lazily derived parameter that cannot be computed: the others decide
+            if not isinstance(value, torch.Tensor):
+                continue
+            if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+                raise ValueError(f"{name}: parameter {key!r} of {type(d).__name__} has NaN or inf entries")
+            try:
+                ok = bool(constraint.check(value).all())
+            except (RuntimeError, ValueError, NotImplementedError):
+                ok = True  # a constraint that cannot check this value: not our call
+            if not ok:
+                raise ValueError(f"{name}: parameter {key!r} of {type(d).__name__} is outside its support ({constraint})")
+        d, seen = getattr(d, "base_dist", None), seen + 1
+
+
 def check_in_range(value, name: str, low: float, high: float, *, low_open=False, high_open=True) -> float:
-    v = float(value)
+    lb0 = "(" if low_open else "["
+    rb0 = ")" if high_open else "]"
+    v = _as_float(value, name, f"a number in {lb0}{low}, {high}{rb0}")
     ok_low = v > low if low_open else v >= low
     ok_high = v < high if high_open else v <= high
     if not (math.isfinite(v) and ok_low and ok_high):

@@ -8,12 +8,36 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from ._validation import trusted_inputs
+from ._validation import check_positive_int, trusted_inputs
 from .random import ReplicationRNG, replication_seeds
 from .threads import single_thread
 from .trace import Trace
 
 __all__ = ["simulate"]
+
+
+#: what ``simulate`` reads of a problem
+_ENV_ATTRIBUTES = ("replications", "num_metrics", "step", "observe", "optimal_reward", "baseline_expected",
+                   "metric_names", "alpha", "name")
+
+
+def _check_policy(policy) -> None:
+    missing = [m for m in ("select", "update") if not callable(getattr(policy, m, None))]
+    if missing:
+        raise TypeError(f"policy: expected a Policy (with select and update, see bayes_safe.policies), got "
+                        f"{type(policy).__name__} without {' and '.join(missing)}")
+
+
+def _check_env(env) -> None:
+    missing = [a for a in _ENV_ATTRIBUTES if not hasattr(env, a)]
+    if missing:
+        raise TypeError(f"env: expected a problem such as bayes_safe.envs.daulton2019(...) (with {', '.join(_ENV_ATTRIBUTES)}), "
+                        f"got {type(env).__name__} without {', '.join(missing)}")
+    for a in ("step", "observe"):
+        if not callable(getattr(env, a)):
+            raise TypeError(f"env: expected {a} to be a method, got {type(getattr(env, a)).__name__}")
+    check_positive_int(env.replications, "env.replications")
+    check_positive_int(env.num_metrics, "env.num_metrics")
 
 
 def simulate(policy, env, horizon: int, seed: int | Sequence[int] = 0, *, progress: bool = False,
@@ -44,9 +68,12 @@ def simulate(policy, env, horizon: int, seed: int | Sequence[int] = 0, *, progre
     Returns:
         A ``Trace`` of shape ``[T, R]``.
     """
-    if int(horizon) < 1:
-        raise ValueError(f"horizon: expected a positive int, got {horizon!r}")
-    T, R, M = int(horizon), env.replications, env.num_metrics
+    T = check_positive_int(horizon, "horizon")
+    _check_policy(policy)
+    _check_env(env)
+    if callback is not None and not callable(callback):
+        raise TypeError(f"callback: expected a callable (t, info) or None, got {type(callback).__name__}")
+    R, M = env.replications, env.num_metrics
     needed = getattr(policy, "num_constraints", 0)
     if needed and needed != env.num_metrics - 1:
         raise ValueError(

@@ -232,6 +232,8 @@ class ABTest:
             raise TypeError(f"seed: expected an int, got {type(seed).__name__}")
         if not isinstance(parameters, Mapping):
             raise TypeError(f"parameters: expected a mapping of parameter name to value, got {type(parameters).__name__}")
+        # a name the problem does not read (a misspelled "alhpa") would run the trial with the default
+        self.problem.check_parameter_values(parameters)
         if self.problem.offline:
             return self.problem.estimate(parameters, int(seed))
         seeds = np.random.SeedSequence([int(seed) & 0xFFFFFFFF, 7_919]).generate_state(2 + len(self.compare), dtype=np.uint32)

@@ -16,7 +16,9 @@ objects or dicts of their fields), so this module imports nothing from tuning.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
+from numbers import Real
 
 __all__ = ["ABProblem"]
 
@@ -71,11 +73,42 @@ class ABProblem:
     def level_metric_names(self) -> tuple[str, ...]:
         return ()
 
+    def known_parameters(self) -> tuple[str, ...] | None:
+        """The names of the parameters ``make_env`` / ``make_policy`` / ``estimate`` read
+        (``None``: not declared, any name is accepted). Declare them: a misspelled name
+        (``alhpa``) is then an error instead of a trial run with the default value."""
+        return None
+
+    def _check_names(self, names, what: str) -> None:
+        known = self.known_parameters()
+        if known is None:
+            return
+        unknown = [n for n in names if n not in known]
+        if unknown:
+            raise ValueError(f"{what}: unknown parameter name(s) {unknown} for problem {self.name!r}; "
+                             f"it reads {', '.join(known)}")
+
     def check_parameters(self, ranges: Sequence) -> None:
         """Raise ``ValueError`` for parameters this problem does not read or cannot take.
 
         ``ranges``: the study's search space as ``bayes_safe.tuning.Range`` objects (read
-        through their ``name``, ``low``, ``high``, ``log`` and ``integer`` attributes)."""
+        through their ``name``, ``low``, ``high``, ``log`` and ``integer`` attributes). The
+        default rejects names not in ``known_parameters()`` (when declared)."""
+        self._check_names([r.name for r in ranges], "parameters")
+
+    def check_parameter_values(self, parameters: Mapping) -> None:
+        """Raise for a trial's ``parameters`` (``{name: value}``) this problem cannot run:
+        names it does not read (``known_parameters``), values that are not finite real
+        numbers. ``ABTest.evaluate`` calls it before any work."""
+        if not isinstance(parameters, Mapping):
+            raise TypeError(f"parameters: expected a mapping of parameter name to value, got {type(parameters).__name__}")
+        bad_keys = [k for k in parameters if not isinstance(k, str)]
+        if bad_keys:
+            raise TypeError(f"parameters: expected string names, got {bad_keys[:5]}")
+        self._check_names(list(parameters), "parameters")
+        for name, value in parameters.items():
+            if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(float(value)):
+                raise ValueError(f"parameters: {name!r} expected a finite number, got {value!r}")
 
     def make_env(self, parameters: Mapping, seed: int):
         raise NotImplementedError

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .._validation import check_in_range, check_positive
+from .._validation import check_in_range, check_positive_int, check_std
 from ..random import Generator, replication_seeds, standard_normal
 
 __all__ = ["LinearBandit", "Step", "daulton2019", "kazerouni2017", "kazerouni2017_neurips"]
@@ -117,10 +117,15 @@ def _rejection_arms(gen, num_arms, dim, thetas, draw, max_batches=200):
     return None
 
 
-def _validate_common(replications, seed):
-    if int(replications) < 1:
-        raise ValueError(f"replications: expected a positive int, got {replications!r}")
-    return replication_seeds(seed, int(replications))
+def _validate_common(replications, seed, num_arms, dim, noise_std, min_arms: int = 1):
+    """Check the sizes every constructor takes (before any drawing) and return the seeds."""
+    replications = check_positive_int(replications, "replications")
+    num_arms = check_positive_int(num_arms, "num_arms")
+    if num_arms < min_arms:
+        raise ValueError(f"num_arms: expected an int >= {min_arms}, got {num_arms!r}")
+    check_positive_int(dim, "dim")
+    check_std(noise_std, "noise_std")
+    return replication_seeds(seed, replications)
 
 
 def _normal(shape, gen):
@@ -144,8 +149,8 @@ def kazerouni2017(replications: int = 1, seed: int | list[int] = 0, num_arms: in
     whose expected reward is exactly that average (linearity), so the known baseline reward of
     CLUCB is ``x_b^T theta*``. Returns ``K = num_arms + 1`` candidates.
     """
-    seeds = _validate_common(replications, seed)
-    check_positive(noise_std, "noise_std")
+    # the baseline arm averages the 2nd and 3rd best arms: at least 3 arms
+    seeds = _validate_common(replications, seed, num_arms, dim, noise_std, min_arms=3)
     feats, thetas = [], []
     for s in seeds:
         gen = torch.Generator().manual_seed(s)
@@ -175,8 +180,8 @@ def kazerouni2017_neurips(replications: int = 1, seed: int | list[int] = 0, num_
     positive (arms redrawn); ``N(0, 1)`` noise; the baseline is the ``baseline_rank``-th best
     arm (10th by default).
     """
-    seeds = _validate_common(replications, seed)
-    check_positive(noise_std, "noise_std")
+    seeds = _validate_common(replications, seed, num_arms, dim, noise_std)
+    check_positive_int(baseline_rank, "baseline_rank")
     if not 1 <= baseline_rank <= num_arms:
         raise ValueError(f"baseline_rank: expected 1..{num_arms}, got {baseline_rank}")
     feats, thetas, base = [], [], []
@@ -208,9 +213,10 @@ def daulton2019(replications: int = 1, seed: int | list[int] = 0, alpha: float =
     feasible reward (at ``alpha``) is below the best infeasible reward, so that the
     constraint costs reward.
     """
-    seeds = _validate_common(replications, seed)
+    seeds = _validate_common(replications, seed, num_arms, dim, noise_std)
     alpha = check_in_range(alpha, "alpha", 0.0, 1.0)
-    check_positive(noise_std, "noise_std")
+    check_positive_int(baseline_rank, "baseline_rank")
+    check_positive_int(top_reward, "top_reward")
     if not 1 <= baseline_rank <= top_reward <= num_arms:
         raise ValueError(f"baseline_rank, top_reward: expected 1 <= baseline_rank <= top_reward <= num_arms, got {baseline_rank}, {top_reward}")
     feats, thetas, base = [], [], []

@@ -557,6 +557,18 @@ class VideoUploadProblem(ABProblem):
     def level_metric_names(self) -> tuple[str, ...]:
         return ("violation_rate",)
 
+    def known_parameters(self) -> tuple[str, ...]:
+        return ("alpha", *_OMEGA_NAMES)
+
+    def check_parameter_values(self, parameters: Mapping) -> None:
+        super().check_parameter_values(parameters)
+        alpha = parameters.get("alpha")
+        if alpha is not None and not 0 <= float(alpha) < 1:
+            raise ValueError(f"parameters: 'alpha' expected a value in [0, 1), got {alpha!r}")
+        for name in _OMEGA_NAMES:
+            if name in parameters and not float(parameters[name]) > 0:
+                raise ValueError(f"parameters: {name!r} expected a reward offset > 0, got {parameters[name]!r}")
+
     def check_parameters(self, ranges: Sequence) -> None:
         for r in ranges:
             if r.name not in ("alpha", *_OMEGA_NAMES):

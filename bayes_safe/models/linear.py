@@ -39,7 +39,14 @@ import torch
 import torch.distributions as tdist
 
 from .. import _validation
-from .._validation import as_tensor, check_finite, check_positive
+from .._validation import (
+    as_tensor,
+    check_batch_shape,
+    check_distribution_parameters,
+    check_finite,
+    check_positive_int,
+    check_std,
+)
 from ..random import Generator, standard_gamma, standard_normal, standard_uniform
 from ..threads import single_thread
 
@@ -177,16 +184,21 @@ class BayesianLinear:
         refit_every: int | None = None,
         inference_options: dict | None = None,
     ):
-        self.batch_shape = torch.Size(int(b) for b in batch_shape)
-        if any(b < 1 for b in self.batch_shape):
-            raise ValueError(f"batch_shape: expected positive sizes, got {list(batch_shape)}")
+        self.batch_shape = check_batch_shape(batch_shape, "batch_shape")
         if (noise_std is None) == (noise_prior is None):
             raise ValueError("noise_std / noise_prior: give exactly one (a known noise_std > 0, or an InverseGamma noise_prior)")
         if noise_std is not None:
-            noise_std = check_positive(noise_std, "noise_std")
+            noise_std = check_std(noise_std, "noise_std")
         if noise_prior is not None and not isinstance(noise_prior, tdist.InverseGamma):
             raise TypeError(f"noise_prior: expected pyro.distributions.InverseGamma on the noise variance, got {type(noise_prior).__name__}")
-        if inference not in ("auto", "conjugate", "nuts", "svi"):
+        if noise_prior is not None:
+            check_distribution_parameters(noise_prior, "noise_prior")
+        dim = check_positive_int(dim, "dim", allow_none=True)
+        refit_every = check_positive_int(refit_every, "refit_every", allow_none=True)
+        if inference_options is not None and not isinstance(inference_options, dict):
+            raise TypeError(f"inference_options: expected a dict of PyroLinearPosterior keyword arguments, "
+                            f"got {type(inference_options).__name__}")
+        if not isinstance(inference, str) or inference not in ("auto", "conjugate", "nuts", "svi"):
             raise ValueError(f"inference: expected 'auto', 'conjugate', 'nuts' or 'svi', got {inference!r}")
         self.prior = prior
         self.noise_std = noise_std
@@ -199,7 +211,10 @@ class BayesianLinear:
                     f"got event shape {list(prior.event_shape)}"
                 )
             check_real_support(prior, "prior")
+            check_distribution_parameters(prior, "prior")
             d = int(prior.event_shape[0])
+            if d < 1:
+                raise ValueError("prior: expected an event shape [d] with d >= 1, got [0]")
             if dim is not None and int(dim) != d:
                 raise ValueError(f"dim: got {dim} but the prior's event shape is [{d}]")
             try:
@@ -455,9 +470,18 @@ class BayesianLinear:
             ``(mean, variance)``, each ``[*batch, k]`` (or ``[*batch]``).
         """
         X = check_finite(as_tensor(X, "X"), "X")
-        if X.shape[-1] != self.dim:
-            raise ValueError(f"X: expected last dimension {self.dim}, got shape {list(X.shape)}")
-        single = X.dim() == len(self.batch_shape) + 1
+        nb = len(self.batch_shape)
+        single = X.dim() == nb + 1
+        expected = (f"X: expected shape [*batch_shape, k, {self.dim}] or [*batch_shape, {self.dim}] with "
+                    f"batch_shape {list(self.batch_shape)}, got {list(X.shape)}")
+        if X.dim() == 0 or X.shape[-1] != self.dim:
+            raise ValueError(f"X: expected last dimension {self.dim} (shape [*batch_shape, k, {self.dim}]), got shape {list(X.shape)}")
+        if X.dim() < nb + 1:
+            raise ValueError(expected)
+        try:
+            torch.broadcast_shapes(X.shape[:-1] if single else X.shape[:-2], self.batch_shape)
+        except RuntimeError:
+            raise ValueError(expected) from None
         Xk = X[..., None, :] if single else X
         if self.conjugate:
             L = self.factor
@@ -500,6 +524,10 @@ class BayesianLinear:
 
     def sample_at(self, features, generator: Generator = None, key: str = "weights") -> torch.Tensor:
         """One joint draw of ``f(x) = x^T w`` at candidate features ``[*batch, k, d]`` -> ``[*batch, k]``."""
+        if not isinstance(features, torch.Tensor) or features.dtype != _DTYPE:
+            features = as_tensor(features, "features")
+        if features.dim() < 2 or features.shape[-1] != self.dim:
+            raise ValueError(f"features: expected shape [*batch_shape, k, {self.dim}], got {list(features.shape)}")
         w = self.sample(generator, key=key)
         return (w[..., None, :] @ _transposed(features))[..., 0, :]
 

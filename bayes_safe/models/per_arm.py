@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import torch
 
-from .._validation import as_tensor, check_finite
+from .._validation import as_tensor, check_batch_shape, check_finite, check_positive_int
 from ..random import Generator
 from .linear import BayesianLinear
 
@@ -42,10 +42,8 @@ class PerArmLinear:
     """
 
     def __init__(self, prior, num_arms: int, noise_std=None, noise_prior=None, *, batch_shape: Sequence[int] = ()):
-        if int(num_arms) < 1:
-            raise ValueError(f"num_arms: expected a positive int, got {num_arms!r}")
-        self.num_arms = int(num_arms)
-        self.batch_shape = torch.Size(int(b) for b in batch_shape)
+        self.num_arms = check_positive_int(num_arms, "num_arms")
+        self.batch_shape = check_batch_shape(batch_shape, "batch_shape")
         self.arms = BayesianLinear(
             prior, noise_std=noise_std, noise_prior=noise_prior,
             batch_shape=(*self.batch_shape, self.num_arms), inference="conjugate",
@@ -58,7 +56,14 @@ class PerArmLinear:
         y = check_finite(as_tensor(y, "y"), "y")
         if actions is None:
             raise ValueError("actions: per-arm models need the index of the played arm")
-        a = torch.as_tensor(actions, dtype=torch.long)
+        if isinstance(actions, bool) or (isinstance(actions, torch.Tensor) and (
+                actions.dtype.is_floating_point or actions.dtype == torch.bool)):
+            raise TypeError(f"actions: expected integer arm indices (shape {list(self.batch_shape)}), got {actions!r}")
+        try:
+            a = torch.as_tensor(actions, dtype=torch.long)
+        except (TypeError, ValueError, RuntimeError):
+            raise TypeError(f"actions: expected integer arm indices (shape {list(self.batch_shape)}), "
+                            f"got {type(actions).__name__}") from None
         if tuple(c.shape) != (*self.batch_shape, self.dim):
             if c.dim() == len(self.batch_shape) + 2 and c.shape[-2] == self.num_arms:
                 c = c[..., 0, :]  # all rows of per-arm features are the shared context
@@ -75,15 +80,24 @@ class PerArmLinear:
 
     def predict(self, features) -> tuple[torch.Tensor, torch.Tensor]:
         """Mean and variance of each arm's linear function at ``features [*batch, K, d]`` -> ``[*batch, K]``."""
-        return self.arms.predict(features)
+        return self.arms.predict(self._features(features))
 
     def sample(self, generator: Generator = None, key: str = "weights") -> torch.Tensor:
         """One joint draw of every arm's weights, ``[*batch, K, d]``."""
         return self.arms.sample(generator, key=key)
 
     def sample_at(self, features, generator: Generator = None, key: str = "weights") -> torch.Tensor:
+        features = self._features(features)
         w = self.sample(generator, key=key)
         return (features * w).sum(-1)
+
+    def _features(self, features) -> torch.Tensor:
+        if not isinstance(features, torch.Tensor) or features.dtype != torch.float64:
+            features = as_tensor(features, "features")
+        if features.dim() < 2 or tuple(features.shape[-2:]) != (self.num_arms, self.dim):
+            raise ValueError(f"features: expected shape {[*self.batch_shape, self.num_arms, self.dim]} (one row per arm), "
+                             f"got {list(features.shape)}")
+        return features
 
     @property
     def posterior_mean(self) -> torch.Tensor:

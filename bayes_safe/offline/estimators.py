@@ -32,9 +32,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 
 import torch
 
+from .._validation import check_in_range
 from .constraints import ReplicationConstraints, replication_rate
 from .data import LoggedData
 
@@ -56,13 +58,40 @@ __all__ = [
 ]
 
 ESTIMATORS = ("ips", "snips", "dm", "dr")
+#: how far a row of target probabilities may sum from 1 (float32 softmax outputs; the tolerance
+#: of ``bayes_safe.offline.policy.check_policy_output``)
+ROW_SUM_TOL = 1e-3
+
+
+def _check_data(data) -> None:
+    if not isinstance(data, LoggedData):
+        raise TypeError(f"data: expected a LoggedData (bayes_safe.offline.LoggedData.from_tensors / from_csv), "
+                        f"got {type(data).__name__}")
 
 
 def _check_probs(probs: torch.Tensor, data: LoggedData) -> torch.Tensor:
+    """``probs [N, A]`` as float64 after checking it is a table of probabilities: finite,
+    non-negative, every row summing to 1 (tolerance ``ROW_SUM_TOL``)."""
+    _check_data(data)
     if not torch.is_tensor(probs) or tuple(probs.shape) != (len(data), data.n_actions):
         shape = list(probs.shape) if torch.is_tensor(probs) else type(probs).__name__
         raise ValueError(f"probs: expected shape [{len(data)}, {data.n_actions}] (rounds, actions), got {shape}")
-    return probs.to(torch.float64)
+    if probs.dtype == torch.bool or probs.dtype.is_complex:
+        raise TypeError(f"probs: expected real probabilities, got dtype {probs.dtype}")
+    p = probs.detach().to(torch.float64)
+    finite = torch.isfinite(p).all(1)
+    if not bool(finite.all()):
+        rows = (~finite).nonzero().reshape(-1)[:10].tolist()
+        raise ValueError(f"probs: expected finite probabilities, rows {rows} have NaN or inf entries")
+    if bool((p < 0).any()):
+        rows = (p < 0).any(1).nonzero().reshape(-1)[:10].tolist()
+        raise ValueError(f"probs: expected non-negative probabilities, rows {rows} have negative entries")
+    off = (p.sum(1) - 1).abs() > ROW_SUM_TOL
+    if bool(off.any()):
+        rows = off.nonzero().reshape(-1)[:10].tolist()
+        raise ValueError(f"probs: expected every row to sum to 1 (tolerance {ROW_SUM_TOL}), rows {rows} do not "
+                         f"(e.g. row {rows[0]} sums to {float(p[rows[0]].sum()):.6g})")
+    return p
 
 
 def _weights(probs: torch.Tensor, data: LoggedData) -> torch.Tensor:
@@ -72,6 +101,9 @@ def _weights(probs: torch.Tensor, data: LoggedData) -> torch.Tensor:
 
 def _terms(name: str, probs: torch.Tensor, data: LoggedData, q: torch.Tensor | None):
     """Per-row numerator and denominator terms: the estimate is ``sum(num) / sum(den)``."""
+    if name not in ESTIMATORS:
+        raise ValueError(f"estimator: unknown name {name!r}; expected one of {list(ESTIMATORS)}")
+    _check_data(data)
     r = data.rewards.to(torch.float64)
     ones = torch.ones(len(data), dtype=torch.float64)
     if name == "ips":
@@ -80,8 +112,12 @@ def _terms(name: str, probs: torch.Tensor, data: LoggedData, q: torch.Tensor | N
         w = _weights(probs, data)
         return w * r, w
     if q is None:
-        raise ValueError(f"{name}: needs reward-model predictions q [N, A]")
+        raise ValueError(f"q: the {name} estimator needs reward-model predictions q [N, A]")
+    if not torch.is_tensor(q):
+        raise TypeError(f"q: expected a tensor of reward predictions [{len(data)}, {data.n_actions}], got {type(q).__name__}")
     q = q.to(torch.float64)
+    if tuple(q.shape) == (len(data), data.n_actions) and not bool(torch.isfinite(q).all()):
+        raise ValueError("q: expected finite reward predictions, found NaN or inf entries")
     if tuple(q.shape) != (len(data), data.n_actions):
         raise ValueError(f"q: expected shape [{len(data)}, {data.n_actions}], got {list(q.shape)}")
     p = _check_probs(probs, data)
@@ -129,10 +165,11 @@ def bootstrap_ci(num: torch.Tensor, den: torch.Tensor | None = None, *, n_boot: 
     Returns:
         ``(low, high, standard deviation of the resampled estimates)``.
     """
-    if int(n_boot) < 2:
-        raise ValueError(f"n_boot: expected >= 2, got {n_boot}")
-    if not 0 < float(level) < 1:
-        raise ValueError(f"level: expected a value in (0, 1), got {level}")
+    if isinstance(n_boot, bool) or not isinstance(n_boot, numbers.Integral) or int(n_boot) < 2:
+        raise ValueError(f"n_boot: expected an int >= 2, got {n_boot!r}")
+    check_in_range(level, "level", 0.0, 1.0, low_open=True, high_open=True)
+    if not torch.is_tensor(num) or (den is not None and not torch.is_tensor(den)):
+        raise TypeError("num, den: expected tensors of per-row terms [N]")
     num = num.to(torch.float64).reshape(-1)
     den = torch.ones_like(num) if den is None else den.to(torch.float64).reshape(-1)
     n = num.numel()
@@ -279,6 +316,16 @@ def evaluate_policy(probs: torch.Tensor, data: LoggedData, constraints: Replicat
         ``{"ips": Estimate.to_dict(), ..., "true_value": float (synthetic data only),
         "violations": violation_rates(...)}``.
     """
+    _check_data(data)
+    if isinstance(estimators, str):
+        estimators = (estimators,)
+    estimators = tuple(estimators)
+    unknown = [e for e in estimators if e not in ESTIMATORS]
+    if unknown or not estimators:
+        raise ValueError(f"estimators: expected names among {list(ESTIMATORS)}, got {list(estimators)}")
+    _check_probs(probs, data)
+    if constraints is not None and not isinstance(constraints, ReplicationConstraints):
+        raise TypeError(f"constraints: expected a ReplicationConstraints or None, got {type(constraints).__name__}")
     out: dict = {}
     if q is None and any(e in ("dm", "dr") for e in estimators):
         q = cross_fit_rewards(data, seed=seed)

@@ -11,11 +11,15 @@ Policies depend only on the posterior interface of their models (``update``, ``p
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 
+from .. import _validation
+from .._validation import as_tensor, check_finite
 from ..random import Generator
 
-__all__ = ["Policy", "check_step_inputs", "masked_argmax"]
+__all__ = ["Policy", "check_model", "check_select_inputs", "check_step_inputs", "check_update_inputs", "masked_argmax"]
 
 
 def masked_argmax(scores: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
@@ -28,15 +32,182 @@ def masked_argmax(scores: torch.Tensor, valid: torch.Tensor | None) -> torch.Ten
 
 
 def check_step_inputs(features: torch.Tensor, baseline: torch.Tensor | None, dim: int | None = None) -> None:
-    if features.dim() != 3:
-        raise ValueError(f"features: expected shape [R, K, d], got {list(features.shape)}")
-    if dim is not None and features.shape[-1] != dim:
-        raise ValueError(f"features: expected width d={dim}, got {features.shape[-1]}")
-    if baseline is not None:
-        if baseline.shape != features.shape[:1]:
-            raise ValueError(f"baseline: expected shape [{features.shape[0]}], got {list(baseline.shape)}")
-        if bool(((baseline < 0) | (baseline >= features.shape[1])).any()):
-            raise ValueError(f"baseline: expected action indices in [0, {features.shape[1]}), got out-of-range values")
+    """Shape checks of one step's ``features [R, K, d]`` and ``baseline [R]`` (kept for callers
+    of the old helper; policies use ``check_select_inputs``)."""
+    check_select_inputs(features, baseline, None, dim=dim)
+
+
+def _model_dims(model) -> tuple[int | None, int | None, int | None]:
+    """``(replications, num_arms, dim)`` a model expects of ``features [R, K, d]`` (None: any).
+
+    Read from the model's ``batch_shape`` (``[R]``: one model per replication), ``num_arms``
+    (per-arm models) and ``dim`` / ``input_dim``; wrappers (``model.model``) are unwrapped.
+    """
+    m, seen = model, 0
+    while m is not None and seen < 4:
+        dim = getattr(m, "dim", None)
+        if dim is None:
+            dim = getattr(m, "input_dim", None)
+        if dim is not None or getattr(m, "batch_shape", None) is not None:
+            break
+        m, seen = getattr(m, "model", None), seen + 1
+    if m is None:
+        return None, None, None
+    batch = tuple(getattr(m, "batch_shape", ()) or ())
+    R = int(batch[0]) if len(batch) == 1 else None
+    K = getattr(m, "num_arms", None)
+    dim = getattr(m, "dim", None)
+    if dim is None:
+        dim = getattr(m, "input_dim", None)
+    return R, (None if K is None else int(K)), (None if dim is None else int(dim))
+
+
+def check_select_inputs(features, baseline=None, valid=None, *, dim: int | None = None,
+                        replications: int | None = None, num_arms: int | None = None,
+                        batch_shape: tuple | None = None, require_baseline: str | None = None,
+                        empty_rows_ok: bool = False, models=()):
+    """Validate and convert the inputs of ``Policy.select``; returns ``(features, baseline, valid)``.
+
+    ``features``: a float tensor ``[R, K, d]`` (``[*batch_shape, K, d]`` when ``batch_shape`` is
+    given), converted to float64; ``baseline``: ``None``, or integer action indices ``[R]`` (a
+    Python int is broadcast; float or bool indices are an error); ``valid``: ``None`` or a bool
+    mask ``[R, K]``. The expected ``R``, ``K`` and ``d`` come from the arguments and from the
+    ``models`` (see ``_model_dims``). Shape and dtype checks always run (a few Python
+    comparisons); the scans of values (NaN features, baseline range, rows of ``valid`` with no
+    allowed action) are skipped for the library's own data (``_validation.TRUSTED``).
+
+    Errors name the argument and the expected form: ``ValueError`` for shapes and values,
+    ``TypeError`` for the wrong kind of object.
+    """
+    for m in models:
+        r, k, d = _model_dims(m)
+        if r is not None and replications is None and batch_shape is None:
+            replications = r
+        if k is not None and num_arms is None:
+            num_arms = k
+        if d is not None and dim is None:
+            dim = d
+    if not isinstance(features, torch.Tensor) or features.dtype != torch.float64:
+        if isinstance(features, torch.Tensor) and not (features.dtype.is_floating_point or features.dtype in (
+                torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)):
+            raise TypeError(f"features: expected a float tensor [R, K, d], got dtype {features.dtype}")
+        features = as_tensor(features, "features")
+    lead = tuple(batch_shape) if batch_shape is not None else None
+    if lead is None:
+        if features.dim() != 3:
+            raise ValueError(f"features: expected shape [R, K, d] (replications, candidate actions, feature width), "
+                             f"got {list(features.shape)}")
+    elif tuple(features.shape[:-2]) != lead or features.dim() != len(lead) + 2:
+        raise ValueError(f"features: expected shape {[*lead, 'K', 'd']} (batch shape {list(lead)}, candidate actions, "
+                         f"feature width), got {list(features.shape)}")
+    R, K, d = features.shape[0], features.shape[-2], features.shape[-1]
+    if K < 1 or d < 1:
+        raise ValueError(f"features: expected at least one candidate action and one feature, got shape {list(features.shape)}")
+    if dim is not None and d != dim:
+        raise ValueError(f"features: expected width d={dim} (the model's dimension), got {d} (shape {list(features.shape)})")
+    if lead is None and replications is not None and R != replications:
+        raise ValueError(f"features: expected a batch of R={replications} replications (the model's batch shape), "
+                         f"got {R} (shape {list(features.shape)})")
+    if num_arms is not None and K != num_arms:
+        raise ValueError(f"features: expected K={num_arms} candidate actions (the model's arms), got {K} "
+                         f"(shape {list(features.shape)})")
+    if not _validation.TRUSTED:
+        check_finite(features, "features")
+    rows_shape = tuple(features.shape[:-2])
+    if baseline is None:
+        if require_baseline:
+            raise ValueError(f"baseline: {require_baseline} needs the baseline action b_t of every replication "
+                             f"(integer indices, shape {list(rows_shape)})")
+    else:
+        if isinstance(baseline, bool):
+            raise TypeError(f"baseline: expected integer action indices (shape {list(rows_shape)}), got a bool")
+        if isinstance(baseline, numbers.Integral):
+            baseline = torch.full(rows_shape, int(baseline), dtype=torch.long)
+        elif not isinstance(baseline, torch.Tensor):
+            if isinstance(baseline, numbers.Number):
+                raise TypeError(f"baseline: expected integer action indices (shape {list(rows_shape)}), got {baseline!r}")
+            try:
+                baseline = torch.as_tensor(baseline)
+            except (TypeError, ValueError, RuntimeError):
+                raise TypeError(f"baseline: expected integer action indices (shape {list(rows_shape)}), "
+                                f"got {type(baseline).__name__}") from None
+        if baseline.dtype.is_floating_point or baseline.dtype.is_complex or baseline.dtype == torch.bool:
+            raise TypeError(f"baseline: expected integer action indices (a long tensor of shape {list(rows_shape)}), "
+                            f"got dtype {baseline.dtype}")
+        if tuple(baseline.shape) != rows_shape:
+            raise ValueError(f"baseline: expected shape {list(rows_shape)} (one action per replication), "
+                             f"got {list(baseline.shape)}")
+        if baseline.dtype != torch.long:
+            baseline = baseline.long()
+        if not _validation.TRUSTED and bool(((baseline < 0) | (baseline >= K)).any()):
+            raise ValueError(f"baseline: expected action indices in [0, {K}), got values "
+                             f"{sorted(set(baseline.reshape(-1).tolist()))[:10]}")
+    if valid is not None:
+        if not isinstance(valid, torch.Tensor):
+            try:
+                valid = torch.as_tensor(valid)
+            except (TypeError, ValueError, RuntimeError):
+                raise TypeError(f"valid: expected a bool mask of shape {[*rows_shape, K]}, got {type(valid).__name__}") from None
+        if valid.dtype != torch.bool:
+            raise TypeError(f"valid: expected a bool mask of shape {[*rows_shape, K]} (True = allowed), got dtype {valid.dtype}")
+        if tuple(valid.shape) != (*rows_shape, K):
+            raise ValueError(f"valid: expected shape {[*rows_shape, K]} (one flag per candidate action), got {list(valid.shape)}")
+        if not empty_rows_ok and not _validation.TRUSTED and not bool(valid.any(-1).all()):
+            raise ValueError("valid: some rows allow no action (every row needs at least one True)")
+    return features, baseline, valid
+
+
+def check_update_inputs(features_chosen, reward, constraints=None, *, num_constraints: int = 0, models=(),
+                        dim: int | None = None):
+    """Validate and convert the inputs of ``Policy.update``; returns ``(features_chosen, reward, constraints)``.
+
+    ``features_chosen [R, d]``, ``reward [R]`` and, for policies with constraint models,
+    ``constraints [R, C]``. Converted to float64 tensors; shapes checked against each other
+    and against the models' ``dim`` and batch size; NaN/inf scans skipped for trusted data.
+    """
+    R_model = None
+    for m in models:
+        r, _, d = _model_dims(m)
+        R_model = R_model if r is None else r
+        dim = dim if d is None else d
+    trusted = _validation.TRUSTED
+    if not isinstance(features_chosen, torch.Tensor) or not features_chosen.dtype.is_floating_point:
+        features_chosen = as_tensor(features_chosen, "features_chosen")
+    if not isinstance(reward, torch.Tensor) or not reward.dtype.is_floating_point:
+        reward = as_tensor(reward, "reward")
+    if features_chosen.dim() != 2:
+        raise ValueError(f"features_chosen: expected shape [R, d] (the chosen action's features per replication), "
+                         f"got {list(features_chosen.shape)}")
+    R, d = features_chosen.shape
+    if dim is not None and d != dim:
+        raise ValueError(f"features_chosen: expected width d={dim} (the model's dimension), got shape {list(features_chosen.shape)}")
+    if R_model is not None and R != R_model:
+        raise ValueError(f"features_chosen: expected R={R_model} rows (the model's batch shape), got shape {list(features_chosen.shape)}")
+    if tuple(reward.shape) != (R,):
+        raise ValueError(f"reward: expected shape [{R}] (one observed reward per replication), got {list(reward.shape)}")
+    if num_constraints:
+        if constraints is None:
+            raise ValueError(f"constraints: expected shape [{R}, {num_constraints}] (one column per constraint model), got None")
+        if not isinstance(constraints, torch.Tensor) or not constraints.dtype.is_floating_point:
+            constraints = as_tensor(constraints, "constraints")
+        if tuple(constraints.shape) != (R, num_constraints):
+            raise ValueError(f"constraints: expected shape [{R}, {num_constraints}] (one column per constraint model), "
+                             f"got {list(constraints.shape)}")
+    if not trusted:
+        check_finite(features_chosen, "features_chosen")
+        check_finite(reward, "reward")
+        if num_constraints:
+            check_finite(constraints, "constraints")
+    return features_chosen, reward, constraints
+
+
+def check_model(model, name: str, *methods: str):
+    """``model`` if it has ``update`` and every method in ``methods``; else a ``TypeError`` naming ``name``."""
+    missing = [m for m in ("update", *methods) if not callable(getattr(model, m, None))]
+    if missing:
+        raise TypeError(f"{name}: expected a posterior model with {', '.join(('update', *methods))} (e.g. a "
+                        f"BayesianLinear), got {type(model).__name__} without {', '.join(missing)}")
+    return model
 
 
 class Policy:

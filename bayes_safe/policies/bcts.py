@@ -63,7 +63,7 @@ import torch
 from .. import _validation
 from .._validation import as_tensor, check_finite, check_positive
 from ..random import Generator, standard_normal, standard_uniform
-from .base import Policy, masked_argmax
+from .base import Policy, check_select_inputs, masked_argmax
 
 __all__ = ["BCTS", "DEFAULT_V", "TEACHING_STRATEGIES", "CTSPosterior", "ConstraintMask"]
 
@@ -438,6 +438,9 @@ class BCTS(Policy):
         if not self._taught and not self._all_reward:
             raise ValueError("BCTS.select: the constraint posterior has seen no teaching examples; run "
                              "learn_constraints(...) first or pass a trained constraint_model (sigma_online < 1 uses it)")
+        features, baseline, valid = check_select_inputs(
+            features, baseline, valid, batch_shape=self.batch_shape, num_arms=self.num_arms,
+            dim=getattr(self.reward_model, "dim", None))
         reward = self.reward_model.sample_at(features, generator, key="reward")
         if self._all_reward:
             return masked_argmax(reward, valid)
@@ -477,10 +480,11 @@ class ConstraintMask(Policy):
     def select(self, features, baseline=None, generator: Generator = None, valid=None) -> torch.Tensor:
         if valid is None:
             raise ValueError("valid: ConstraintMask needs the true constraint as a [*batch, K] bool mask of allowed arms")
+        features, baseline, valid = check_select_inputs(
+            features, baseline, valid, batch_shape=getattr(self.reward_model, "batch_shape", None),
+            num_arms=getattr(self.reward_model, "num_arms", None), dim=getattr(self.reward_model, "dim", None),
+            empty_rows_ok=True)
         scores = self.reward_model.sample_at(features, generator, key="reward")
-        valid = torch.as_tensor(valid, dtype=torch.bool)
-        if valid.shape != scores.shape:
-            raise ValueError(f"valid: expected shape {list(scores.shape)}, got {list(valid.shape)}")
         valid = valid | ~valid.any(-1, keepdim=True)
         return masked_argmax(scores, valid)
 

@@ -63,7 +63,7 @@ import torch
 
 from .._validation import check_finite, check_in_range, check_probability
 from ..random import Generator
-from .base import Policy, check_step_inputs, masked_argmax
+from .base import Policy, check_select_inputs, check_update_inputs, masked_argmax
 from .ucb import EllipsoidConfidence, LinUCB
 
 __all__ = ["CLUCB", "CLUCB2ASC", "LUCB"]
@@ -248,15 +248,6 @@ def _check_alpha(alpha, count: int, name: str = "alpha") -> torch.Tensor:
     return torch.tensor([check_in_range(a, name, 0.0, 1.0) for a in values], dtype=_DTYPE)
 
 
-def _check_rows(features_chosen, reward, R: int, d: int) -> None:
-    if tuple(features_chosen.shape) != (R, d):
-        raise ValueError(f"features_chosen: expected shape [{R}, {d}], got {list(features_chosen.shape)}")
-    if tuple(reward.shape) != (R,):
-        raise ValueError(f"reward: expected shape [{R}], got {list(reward.shape)}")
-    check_finite(features_chosen, "features_chosen")
-    check_finite(reward, "reward")
-
-
 class LUCB(LinUCB):
     """Linear UCB (the LUCB of Kazerouni et al. 2017): ``argmax_a max_{theta in C_t} <theta, x_a>``.
 
@@ -339,9 +330,8 @@ class CLUCB(Policy):
         return r
 
     def select(self, features, baseline=None, generator: Generator = None, valid=None) -> torch.Tensor:
-        if baseline is None:
-            raise ValueError("baseline: CLUCB needs the baseline action b_t of every replication")
-        check_step_inputs(features, baseline, self.dim)
+        features, baseline, valid = check_select_inputs(features, baseline, valid, dim=self.dim,
+                                                        replications=self.replications, require_baseline="CLUCB")
         rows = torch.arange(features.shape[0])
         _, upper = _bounds(self.confidence, features)
         optimistic = masked_argmax(upper, valid)
@@ -355,7 +345,7 @@ class CLUCB(Policy):
     def update(self, features_chosen, reward, constraints=None, actions=None) -> None:
         if self._pending is None:
             raise RuntimeError("update: call select() first (CLUCB's update depends on whether the step was optimistic)")
-        _check_rows(features_chosen, reward, self.replications, self.dim)
+        features_chosen, reward, _ = check_update_inputs(features_chosen, reward, dim=self.dim, models=(self.model,))
         safe, r_b = self._pending
         self._pending = None
         self.baseline_reward_total += r_b
@@ -462,6 +452,11 @@ class CLUCB2ASC(Policy):
 
     def feasible(self, features, baseline) -> torch.Tensor:
         """The pessimistic feasible set ``[R, K]`` (bool), baseline included."""
+        features, baseline, _ = check_select_inputs(features, baseline, None, dim=self.dim, replications=self.replications,
+                                                    require_baseline="CLUCB2-ASC")
+        return self._feasible(features, baseline)
+
+    def _feasible(self, features, baseline) -> torch.Tensor:
         R, K, _ = features.shape
         rows = torch.arange(R)
         xb = features[rows, baseline]  # [R, d]
@@ -480,11 +475,11 @@ class CLUCB2ASC(Policy):
         return ok
 
     def select(self, features, baseline=None, generator: Generator = None, valid=None) -> torch.Tensor:
-        if baseline is None:
-            raise ValueError("baseline: CLUCB2-ASC needs the baseline action b_t of every replication")
-        check_step_inputs(features, baseline, self.dim)
+        features, baseline, valid = check_select_inputs(features, baseline, valid, dim=self.dim,
+                                                        replications=self.replications, require_baseline="CLUCB2-ASC",
+                                                        empty_rows_ok=True)
         rows = torch.arange(features.shape[0])
-        ok = self.feasible(features, baseline)
+        ok = self._feasible(features, baseline)
         if valid is not None:
             ok &= valid
             ok[rows, baseline] = True
@@ -495,10 +490,9 @@ class CLUCB2ASC(Policy):
         return actions
 
     def update(self, features_chosen, reward, constraints=None, actions=None) -> None:
-        if constraints is None or constraints.dim() != 2 or constraints.shape[-1] != self.num_constraints:
-            got = None if constraints is None else list(constraints.shape)
-            raise ValueError(f"constraints: expected shape [R, {self.num_constraints}] (one column per constraint model), got {got}")
-        _check_rows(features_chosen, reward, self.replications, self.dim)
+        features_chosen, reward, constraints = check_update_inputs(
+            features_chosen, reward, constraints, num_constraints=self.num_constraints, dim=self.dim,
+            models=(self.reward_model,))
         if self.mode == "cumulative":
             if self._pending is None:
                 raise RuntimeError("update: call select() first (CLUCB2-ASC-C's sums depend on whether the step followed the baseline)")

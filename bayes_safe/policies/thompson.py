@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..random import Generator
-from .base import Policy, masked_argmax
+from .base import Policy, check_model, check_select_inputs, check_update_inputs, masked_argmax
 
 __all__ = ["ThompsonSampling"]
 
@@ -31,13 +31,15 @@ class ThompsonSampling(Policy):
     """
 
     def __init__(self, model):
-        self.model = model
+        self.model = check_model(model, "model", "sample_at")
 
     def select(self, features, baseline=None, generator: Generator = None, valid=None) -> torch.Tensor:
+        features, baseline, valid = check_select_inputs(features, baseline, valid, models=(self.model,))
         scores = self.model.sample_at(features, generator, key="reward")
         return masked_argmax(scores, valid)
 
     def update(self, features_chosen, reward, constraints=None, actions=None) -> None:
+        features_chosen, reward, _ = check_update_inputs(features_chosen, reward, models=(self.model,))
         self.model.update(features_chosen, reward, actions=actions)
 
     def models(self):

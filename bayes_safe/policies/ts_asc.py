@@ -16,13 +16,14 @@ Algorithm 2 (CLUCB2-ASC) does explicitly.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 
 import torch
 
 from .._validation import check_in_range
 from ..random import Generator
-from .base import Policy, check_step_inputs, masked_argmax
+from .base import Policy, check_model, check_select_inputs, check_update_inputs, masked_argmax
 
 __all__ = ["TSASC"]
 
@@ -44,23 +45,30 @@ class TSASC(Policy):
             constraint_models = [constraint_models]
         if len(constraint_models) == 0:
             raise ValueError("constraint_models: expected at least one constraint model")
-        self.reward_model = reward_model
-        self.constraint_models = list(constraint_models)
+        self.reward_model = check_model(reward_model, "reward_model", "sample_at")
+        self.constraint_models = [check_model(m, f"constraint_models[{j}]", "sample_at")
+                                  for j, m in enumerate(constraint_models)]
         self.num_constraints = len(self.constraint_models)
         if isinstance(alpha, torch.Tensor):
             alpha = alpha.tolist()  # a 0-d tensor becomes a float, a 1-d one a list
-        alphas = [alpha] * self.num_constraints if isinstance(alpha, (int, float)) else list(alpha)
+        if isinstance(alpha, numbers.Real):
+            alphas = [alpha] * self.num_constraints
+        elif isinstance(alpha, (list, tuple)) or type(alpha).__name__ == "ndarray":
+            alphas = list(alpha)
+        else:
+            raise TypeError(f"alpha: expected a number in [0, 1) or one per constraint model, got {type(alpha).__name__}")
         if len(alphas) != self.num_constraints:
             raise ValueError(f"alpha: expected a scalar or {self.num_constraints} values (one per constraint model), got {len(alphas)}")
         self.alpha = torch.tensor([check_in_range(a, "alpha", 0.0, 1.0) for a in alphas], dtype=torch.float64)
 
     def feasible(self, features, baseline, generator: Generator = None) -> torch.Tensor:
         """The sampled feasible set ``[R, K]`` (bool), baseline included."""
-        if baseline is None:
-            raise ValueError("baseline: TS-ASC needs the baseline action b_t of every replication")
         # an out-of-range baseline would raise IndexError, and a negative one would silently
-        # index from the end: check (one comparison per step)
-        check_step_inputs(features, baseline)
+        # index from the end: checked (outside the library's own loops)
+        features, baseline, _ = self._check(features, baseline, None)
+        return self._feasible(features, baseline, generator)
+
+    def _feasible(self, features, baseline, generator: Generator = None) -> torch.Tensor:
         R = features.shape[0]
         rows = torch.arange(R)
         ok = torch.ones(features.shape[:2], dtype=torch.bool)
@@ -70,18 +78,22 @@ class TSASC(Policy):
         ok[rows, baseline] = True
         return ok
 
+    def _check(self, features, baseline, valid):
+        return check_select_inputs(features, baseline, valid, require_baseline="TS-ASC", empty_rows_ok=True,
+                                   models=(self.reward_model, *self.constraint_models))
+
     def select(self, features, baseline=None, generator: Generator = None, valid=None) -> torch.Tensor:
+        features, baseline, valid = self._check(features, baseline, valid)
         fr = self.reward_model.sample_at(features, generator, key="reward")
-        ok = self.feasible(features, baseline, generator)
+        ok = self._feasible(features, baseline, generator)
         if valid is not None:
             ok &= valid
             ok[torch.arange(features.shape[0]), baseline] = True
         return masked_argmax(fr, ok)
 
     def update(self, features_chosen, reward, constraints=None, actions=None) -> None:
-        if constraints is None or constraints.dim() != 2 or constraints.shape[-1] != self.num_constraints:
-            got = None if constraints is None else list(constraints.shape)
-            raise ValueError(f"constraints: expected shape [R, {self.num_constraints}] (one column per constraint model), got {got}")
+        features_chosen, reward, constraints = check_update_inputs(
+            features_chosen, reward, constraints, num_constraints=self.num_constraints, models=(self.reward_model,))
         self.reward_model.update(features_chosen, reward, actions=actions)
         for j, model in enumerate(self.constraint_models):
             model.update(features_chosen, constraints[:, j], actions=actions)

@@ -15,7 +15,7 @@ import torch
 
 from .._validation import check_probability
 from ..random import Generator
-from .base import Policy, masked_argmax
+from .base import Policy, check_select_inputs, check_update_inputs, masked_argmax
 
 __all__ = ["EllipsoidConfidence", "LinUCB"]
 
@@ -71,10 +71,12 @@ class LinUCB(Policy):
         self.confidence = EllipsoidConfidence(model, delta, weight_bound)
 
     def select(self, features, baseline=None, generator: Generator = None, valid=None) -> torch.Tensor:
+        features, baseline, valid = check_select_inputs(features, baseline, valid, models=(self.model,))
         _, upper = self.confidence.bounds(features)
         return masked_argmax(upper, valid)
 
     def update(self, features_chosen, reward, constraints=None, actions=None) -> None:
+        features_chosen, reward, _ = check_update_inputs(features_chosen, reward, models=(self.model,))
         self.model.update(features_chosen, reward, actions=actions)
 
     def models(self):
