@@ -19,6 +19,7 @@ import math
 from pathlib import Path
 
 __all__ = [
+    "OneLineParser",
     "check_output_dir",
     "existing_dir",
     "open_fraction",
@@ -27,6 +28,21 @@ __all__ = [
     "probability",
     "probability_below_one",
 ]
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose errors are one line (no usage block) and whose options are
+    never abbreviated (``--replication 3`` is an error, not ``--replications 3``).
+
+    Subparsers made with ``add_subparsers`` inherit the class.
+    """
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def positive_int(text: str) -> int:

@@ -31,7 +31,7 @@ import sys
 import time
 import traceback
 
-from ._cli_args import existing_dir, output_dir, positive_int, probability_below_one
+from ._cli_args import OneLineParser, existing_dir, output_dir, positive_int, probability_below_one
 from ._extras import MissingExtraError
 
 __all__ = ["POLICY_NAMES", "PROBLEM_NAMES", "UsageError", "main"]
@@ -51,7 +51,7 @@ def _add_debug(parser: argparse.ArgumentParser) -> None:
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="bayes-safe", description="Safe decision-making with Bayesian posteriors.")
+    parser = OneLineParser(prog="bayes-safe", description="Safe decision-making with Bayesian posteriors.")
     parser.add_argument("--debug", action="store_true", help=_DEBUG_HELP)
     sub = parser.add_subparsers(dest="command", required=True)
     sim = sub.add_parser("simulate", help="run a policy on a simulated problem and write its trace")

@@ -46,7 +46,12 @@ def replication_seeds(seed: int | Sequence[int], replications: int | None = None
             raise ValueError(f"replications must be a positive int, got {replications!r}")
         children = np.random.SeedSequence(int(seed)).spawn(int(replications))
         return [int(c.generate_state(1, dtype=np.uint64)[0] >> np.uint64(1)) for c in children]
-    seeds = [int(s) for s in seed]
+    try:
+        seeds = [int(s) for s in seed]
+        if any(isinstance(s, (bool, float)) for s in seed) or isinstance(seed, (str, bytes)):
+            raise TypeError
+    except (TypeError, ValueError):
+        raise TypeError(f"seed: expected an int or a sequence of ints (one per replication), got {seed!r}") from None
     if not seeds:
         raise ValueError("seed: expected an int or a non-empty sequence of ints, got an empty sequence")
     if replications is not None and len(seeds) != int(replications):
