@@ -40,7 +40,7 @@ from bayes_safe.envs.ab_problem import ABProblem
 
 from .ab_test import Range
 
-__all__ = ["METHOD_PARAMETERS", "LoggedDataProblem"]
+__all__ = ["METHOD_PARAMETERS", "LoggedDataProblem", "check_file_source"]
 
 #: the default search space of each training method (module docstring)
 METHOD_PARAMETERS: dict[str, tuple[Range, ...]] = {
@@ -77,6 +77,94 @@ def _load(source: str, options: Mapping):
             _DATA_CACHE.pop(next(iter(_DATA_CACHE)))
         _DATA_CACHE[key] = data
     return data
+
+
+def _one_line(exc: BaseException) -> str:
+    text = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
+    return " ".join(str(text).replace(":\n  - ", ": ").replace("\n  - ", "; ").split()) or type(exc).__name__
+
+
+def check_file_source(source, options: Mapping, benchmark=None) -> None:
+    """Check a file of logs before any trial: the column arguments, the header, the named
+    columns (read in full and validated as ``LoggedData.from_dataframe`` does), and the
+    constraint benchmark against the file's domains.
+
+    Raises:
+        ValueError: one line naming ``options`` (a column argument), ``source`` (the file: empty,
+            not a CSV / Parquet file, a missing column, invalid rows) or ``benchmark``.
+    """
+    import inspect
+
+    import pandas as pd
+
+    from bayes_safe.offline import LoggedData, ReplicationConstraints
+
+    path = str(source)
+    accepted = [k for k in inspect.signature(LoggedData.from_dataframe).parameters if k not in ("cls", "df")]
+    unknown = sorted(set(options) - set(accepted))
+    if unknown:
+        raise ValueError(f"options: unknown column argument(s) {unknown} for a file source; expected some of {accepted}")
+    if "context_columns" not in options:
+        raise ValueError(f"options: a file source needs context_columns=NAME,... (the numeric context columns of {path})")
+    named: list[str] = []
+    for key, value in options.items():
+        if key.endswith("_columns"):
+            if isinstance(value, str):
+                raise ValueError(f"options: {key} expects a list of column names, got the string {value!r}")
+            named.extend(str(v) for v in value)
+        elif key.endswith("_column"):
+            named.append(str(value))
+    for key, default in (("action_column", "action"), ("reward_column", "reward"),
+                         ("propensity_column", "propensity"), ("domain_column", "domain")):
+        if key not in options:
+            named.append(default)
+    named = list(dict.fromkeys(named))
+    parquet = path.lower().endswith(".parquet")
+    if not parquet:
+        try:
+            with open(path, "rb") as f:
+                head = f.read(8192)
+        except OSError as exc:
+            raise ValueError(f"source: cannot read {path} ({exc.strerror})") from None
+        if b"\x00" in head:
+            raise ValueError(f"source: {path} is not a CSV file (binary content)")
+    if parquet:
+        try:
+            import pyarrow.parquet as pq
+        except ImportError:
+            raise ValueError(f"source: reading {path} needs a Parquet engine: install pyarrow, or convert "
+                             "the file to CSV") from None
+    try:
+        header = list(pq.read_schema(path).names) if parquet else [str(c) for c in pd.read_csv(path, nrows=0).columns]
+    except pd.errors.EmptyDataError:
+        raise ValueError(f"source: {path} is empty (expected a CSV file of logs with a header row)") from None
+    except (ValueError, OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"source: {path} is not a readable {'Parquet' if parquet else 'CSV'} file ({_one_line(exc)})") from None
+    missing = [c for c in named if c not in header]
+    if missing:
+        shown = header[:20] + (["..."] if len(header) > 20 else [])
+        missing = missing[:10] + (["..."] if len(missing) > 10 else [])
+        raise ValueError(f"source: {path} has no column(s) {missing} named by the column arguments "
+                         f"(--column); its header: {shown}")
+    try:
+        df = pd.read_parquet(path, columns=named) if parquet else pd.read_csv(path, usecols=named)
+    except (ValueError, OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"source: {path} cannot be read ({_one_line(exc)})") from None
+    if len(df) == 0:
+        raise ValueError(f"source: {path} has a header but no rows of logs")
+    try:
+        data = LoggedData.from_dataframe(df, **options)
+    except (KeyError, ValueError, TypeError) as exc:
+        raise ValueError(f"source: {path}: {_one_line(exc)}") from None
+    if benchmark is not None:
+        if data.logging_probs is None:
+            raise ValueError(f"source: {path}: the constraint benchmark {benchmark!r} needs the full logging "
+                             "distribution; name its columns with logging_prob_columns=... (or use method 'ips' "
+                             "without a benchmark)")
+        try:
+            ReplicationConstraints.from_benchmark(benchmark, data.domain_names)
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"benchmark: {_one_line(exc)}") from None
 
 
 @dataclass
@@ -149,7 +237,8 @@ class LoggedDataProblem(ABProblem):
                 raise ValueError(f"source: expected 'synthetic', 'open-bandit' or a .csv / .parquet file, got {str(self.source)!r}")
             if not path.is_file():
                 raise FileNotFoundError(f"source: no such file {str(path)!r}")
-            self.source = str(path)
+            # stored resolved: a study resumed from another directory reads the same file
+            self.source = str(path.expanduser().resolve())
         if not isinstance(self.options, dict):
             raise TypeError(f"options: expected a dict of keyword arguments of the source, got {type(self.options).__name__}")
         if self.benchmark == "default":
@@ -171,6 +260,8 @@ class LoggedDataProblem(ABProblem):
         if unknown:
             raise ValueError(f"defaults: method {self.method!r} does not read {sorted(unknown)}; "
                              f"expected some of {sorted(_READS[self.method])}")
+        if self.logged_data is None and str(self.source) not in _SOURCES:
+            check_file_source(self.source, self.options, self.benchmark)
 
     # -- metadata
     @property
@@ -185,6 +276,10 @@ class LoggedDataProblem(ABProblem):
         from bayes_safe.offline import offline_metric_names
 
         return tuple(offline_metric_names(self.benchmark))
+
+    def known_parameters(self) -> tuple[str, ...]:
+        """The hyperparameters the training method reads (a misspelled trial parameter is an error)."""
+        return tuple(sorted(_READS[self.method]))
 
     def check_parameters(self, ranges: Sequence[Range]) -> None:
         reads = _READS[self.method]

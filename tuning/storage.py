@@ -19,6 +19,13 @@ Measured pitfalls of Ax 1.3.1's SQL store, and what this module does about them:
 * ``tabulate`` is needed by some of Ax's error paths (its ``DataFrame.to_markdown`` calls).
 
 A plain path (``runs/a/study.sqlite``) is taken as an SQLite file.
+
+**Reading before writing.** ``connect`` creates Ax's tables, so it must never be the first thing
+done to a database a study is *resumed* from: ``stored_studies`` reads the stored studies
+without writing (an SQLite file is opened read-only, ``mode=ro``; a server database through a
+plain SQLAlchemy engine) and refuses a missing file, a file that is not SQLite, a database
+without Ax's tables or without a bayes_safe study, each with one line. ``experiment_names``
+answers ``[]`` for an existing SQLite file without Ax's tables instead of creating them.
 """
 
 from __future__ import annotations
@@ -27,7 +34,9 @@ import contextlib
 import fcntl
 import json
 import os
+import sqlite3
 import stat
+import urllib.parse
 from pathlib import Path
 
 __all__ = [
@@ -38,10 +47,15 @@ __all__ = [
     "resolve_url",
     "sqlite_path",
     "storage_config",
+    "stored_studies",
     "study_lock",
 ]
 
 DEFAULT_FILENAME = "study.sqlite"
+#: the Ax experiment table and the experiment property bayes_safe studies carry
+#: (``bayes_safe.tuning.study.PROPERTY_KEY``; tests/test_tuning_trust.py checks they agree)
+EXPERIMENT_TABLE = "experiment_v2"
+PROPERTY_KEY = "bayes_safe_tuning"
 _CURRENT_URL: str | None = None
 
 
@@ -122,8 +136,91 @@ def storage_config(url: str):
     return StorageConfig(url=url)
 
 
+def _read_sqlite(path: Path, what: str) -> list[tuple[str, str | None]] | None:
+    """``[(name, properties JSON)]`` of the Ax experiments in the SQLite file ``path``, opened
+    read-only (nothing is created or written); ``None`` when it holds no Ax experiment table."""
+    uri = "file:" + urllib.parse.quote(str(path)) + "?mode=ro"
+    try:
+        conn = sqlite3.connect(uri, uri=True)
+    except sqlite3.Error as exc:
+        raise ValueError(f"{what} {path}: cannot open the database read-only ({exc})") from None
+    try:
+        tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if EXPERIMENT_TABLE not in tables:
+            return None
+        return [(str(n), p) for n, p in conn.execute(f"SELECT name, properties FROM {EXPERIMENT_TABLE}")]
+    except sqlite3.DatabaseError as exc:
+        raise ValueError(f"{what} {path}: not an SQLite study database ({exc})") from None
+    finally:
+        conn.close()
+
+
+def _read_server(url: str, what: str) -> list[tuple[str, str | None]] | None:
+    """The same for a server database, through a plain SQLAlchemy engine (no table is created)."""
+    try:
+        import sqlalchemy
+
+        engine = sqlalchemy.create_engine(url)
+    except Exception as exc:  # noqa: BLE001 - a missing driver, a bad URL
+        raise ValueError(f"{what} {display_url(url)}: cannot open the database: {type(exc).__name__}: {exc}") from None
+    try:
+        with engine.connect() as conn:
+            if not sqlalchemy.inspect(conn).has_table(EXPERIMENT_TABLE):
+                return None
+            rows = conn.execute(sqlalchemy.text(f"SELECT name, properties FROM {EXPERIMENT_TABLE}")).all()
+            return [(str(n), p) for n, p in rows]
+    except Exception as exc:  # noqa: BLE001 - any driver error becomes one line
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ValueError(f"{what} {display_url(url)}: cannot read the database: {reason}") from None
+    finally:
+        engine.dispose()
+
+
+def stored_studies(url: str, what: str = "storage") -> dict[str, dict]:
+    """``{name: bayes_safe properties}`` of the bayes_safe studies stored at ``url``, read without
+    writing anything (SQLite is opened with ``mode=ro``; no Ax table is created).
+
+    Args:
+        url: the database URL (``resolve_url``).
+        what: the argument the database came from, for messages (``--out``, ``--storage``).
+
+    Raises:
+        ValueError: (one line naming ``what``) no such SQLite file, not an SQLite database,
+            no Ax tables, or no experiment with bayes_safe's property.
+    """
+    path = sqlite_path(url)
+    if path is not None:
+        if not path.exists():
+            raise ValueError(f"{what}: no study database at {path} (start a study first; resume never creates one)")
+        if not path.is_file():
+            raise ValueError(f"{what}: {path} is not a file")
+        rows = _read_sqlite(path, what)
+        shown = str(path)
+    else:
+        rows = _read_server(url, what)
+        shown = display_url(url)
+    if rows is None:
+        raise ValueError(f"{what} {shown}: holds no bayes_safe study (no Ax tables); refusing to write to it")
+    studies: dict[str, dict] = {}
+    for name, raw in rows:
+        try:
+            props = json.loads(raw) if isinstance(raw, str) else (raw or {})
+        except ValueError:
+            props = {}
+        if isinstance(props, dict) and isinstance(props.get(PROPERTY_KEY), dict):
+            studies[name] = props[PROPERTY_KEY]
+    if not studies:
+        others = ", ".join(sorted(n for n, _ in rows)) or "none"
+        raise ValueError(f"{what} {shown}: holds no bayes_safe study (Ax experiments: {others}); refusing to write to it")
+    return studies
+
+
 def experiment_names(url: str) -> list[str]:
-    """Names of the experiments stored at ``url`` (connects first)."""
+    """Names of the experiments stored at ``url`` (connects first; ``[]`` without touching an
+    existing SQLite file that holds no Ax tables, so looking never creates them)."""
+    path = sqlite_path(url)
+    if path is not None and path.is_file() and url != _CURRENT_URL and _read_sqlite(path, "storage") is None:
+        return []
     connect(url)
     from ax.storage.sqa_store.db import session_scope
     from ax.storage.sqa_store.sqa_classes import SQAExperiment
