@@ -35,3 +35,32 @@ def test_a_stale_regular_lock_is_reused_and_a_held_one_refused(tmp_path):
         assert str(os.getpid()) in (tmp_path / "study.sqlite.lock").read_text()
         with pytest.raises(ValueError, match="another process"), study_lock(f"sqlite:///{db}"):
             pass
+
+
+def test_a_study_killed_mid_write_is_still_read(tmp_path):
+    """A SIGKILL inside a write transaction leaves a hot journal; reading the study rolls it back
+    (read-only opening cannot), so resume after such a crash works and sees the committed rows."""
+    import signal
+    import sqlite3
+    import subprocess
+    import sys
+
+    from bayes_safe.tuning.storage import EXPERIMENT_TABLE, _read_sqlite
+
+    db = tmp_path / "study.sqlite"
+    conn = sqlite3.connect(db)
+    conn.execute(f"CREATE TABLE {EXPERIMENT_TABLE} (name TEXT, properties TEXT)")
+    conn.execute(f"INSERT INTO {EXPERIMENT_TABLE} VALUES ('kept', '{{}}')")
+    conn.commit()
+    conn.close()
+    writer = (
+        "import os, signal, sqlite3\n"
+        f"c = sqlite3.connect({str(db)!r}, isolation_level=None)\n"
+        "c.execute('PRAGMA cache_size=1'); c.execute('BEGIN')\n"
+        f"for i in range(20000): c.execute(\"INSERT INTO {EXPERIMENT_TABLE} VALUES ('lost' || ?, '{{}}')\", (i,))\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", writer], check=False, timeout=120)
+    assert proc.returncode == -signal.SIGKILL
+    assert (tmp_path / "study.sqlite-journal").stat().st_size > 0, "no hot journal: the scenario did not happen"
+    assert _read_sqlite(db, "storage") == [("kept", "{}")]

@@ -8,6 +8,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from bayes_safe.cli import main
 from bayes_safe.tuning import Study
 
@@ -73,3 +75,58 @@ def test_sigkill_mid_trial_then_resume_loses_and_duplicates_nothing(tmp_path):
     per_trial = df[df.metric_name == "q_1080p_change"].groupby("trial_index").size()
     assert set(per_trial.index) == set(observed2) and (per_trial == 1).all()
     assert (out / "report.md").exists() and "RUNNING" not in (out / "trials.csv").read_text()
+
+
+def _tiny_study(db: Path) -> Study:
+    from bayes_safe.tuning import ABTest, VideoUploadProblem
+
+    ab = ABTest(VideoUploadProblem(warmup=300, model={"nn_epochs": 1, "nn_min_steps": 20}), n_users=300, batches=2)
+    return Study(ab, storage=db, sobol_trials=4, seed=0)
+
+
+def test_rerun_queue_is_derived_from_the_database_so_a_crash_at_any_step_never_loses_or_doubles_a_rerun(tmp_path):
+    """Issue 14, finding 5: the queue of re-runs used to live in memory only."""
+    db = tmp_path / "s.sqlite"
+    study = _tiny_study(db)
+    study.run(trials=1, inline=True)
+    # a crash with two trials in flight: both stay RUNNING in the database
+    a, b = [i for i, _ in study._start_trials(2, [])]
+    # crash 1: after the next run marked them abandoned, before it created any re-run
+    recovered = Study.load(db).recover()
+    assert recovered["abandoned"] == [a, b] and [i for i, _ in recovered["rerun"]] == [a, b]
+    again = Study.load(db)
+    assert [i for i, _ in again.pending_reruns()] == [a, b]  # still owed: nothing was lost
+    # crash 2: after the re-run of a was created (RUNNING, its link saved with it), before it finished
+    [(c, _)] = again._start_trials(1, again.pending_reruns())
+    assert Study.load(db).experiment.trials[c].run_metadata["rerun_of"] == a
+    recovered = Study.load(db).recover()
+    assert recovered["abandoned"] == [c] and [i for i, _ in recovered["rerun"]] == [b, c]  # a is owed nothing now
+    # the resumed study re-runs each interrupted parameterization exactly once
+    final = Study.load(db)
+    final.run(trials=4, inline=True)
+    trials = final.experiment.trials
+    status = {i: t.status.name for i, t in trials.items()}
+    assert sorted(i for i, s in status.items() if s == "ABANDONED") == [a, b, c]
+    for i in (a, b, c):
+        params = dict(trials[i].arm.parameters)
+        completed = [j for j, t in trials.items() if status[j] == "COMPLETED" and dict(t.arm.parameters) == params]
+        assert len(completed) == 1 and completed[0] > i
+    assert final.pending_reruns() == [] and sum(s == "COMPLETED" for s in status.values()) == 4
+    assert final.properties["parallel"] == 1
+
+
+def test_sigterm_during_run_raises_study_interrupted_and_restores_the_handler(tmp_path):
+    from bayes_safe.tuning.study import StudyInterrupted
+
+    study = _tiny_study(tmp_path / "s.sqlite")
+
+    def on_event(event):
+        if event["event"] == "completed":
+            os.kill(os.getpid(), signal.SIGTERM)  # handled by Study.run: a clean stop, not the process's end
+
+    with pytest.raises(StudyInterrupted, match="interrupted by SIGTERM") as info:
+        study.run(trials=3, inline=True, progress=on_event)
+    assert info.value.exit_status == 143 and isinstance(info.value, KeyboardInterrupt)
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    assert study.counts() == {"COMPLETED": 1}
+    assert study.properties["sessions"][-1]["stopped_by"] == "SIGTERM"

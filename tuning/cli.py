@@ -2,7 +2,12 @@
 
     bayes-safe tune video-upload --trials 30 --parallel 2 --out DIR [--quick] [--storage URL] [--scheduler ADDRESS]
     bayes-safe tune logged-data --source synthetic --method minimax --trials 20 --out DIR
-    bayes-safe tune resume --out DIR [--trials N] [--parallel K] [--storage URL] [--name NAME]
+    bayes-safe tune resume --out DIR [--trials N] [--parallel K] [--storage URL] [--name NAME] [--trust-source]
+
+Exit status: 0 done; 1 the study stopped on an error (too many failed trials); 2 bad input;
+75 the Dask scheduler was lost (no trial failed; resume later); 130 / 143 / 129 stopped by
+Ctrl-C / SIGTERM / SIGHUP (the trials in flight are re-run on resume; the workers are stopped).
+`tune resume` keeps the study's stored parallelism unless --parallel is given.
 
 The study lives in ``DIR/study.sqlite`` unless ``--storage URL`` names another database; at the
 end ``DIR`` holds ``report.md``, the figures, ``trials.csv``, ``best.json`` and ``study.json``.
@@ -16,8 +21,10 @@ argument types come from ``bayes_safe._cli_args``, which both command lines shar
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
+from pathlib import Path
 
 from bayes_safe._cli_args import (
     check_output_dir,
@@ -27,8 +34,8 @@ from bayes_safe._cli_args import (
     probability,
 )
 
-__all__ = ["ACQUISITION_FUNCTIONS", "FULL", "PROBLEM_NAMES", "QUICK", "add_tune_parser", "default_ab_test",
-           "run_tune"]
+__all__ = ["ACQUISITION_FUNCTIONS", "FULL", "PROBLEM_NAMES", "QUICK", "add_tune_parser", "check_resume_trust",
+           "check_scheduler", "default_ab_test", "run_tune"]
 
 #: the names of ``bayes_safe.tuning.ab_test.PROBLEMS`` (one ``tune`` subcommand each), without importing torch
 PROBLEM_NAMES = ("video-upload",)
@@ -90,6 +97,13 @@ def add_tune_parser(subparsers) -> argparse.ArgumentParser:
     _common(r)
     r.add_argument("--trials", type=positive_int, default=None, help="completed trials to reach (default: the stored target)")
     r.add_argument("--name", default=None, help="the study's name (default: the only study in the database)")
+    r.add_argument("--trust-source", action="store_true",
+                   help="read the files the stored study names (its logs, a benchmark JSON, an Open Bandit directory) "
+                        "even when they lie outside the study's directory (the directory holding the SQLite study, "
+                        "--out by default); without it resume shows such a path and stops")
+    r.add_argument("--source", default=None, metavar="PATH",
+                   help="confirm the stored logs file by naming it again (it must be the same file); "
+                        "for logs outside the study's directory, instead of --trust-source")
     return tune
 
 
@@ -138,7 +152,8 @@ def _progress_printer(study, total: int):
             line = f"[ failed ] trial {event['trial']}: {event['reason']}"
         elif kind == "recovered":
             line = (f"[ resume ] interrupted trials: {len(event['completed'])} had saved data (marked completed), "
-                    f"{len(event['abandoned'])} abandoned and re-run ({', '.join(map(str, event['abandoned'])) or '-'})")
+                    f"{len(event['abandoned'])} abandoned; re-running {len(event['rerun'])} abandoned "
+                    f"({', '.join(str(i) for i, _ in event['rerun']) or '-'})")
         else:
             return
         print(line, flush=True)
@@ -173,6 +188,115 @@ def _column_options(items) -> dict:
     return out
 
 
+#: LoggedDataProblem's argument names -> the ``tune logged-data`` options that set them
+_OPTION_OF = {"source": "--source", "options": "--column", "method": "--method", "benchmark": "--benchmark",
+              "holdout": "--holdout", "max_violation": "--max-violation", "epochs": "--epochs"}
+
+
+def _as_option(message: str) -> str:
+    """``source: ...`` -> ``--source: ...``: a message of the Python API in the command line's words."""
+    head, sep, rest = message.partition(":")
+    if sep and head in _OPTION_OF:
+        return _OPTION_OF[head] + sep + rest
+    return message
+
+
+def check_scheduler(address: str | None, timeout: float = 5.0) -> None:
+    """Raise ``ValueError`` (naming ``--scheduler``) unless a TCP connection to the Dask
+    scheduler at ``address`` (``tcp://host:port`` or ``tls://...``) opens within ``timeout``
+    seconds; called before a study is created or resumed, so an unreachable cluster costs no
+    trial and leaves nothing behind."""
+    if not address:
+        return
+    import socket
+    from urllib.parse import urlsplit
+
+    text = str(address)
+    parts = urlsplit(text if "://" in text else "tcp://" + text)
+    if parts.scheme not in ("tcp", "tls"):
+        return  # inproc:// ucx:// ...: Dask checks them itself
+    try:
+        host, port = parts.hostname, parts.port or 8786
+    except ValueError:
+        raise ValueError(f"--scheduler: expected tcp://HOST:PORT, got {text!r}") from None
+    if not host:
+        raise ValueError(f"--scheduler: expected tcp://HOST:PORT, got {text!r}")
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            pass
+    except OSError as exc:
+        reason = "timed out" if isinstance(exc, TimeoutError) else (exc.strerror or type(exc).__name__)
+        raise ValueError(f"--scheduler: cannot reach the Dask scheduler at {text} within {timeout:g} s ({reason})") from None
+
+
+def _stored_files(config) -> list[tuple[str, str, str | None]]:
+    """``(what, path, option that confirms it)`` of the files a stored study's problem reads."""
+    problem = config.get("problem") if isinstance(config, dict) else None
+    if not isinstance(problem, dict) or problem.get("name") != "logged-data":
+        return []
+    files = []
+    source = problem.get("source")
+    options = problem.get("options") if isinstance(problem.get("options"), dict) else {}
+    if source not in ("synthetic", "open-bandit", None):
+        files.append(("logs", str(source), "--source"))
+    if source == "open-bandit" and options.get("directory"):
+        files.append(("Open Bandit directory", str(options["directory"]), None))
+    bench = problem.get("benchmark")
+    if isinstance(bench, str) and Path(bench).suffix:
+        files.append(("constraint benchmark", bench, None))
+    return files
+
+
+def _inside(path: Path, directory: Path) -> bool:
+    try:
+        path.relative_to(directory)
+        return True
+    except ValueError:
+        return False
+
+
+def check_resume_trust(props: dict, url: str, *, trust: bool = False, source: str | None = None) -> list[str]:
+    """Check the files a stored study names before resuming it; return lines that show them.
+
+    The rule: a file the study reads (its logs, a benchmark JSON, an Open Bandit directory) is
+    read without asking only when it lies inside the study's directory (the directory holding
+    the SQLite study: ``--out`` by default). Any other path, and every path of a study in a
+    server database, must be confirmed: ``--trust-source``, or the logs file named again with
+    ``--source`` (the same file). A received study cannot point resume at a file elsewhere on
+    the machine without the user seeing the path.
+
+    Raises:
+        ValueError: one line naming ``--source`` / ``--trust-source`` and the stored path.
+    """
+    from . import storage
+
+    db = storage.sqlite_path(url)
+    home = db.parent.resolve() if db is not None else None
+    files = _stored_files(props.get("ab_test"))
+    if source is not None:
+        logs = [f for f in files if f[2] == "--source"]
+        if not logs:
+            raise ValueError("--source: this study does not read a logs file (its source is not a file); drop --source")
+        given, stored = Path(source).expanduser().resolve(), Path(logs[0][1]).expanduser().resolve()
+        if given != stored:
+            raise ValueError(f"--source: the study reads its logs from {stored}, not {given}; resume cannot change a "
+                             "study's logs (give the stored path again, or start a new study)")
+    lines = []
+    for what, raw, option in files:
+        path = Path(raw).expanduser().resolve()
+        if home is not None and _inside(path, home):
+            lines.append(f"{what}: {path} (inside the study's directory)")
+        elif trust or (option == "--source" and source is not None):
+            lines.append(f"{what}: {path} (outside the study's directory; confirmed by "
+                         f"{'--trust-source' if trust else '--source'})")
+        else:
+            where = f"outside the study's directory {home}" if home is not None else "named by a server database"
+            confirm = f"--source {path} or --trust-source" if option == "--source" else "--trust-source"
+            raise ValueError(f"--trust-source: the stored study reads its {what} from {path}, {where}; check that "
+                             f"path, then resume with {confirm}")
+    return lines
+
+
 def _build_ab_test(args):
     if args.tune_command == "logged-data":
         from .ab_test import ABTest
@@ -187,8 +311,11 @@ def _build_ab_test(args):
             options["n"] = args.rows
         if args.source == "synthetic":
             options.setdefault("seed", args.seed)
-        problem = LoggedDataProblem(source=args.source, options=options, method=args.method, benchmark=args.benchmark,
-                                    max_violation=args.max_violation, epochs=args.epochs, holdout=args.holdout)
+        try:
+            problem = LoggedDataProblem(source=args.source, options=options, method=args.method, benchmark=args.benchmark,
+                                        max_violation=args.max_violation, epochs=args.epochs, holdout=args.holdout)
+        except (ValueError, TypeError, FileNotFoundError) as exc:
+            raise ValueError(_as_option(str(exc))) from None
         return ABTest(problem)
     return default_ab_test(args.tune_command, args.quick, users=args.users, batches=args.batches, warmup=args.warmup,
                            model_epochs=args.model_epochs, compare=not args.no_compare, seed=args.seed)
@@ -199,19 +326,36 @@ def run_tune(args) -> int:
     from . import storage
     from .ab_test import Range
     from .report import write_report
-    from .study import Study
+    from .study import InfrastructureError, Study
 
     check_output_dir(args.out)
     start = time.perf_counter()
     if args.tune_command == "resume":
         url = storage.resolve_url(args.storage, args.out)
-        study = Study.load(url, name=args.name, verbose=args.verbose)
+        # read-only first: a missing database, a foreign SQLite file, an untrusted stored path
+        # all stop here, before Ax creates a table or the study writes anything
+        stored = storage.stored_studies(url, what="--storage" if args.storage is not None else "--out")
+        name = args.name
+        if name is None:
+            if len(stored) != 1:
+                raise ValueError(f"--name: the database holds several studies ({', '.join(sorted(stored))}); name one")
+            name = next(iter(stored))
+        elif name not in stored:
+            raise ValueError(f"--name: no study named {name!r} in the database (found: {', '.join(sorted(stored))})")
+        shown = check_resume_trust(stored[name], url, trust=args.trust_source, source=args.source)
+        check_scheduler(args.scheduler)
+        for line in shown:
+            print(line, flush=True)
+        study = Study.load(url, name=name, verbose=args.verbose)
         trials = args.trials or study.properties.get("target_trials") or study.counts().get("COMPLETED", 0)
-        parallel = args.parallel or (study.properties.get("sessions") or [{}])[-1].get("parallel", 1)
+        # the study's own parallelism (stored as each run starts, so it survives a crash) unless --parallel
+        parallel = (args.parallel or study.properties.get("parallel")
+                    or (study.properties.get("sessions") or [{}])[-1].get("parallel", 1))
         print(f"resuming study {study.name!r} ({storage.display_url(url)}): " + ", ".join(
             f"{v} {k.lower()}" for k, v in sorted(study.counts().items())) + f"; target {trials} completed trials", flush=True)
     else:
         ab_test = _build_ab_test(args)
+        check_scheduler(args.scheduler)
         params = None
         if args.parameter:
             params = [Range.parse(text) for text in args.parameter]
@@ -246,10 +390,21 @@ def run_tune(args) -> int:
     progress = None if args.no_progress else _progress_printer(study, trials)
     try:
         summary = study.run(trials=trials, parallel=parallel, scheduler=args.scheduler, progress=progress)
-    except KeyboardInterrupt:
-        print(f"\ninterrupted; continue with: bayes-safe tune resume --out {args.out}"
-              + (f" --storage {args.storage}" if args.storage else ""), file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM, SIGHUP: Study.run raises StudyInterrupted (exit 128 + signal)
+        resume = f"bayes-safe tune resume --out {args.out}" + (f" --storage {args.storage}" if args.storage else "")
+        print(f"\n{exc or 'interrupted'}; continue with: {resume}", file=sys.stderr)
+        status = getattr(exc, "exit_status", 130)
+        if status != 130:
+            # SIGTERM / SIGHUP ask the process to end: the study is saved and its workers are gone, so skip
+            # the interpreter's teardown (2-4 s of freeing torch and Ax modules, measured on 2 busy cores)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(status)
+        return status
+    except InfrastructureError as exc:  # the Dask scheduler was lost: no trial failed, exit 75 (EX_TEMPFAIL)
+        resume = f"bayes-safe tune resume --out {args.out}" + (f" --storage {args.storage}" if args.storage else "")
+        print(f"bayes-safe tune: error: {exc}; continue with: {resume} [--scheduler ADDRESS]", file=sys.stderr)
+        return 75
     except RuntimeError as exc:
         print(f"bayes-safe tune: error: {exc}", file=sys.stderr)
         return 1

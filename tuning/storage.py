@@ -139,7 +139,13 @@ def storage_config(url: str):
 def _read_sqlite(path: Path, what: str) -> list[tuple[str, str | None]] | None:
     """``[(name, properties JSON)]`` of the Ax experiments in the SQLite file ``path``, opened
     read-only (nothing is created or written); ``None`` when it holds no Ax experiment table."""
-    uri = "file:" + urllib.parse.quote(str(path)) + "?mode=ro"
+    # A kill in the middle of a write leaves a hot journal beside the database, which SQLite
+    # rolls back on the next read, and only with write access: open read-write then (mode=rw
+    # never creates a file), so a study killed mid-write still resumes. Without a journal the
+    # file is opened read-only.
+    hot = any(Path(f"{path}{suffix}").is_file() and Path(f"{path}{suffix}").stat().st_size > 0
+              for suffix in ("-journal", "-wal"))
+    uri = "file:" + urllib.parse.quote(str(path)) + ("?mode=rw" if hot else "?mode=ro")
     try:
         conn = sqlite3.connect(uri, uri=True)
     except sqlite3.Error as exc:

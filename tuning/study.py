@@ -27,9 +27,30 @@ Built on ``ax.api.Client`` (``AxClient`` is deprecated). Choices where the issue
   data) when it completes, so a completed trial is never lost. When a study starts running
   (``run``, after ``load``), trials still marked RUNNING were interrupted: one whose
   data was already saved (the process died between saving the data and the status) is marked
-  completed, any other is marked ABANDONED (kept in the study, never modelled) and its
-  parameters are run again as a new trial, so nothing is counted twice. An SQLite study is
-  locked while it runs.
+  completed, any other is marked ABANDONED with ``interrupted`` in its run metadata (kept in
+  the study, never modelled) and its parameters are run again as a new trial, so nothing is
+  counted twice. An SQLite study is locked while it runs.
+* **The re-run queue lives in the database, not in memory**: it is derived, every time a run
+  starts, from the stored trials: an ABANDONED ``interrupted`` trial is owed a re-run while no
+  later trial has the same parameters (the same arm). A re-run trial is created with its
+  ``rerun_of`` link in one save, and it has the abandoned trial's arm, so a kill at any point
+  neither loses a re-run (the queue is derived again) nor doubles one (a re-run that was
+  itself interrupted is abandoned and owed one re-run in its turn; the earlier trial is not).
+  The study also stores its parallelism (``parallel`` in its properties) as the run starts,
+  so ``tune resume`` after a crash keeps it (``--parallel`` overrides it).
+* **Signals**: while ``run`` works in the main thread it handles SIGINT, SIGTERM and SIGHUP
+  (those whose handler is the default: a ``nohup`` run still ignores SIGHUP) alike: the loop
+  stops at its next step (within 0.25 s, or once a BoTorch candidate being generated is
+  ready), the worker processes are killed, the trials in flight are marked ABANDONED
+  ``interrupted`` (re-run on resume), the session is recorded, and ``StudyInterrupted`` (a
+  ``KeyboardInterrupt``; ``exit_status`` 128 + the signal number: 130, 143, 129) is raised.
+  A second signal during that stop interrupts at once (what it leaves RUNNING is settled on
+  resume). A trial whose worker died while a signal was pending (SIGTERM sent to the whole
+  process group) is abandoned, not failed. Worker processes die with the study process, even
+  after SIGKILL (``bayes_safe.tuning.runners``).
+* **Infrastructure failures**: losing the Dask scheduler fails no trial: the study stops at
+  once, marks the trials in flight ABANDONED ``interrupted`` (re-run on resume, on any runner)
+  and raises ``InfrastructureError`` (a ``RuntimeError``) naming the scheduler's address.
 * **Failures**: a trial whose simulation raises is marked FAILED with the error as its reason,
   and the study goes on; it stops with an error after ``max_failures`` failures in one run.
 * **Budget**: ``run(trials=N)`` runs until ``N`` trials are completed (failed and abandoned
@@ -45,6 +66,8 @@ import contextlib
 import logging
 import math
 import re
+import signal
+import threading
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -54,7 +77,7 @@ from bayes_safe.threads import single_thread
 from . import storage as _storage
 from .ab_test import ABTest, Range
 
-__all__ = ["ACQUISITION_FUNCTIONS", "Study", "make_generation_strategy"]
+__all__ = ["ACQUISITION_FUNCTIONS", "InfrastructureError", "Study", "StudyInterrupted", "make_generation_strategy"]
 
 PROPERTY_KEY = "bayes_safe_tuning"
 ACQUISITION_FUNCTIONS = ("qLogNoisyExpectedImprovement", "qNoisyExpectedImprovement")
@@ -63,6 +86,92 @@ ACQUISITION_FUNCTIONS = ("qLogNoisyExpectedImprovement", "qNoisyExpectedImprovem
 OPTIMIZER = {"num_restarts": 8, "raw_samples": 256}
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,100}$")
 _IDENT_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+#: seconds between two checks for a stop signal while trials run
+POLL_SECONDS = 0.25
+#: the signals ``Study.run`` turns into a clean stop (those present on this system)
+STOP_SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n))
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def _trial_list(indices: Sequence[int]) -> str:
+    if not indices:
+        return "no trial was in flight"
+    return (f"trial{'s' if len(indices) > 1 else ''} {', '.join(map(str, indices))} in flight marked abandoned "
+            "(re-run on resume)")
+
+
+class StudyInterrupted(KeyboardInterrupt):
+    """``Study.run`` stopped on a signal (SIGINT, SIGTERM, SIGHUP).
+
+    Attributes:
+        signum: the signal.
+        abandoned: the trials in flight, marked ABANDONED (re-run when the study runs again).
+        exit_status: ``128 + signum`` (130 for Ctrl-C, 143 for SIGTERM), the shell's convention.
+    """
+
+    def __init__(self, signum: int, abandoned: Sequence[int] = ()):
+        self.signum = int(signum)
+        self.abandoned = list(abandoned)
+        self.exit_status = 128 + self.signum
+        super().__init__(f"interrupted by {_signal_name(self.signum)}: {_trial_list(self.abandoned)}")
+
+
+class InfrastructureError(RuntimeError):
+    """Where the trials run was lost (the Dask scheduler); no trial failed for it.
+
+    Attributes:
+        abandoned: the trials in flight, marked ABANDONED (re-run when the study runs again).
+    """
+
+    def __init__(self, message: str, abandoned: Sequence[int] = ()):
+        self.abandoned = list(abandoned)
+        super().__init__(message)
+
+
+class _Stop(Exception):
+    """Internal: a stop signal was received; raised at the run loop's next step."""
+
+
+class _StopSignals:
+    """Turn SIGINT / SIGTERM / SIGHUP into a flag the run loop checks (main thread only; a signal
+    whose handler is not the default, e.g. SIGHUP under ``nohup``, is left alone)."""
+
+    def __init__(self):
+        self.signum: int | None = None
+        self.stopping = False
+        self._previous: dict = {}
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for sig in STOP_SIGNALS:
+                current = signal.getsignal(sig)
+                if current is signal.SIG_DFL or current is signal.default_int_handler:
+                    with contextlib.suppress(ValueError, OSError):
+                        self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        if self.signum is None:
+            self.signum = signum
+        elif not self.stopping:
+            self.stopping = True
+            raise StudyInterrupted(signum)  # a second signal: stop now
+
+    def check(self) -> None:
+        if self.signum is not None:
+            raise _Stop
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._previous.items():
+            with contextlib.suppress(ValueError, OSError):
+                signal.signal(sig, handler)
+        self._previous.clear()
 
 
 def _acqf_class(name: str):
@@ -414,13 +523,18 @@ class Study:
 
     # ------------------------------------------------------------------ running
     def _save_properties(self) -> None:
+        """Write this study's properties (only them: one UPDATE, whatever the trials' in-memory state)."""
+        if self.url is None:
+            return
         with _ax_context(self.url):
-            self.client.set_experiment(self.experiment)
+            self.client._update_experiment_properties_in_db(self.experiment)
 
     def recover(self) -> dict:
         """Settle trials left RUNNING by an interrupted run (see the module docstring).
 
-        Returns ``{"completed": [...], "abandoned": [...], "rerun": [parameters, ...]}``.
+        Returns ``{"completed": [...], "abandoned": [...], "rerun": [(trial, parameters), ...]}``:
+        the trials completed and abandoned now, and every re-run owed (``pending_reruns``),
+        including those of earlier interruptions.
         """
         from ax.core.trial_status import TrialStatus
 
@@ -437,12 +551,37 @@ class Study:
                     self.client.complete_trial(trial.index)
                     result["completed"].append(trial.index)
                 else:
-                    trial.update_run_metadata({"interrupted": True})
-                    self.client.mark_trial_abandoned(trial.index)
+                    self._abandon([trial.index], "interrupted: the study process stopped before the trial finished")
                     result["abandoned"].append(trial.index)
-                    result["rerun"].append((trial.index, dict(trial.arm.parameters)))
+        result["rerun"] = self.pending_reruns()
         self.timings["recover"].append(time.perf_counter() - start)
         return result
+
+    def pending_reruns(self) -> list[tuple[int, dict]]:
+        """``[(trial, parameters)]``: the interrupted (ABANDONED) trials owed a re-run, derived from
+        the stored trials: those no later trial repeats (see the module docstring)."""
+        from ax.core.trial_status import TrialStatus
+
+        trials = sorted(self.experiment.trials.items())
+        last = {t.arm.signature: i for i, t in trials if t.arm is not None}
+        return [(i, dict(t.arm.parameters)) for i, t in trials
+                if t.status == TrialStatus.ABANDONED and t.run_metadata.get("interrupted") and t.arm is not None
+                and last[t.arm.signature] == i]
+
+    def _abandon(self, indices, reason: str) -> list[int]:
+        """Mark the RUNNING trials among ``indices`` ABANDONED ``interrupted`` (each in one save)."""
+        from ax.core.trial_status import TrialStatus
+
+        done = []
+        with _ax_context(self.url):
+            for idx in sorted(indices):
+                trial = self.experiment.trials[idx]
+                if trial.status != TrialStatus.RUNNING:
+                    continue
+                trial.update_run_metadata({"interrupted": True, "error": reason[:2000]})
+                self.client.mark_trial_abandoned(idx)
+                done.append(idx)
+        return done
 
     def run(self, trials: int, parallel: int = 1, scheduler: str | None = None, *, inline: bool = False,
             progress: Callable[[dict], None] | None = None, max_failures: int | None = None) -> dict:
@@ -460,8 +599,13 @@ class Study:
 
         Returns:
             A summary: counts, wall time, Ax and simulation seconds.
+
+        Raises:
+            StudyInterrupted: on SIGINT, SIGTERM or SIGHUP (see the module docstring).
+            InfrastructureError: the Dask scheduler was lost.
+            RuntimeError: too many failures, or Ax generates no trial.
         """
-        from .runners import make_runner
+        from .runners import InfrastructureLost, make_runner
 
         for key, v in (("trials", trials), ("parallel", parallel)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -474,21 +618,27 @@ class Study:
         lock = _storage.study_lock(self.url) if self.url else contextlib.nullcontext()
         wall = time.perf_counter()
         failures = 0
-        with lock:
+        stop = _StopSignals()
+        with lock, stop:
             recovered = self.recover()
-            if recovered["completed"] or recovered["abandoned"]:
+            rerun = list(recovered["rerun"])
+            if recovered["completed"] or recovered["abandoned"] or rerun:
                 emit({"event": "recovered", **recovered})
             self.properties["target_trials"] = trials
+            self.properties["parallel"] = parallel
             self._save_properties()
-            rerun = list(recovered["rerun"])
             runner = make_runner(parallel, scheduler, inline=inline)
             pending: dict = {}
+            in_flight: set[int] = set()  # started, neither completed nor failed (abandoned if the run stops)
+            closed = False
             try:
                 while True:
+                    stop.check()
                     completed = self.counts().get("COMPLETED", 0)
                     want = min(parallel - len(pending), trials - completed - len(pending))
                     if want > 0:
                         for idx, params in self._start_trials(want, rerun):
+                            in_flight.add(idx)
                             emit({"event": "started", "trial": idx, "parameters": params,
                                   "node": self.experiment.trials[idx].run_metadata.get("node")})
                             pending[runner.submit(payload, params, self.trial_seed(idx))] = idx
@@ -499,11 +649,17 @@ class Study:
                         raise RuntimeError("Ax generated no new trial and none is running; "
                                            f"{completed} of {trials} trials completed"
                                            + (f" (last error: {type(err).__name__}: {err})" if err else ""))
-                    for handle in runner.wait(list(pending)):
+                    stop.check()
+                    for handle in runner.wait(list(pending), timeout=POLL_SECONDS):
                         idx = pending.pop(handle)
                         try:
                             out = runner.result(handle)
+                        except InfrastructureLost:
+                            raise
                         except Exception as exc:
+                            if stop.signum is not None:
+                                continue  # its worker died of the same signal: abandoned below, not failed
+                            in_flight.discard(idx)
                             failures += 1
                             reason = self._fail(idx, exc)
                             emit({"event": "failed", "trial": idx, "reason": reason, "failures": failures})
@@ -511,6 +667,7 @@ class Study:
                                 raise RuntimeError(f"{failures} trials failed in this run (more than max_failures="
                                                    f"{max_failures}); last: trial {idx}: {reason}") from exc
                             continue
+                        in_flight.discard(idx)
                         self._complete(idx, out)
                         best = self.best_observed()
                         emit({"event": "completed", "trial": idx, "parameters": dict(self.experiment.trials[idx].arm.parameters),
@@ -519,16 +676,38 @@ class Study:
                               "best": None if best is None else {"trial": best[0], "metrics": best[1],
                                                                  "parameters": dict(self.experiment.trials[best[0]].arm.parameters)},
                               "completed": self.counts().get("COMPLETED", 0), "target": trials})
+            except InfrastructureLost as exc:
+                stop.stopping = True
+                closed = self._close_runner(runner, pending, force=True)
+                abandoned = self._abandon(in_flight, str(exc))
+                raise InfrastructureError(f"{exc}; the study stopped, {_trial_list(abandoned)}; no trial failed for it",
+                                          abandoned) from None
+            except (_Stop, KeyboardInterrupt) as exc:
+                stop.stopping = True
+                signum = stop.signum or getattr(exc, "signum", None) or signal.SIGINT
+                closed = self._close_runner(runner, pending, force=True)
+                abandoned = self._abandon(in_flight, f"interrupted by {_signal_name(signum)}")
+                raise StudyInterrupted(signum, abandoned) from None
             finally:
-                for handle in list(pending):
-                    with contextlib.suppress(Exception):
-                        runner.cancel(handle)
-                runner.close(force=bool(pending))
+                stop.stopping = True
+                if not closed:
+                    self._close_runner(runner, pending, force=bool(pending))
                 summary = self._session_summary(time.perf_counter() - wall, parallel, scheduler, runner.description, failures)
+                if stop.signum is not None:
+                    summary["stopped_by"] = _signal_name(stop.signum)
                 with contextlib.suppress(Exception):
                     self.properties.setdefault("sessions", []).append(summary)
                     self._save_properties()
         return summary
+
+    @staticmethod
+    def _close_runner(runner, pending: dict, force: bool) -> bool:
+        for handle in list(pending):
+            with contextlib.suppress(Exception):
+                runner.cancel(handle)
+        with contextlib.suppress(Exception):
+            runner.close(force=force)
+        return True
 
     def _start_trials(self, want: int, rerun: list) -> list[tuple[int, dict]]:
         started = []
@@ -536,10 +715,12 @@ class Study:
             while rerun and len(started) < want:
                 old, params = rerun.pop(0)
                 t = time.perf_counter()
-                idx = self.client.attach_trial(parameters=params)
+                # the trial (RUNNING, the abandoned trial's arm) and its ``rerun_of`` link in one save
+                _, idx = self.experiment.attach_trial(parameterizations=[dict(params)])
                 trial = self.experiment.trials[idx]
                 trial.update_run_metadata({"rerun_of": old, "seed": self.trial_seed(idx), "node": "rerun",
                                            "gen_seconds": time.perf_counter() - t})
+                self.client._save_or_update_trial_in_db_if_possible(experiment=self.experiment, trial=trial)
                 started.append((idx, dict(params)))
             if len(started) < want:
                 t = time.perf_counter()
