@@ -1,6 +1,8 @@
 """bayes_safe: safe decision-making with Bayesian posteriors.
 
-Quick start::
+Quick start:
+
+```python
 
     import pyro.distributions as dist
     from bayes_safe import BayesianLinear, TSASC, daulton2019, simulate
@@ -10,6 +12,7 @@ Quick start::
     policy = TSASC(BayesianLinear(prior(), noise_std=0.1, batch_shape=[100]),
                    [BayesianLinear(prior(), noise_std=0.1, batch_shape=[100])], alpha=0.01)
     trace = simulate(policy, env, horizon=500, seed=1)
+```
 
 The names below are imported on first use (PEP 562), so ``import bayes_safe`` and the
 command line's parser do not load torch; ``from bayes_safe import simulate`` loads what
@@ -24,7 +27,16 @@ import importlib
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the eager imports, for type checkers and IDEs
-    from .envs import daulton2019, kazerouni2017, kazerouni2017_neurips, make_problem
+    from .envs import (
+        Constraint,
+        Problem,
+        Step,
+        Units,
+        daulton2019,
+        kazerouni2017,
+        kazerouni2017_neurips,
+        make_problem,
+    )
     from .models import BayesianLinear, PerArmLinear
     from .policies import TSASC, Greedy, LinUCB, Random, ThompsonSampling
     from .random import ReplicationRNG, replication_seeds
@@ -44,6 +56,10 @@ _SOURCES = {
     "ReplicationRNG": ".random",
     "ThompsonSampling": ".policies",
     "Trace": ".trace",
+    "Constraint": ".envs",
+    "Problem": ".envs",
+    "Step": ".envs",
+    "Units": ".envs",
     "daulton2019": ".envs",
     "kazerouni2017": ".envs",
     "kazerouni2017_neurips": ".envs",
@@ -55,13 +71,17 @@ _SOURCES = {
 __all__ = [
     "TSASC",
     "BayesianLinear",
+    "Constraint",
     "Greedy",
     "LinUCB",
     "PerArmLinear",
+    "Problem",
     "Random",
     "ReplicationRNG",
+    "Step",
     "ThompsonSampling",
     "Trace",
+    "Units",
     "daulton2019",
     "kazerouni2017",
     "kazerouni2017_neurips",

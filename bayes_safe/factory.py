@@ -27,8 +27,12 @@ def ridge_model(env, metric: int = 0, ridge: float = 1.0) -> BayesianLinear:
 
 
 def make_policy(name: str, env, *, ridge: float = 1.0, alpha: float | None = None, delta: float = 0.001,
-                weight_bound: float | None = None):
-    """A policy registered as ``name`` (see ``POLICIES``), with ridge models for ``env``'s metrics."""
+                weight_bound: float | None = None, constraints=None):
+    """A policy registered as ``name`` (see ``POLICIES``), with ridge models for ``env``'s metrics.
+
+    ``constraints``: for ts-asc (and clucb2-asc-c/-i, relative ``at_least`` form only), one
+    ``bayes_safe.envs.Constraint`` per constraint metric instead of ``alpha`` (see ``TSASC``).
+    """
     if name not in POLICIES:
         raise ValueError(f"policy: unknown name {name!r}; expected one of {list(POLICIES)}")
     if ridge <= 0:
@@ -56,15 +60,20 @@ def make_policy(name: str, env, *, ridge: float = 1.0, alpha: float | None = Non
         return CLUCB(reward, baseline_reward=env.baseline_expected[:, 0], alpha=alpha, delta=delta, weight_bound=bound)
     if env.num_metrics < 2:
         raise ValueError(f"policy: {name!r} needs a problem with a constraint metric; {env.name!r} has none")
-    alpha = env.alpha if alpha is None else alpha
-    if alpha is None:
-        raise ValueError(f"alpha: required for {name} on a problem without its own alpha")
-    constraints = [ridge_model(env, m, ridge) for m in range(1, env.num_metrics)]
+    if constraints is not None and alpha is not None:
+        raise ValueError(f"{name}: give exactly one of alpha= and constraints=, not both")
+    if constraints is None:
+        alpha = env.alpha if alpha is None else alpha
+        if alpha is None:
+            raise ValueError(f"alpha: required for {name} on a problem without its own alpha")
+    declared, constraints = constraints, [ridge_model(env, m, ridge) for m in range(1, env.num_metrics)]
     if name in ("clucb2-asc-c", "clucb2-asc-i"):
         norms = env.parameters.norm(dim=-1)  # [R, M]
         bound = weight_bound if weight_bound is not None else norms[:, 0]
         cbounds = [weight_bound if weight_bound is not None else norms[:, m] for m in range(1, env.num_metrics)]
         mode = "cumulative" if name.endswith("-c") else "instance"
         return CLUCB2ASC(reward, constraints, alpha=alpha, delta=delta, mode=mode, weight_bound=bound,
-                         constraint_weight_bounds=cbounds)
+                         constraint_weight_bounds=cbounds, constraints=declared)
+    if declared is not None:
+        return TSASC(reward, constraints, constraints=declared)
     return TSASC(reward, constraints, alpha=alpha)

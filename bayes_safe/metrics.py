@@ -43,7 +43,10 @@ def moving_average(x: torch.Tensor, window: int) -> torch.Tensor:
 
 
 def violation_rate(trace: Trace, window: int = 100) -> torch.Tensor:
-    """Moving average of the instance-level violation indicator, ``[T, R]`` (Daulton Figure 1b)."""
+    """Moving average of the instance-level violation indicator, ``[T, R]`` (Daulton Figure 1b);
+    NaN when the problem gave no expected outcomes (violations unknown)."""
+    if not trace.regret_available:
+        return torch.full(trace.violation.shape, float("nan"), dtype=torch.float64)
     return moving_average(trace.violation, window)
 
 
@@ -66,7 +69,24 @@ def normalized_constraint(trace: Trace, metric: int = 1) -> torch.Tensor:
 
 
 def summary(trace: Trace) -> dict:
-    """Headline numbers of a run, as plain floats (mean and SEM over replications)."""
+    """Headline numbers of a run, as plain floats (mean and SEM over replications).
+
+    When the problem gave no expected outcomes (``trace.regret_available`` False), the regret,
+    violation and normalized-constraint entries are ``None`` (unavailable), never 0.
+    """
+    if not trace.regret_available:
+        out = {"horizon": trace.horizon, "replications": trace.replications, "regret_available": False,
+               "final_cumulative_regret_mean": None, "final_cumulative_regret_sem": None,
+               "mean_per_step_regret": None, "violation_rate": None}
+        if trace.alpha is not None:
+            out["alpha"] = float(trace.alpha)
+        if len(trace.metric_names) > 1:
+            out["normalized_constraint_last100_mean"] = None
+            out["normalized_constraint_last100_sem"] = None
+        for k in ("elapsed_seconds", "decisions_per_second"):
+            if k in trace.attrs:
+                out[k] = float(trace.attrs[k])
+        return out
     cum = cumulative_regret(trace)[-1]
     m, s = mean_and_sem(cum)
     out = {

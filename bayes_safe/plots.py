@@ -11,7 +11,7 @@ from .io import atomic_write
 from .metrics import cumulative_regret, mean_and_sem
 from .trace import Trace
 
-__all__ = ["plot_regret", "save_figure"]
+__all__ = ["plot_regret", "plot_simulation", "save_figure"]
 
 
 def save_figure(fig, path) -> None:
@@ -20,9 +20,12 @@ def save_figure(fig, path) -> None:
     plt.close(fig)
 
 
-def _band(ax, x, mean, sem, label):
+def _band(ax, x, mean, sem, label, clip=None):
     ax.plot(x, mean, label=label)
-    ax.fill_between(x, mean - 2 * sem, mean + 2 * sem, alpha=0.25)
+    low, high = mean - 2 * sem, mean + 2 * sem
+    if clip is not None:  # a rate: the band stays in [0, 1]
+        low, high = low.clip(*clip), high.clip(*clip)
+    ax.fill_between(x, low, high, alpha=0.25)
 
 
 def plot_regret(traces: dict[str, Trace], path=None, title: str | None = None):
@@ -39,6 +42,45 @@ def plot_regret(traces: dict[str, Trace], path=None, title: str | None = None):
     for ax in (ax1, ax2):
         ax.grid(alpha=0.3)
         ax.legend()
+    if title:
+        fig.suptitle(title)
+    if path is not None:
+        save_figure(fig, path)
+    return fig
+
+
+def plot_simulation(traces: dict[str, Trace], path=None, title: str | None = None):
+    """The figure of ``bayes-safe simulate``: cumulative regret beside the violation rate.
+
+    Left: cumulative regret; right: the fraction of replications whose played action broke
+    a constraint in expectation, per step (the instance-level violation of Daulton et al.
+    2019, s.3.1). Both: mean over replications and a band of 2 standard errors. When a
+    trace has no regret (its problem gives no expected outcomes), the panels say so in text
+    instead of drawing zeros.
+    """
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    missing = []
+    for label, trace in traces.items():
+        if not trace.regret_available:
+            missing.append(label)
+            continue
+        x = range(trace.horizon)
+        m, s = mean_and_sem(cumulative_regret(trace))
+        _band(ax1, x, m.numpy(), s.numpy(), label)
+        m, s = mean_and_sem(trace.violation.double())
+        _band(ax2, x, m.numpy(), s.numpy(), label, clip=(0.0, 1.0))
+    ax1.set(xlabel="step", ylabel="cumulative regret", title="Cumulative regret (mean, 2 SE)")
+    ax2.set(xlabel="step", ylabel="violation rate", title="Constraint violations per step (mean, 2 SE)")
+    if missing:
+        note = (f"regret unavailable for {', '.join(missing)}:\nthe problem gives no expected outcomes\n"
+                "(define Problem.expected)")
+        for ax, what in ((ax1, "regret"), (ax2, "violations")):
+            ax.text(0.5, 0.5, note.replace("regret unavailable", f"{what} unavailable"), transform=ax.transAxes,
+                    ha="center", va="center", fontsize=10, color="0.3")
+    for ax in (ax1, ax2):
+        ax.grid(alpha=0.3)
+        if ax.lines:
+            ax.legend()
     if title:
         fig.suptitle(title)
     if path is not None:

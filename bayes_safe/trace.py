@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,7 +26,12 @@ class Trace:
         regret: ``[T, R]`` pseudo-regret ``optimal_reward - expected[..., 0]``.
         violation: ``[T, R]`` bool, the instance-level violation
             ``E[c | a_t] < (1 - alpha) E[c | b_t]`` for any constraint metric (all False when
-            the problem has none).
+            the problem has none); for a ``bayes_safe.envs.Problem``, the chosen action breaks
+            one of the problem's declared ``Constraint`` s in expectation.
+        attrs: run information. For a ``Problem``: ``regret_available`` (False when the
+            problem gives no expected outcomes: ``expected``, ``baseline_expected``,
+            ``optimal_reward`` and ``regret`` are then NaN and ``violation`` is unknown, all
+            False) and ``constraints`` (the declarations, ``Constraint.to_dict()`` each).
     """
 
     actions: torch.Tensor
@@ -40,6 +46,11 @@ class Trace:
     alpha: float | None = None
     seeds: list[int] = field(default_factory=list)
     attrs: dict = field(default_factory=dict)
+
+    @property
+    def regret_available(self) -> bool:
+        """False when the problem gave no expected outcomes (regret and violations unknown)."""
+        return bool(self.attrs.get("regret_available", True))
 
     @property
     def horizon(self) -> int:
@@ -94,7 +105,13 @@ class Trace:
             coords={"step": np.arange(self.horizon), "replication": np.arange(self.replications),
                     "metric": list(self.metric_names), "seed": ("replication", np.asarray(self.seeds, dtype=np.int64))},
         )
-        ds.attrs.update({k: v for k, v in self.attrs.items() if isinstance(v, (int, float, str))})
+        for k, v in self.attrs.items():
+            if isinstance(v, bool):  # netCDF attributes have no bool: 0/1 (read back as bool)
+                ds.attrs[k] = int(v)
+            elif isinstance(v, (int, float, str)):
+                ds.attrs[k] = v
+            elif k == "constraints":  # the problem's Constraint declarations, as JSON
+                ds.attrs["constraints_json"] = json.dumps(list(v))
         if self.alpha is not None:
             ds.attrs["alpha"] = float(self.alpha)
         return ds
@@ -129,5 +146,24 @@ class Trace:
             t("action", torch.long), t("baseline", torch.long), t("expected"), t("baseline_expected"), t("observed"),
             t("optimal_reward"), t("regret"), t("violation", torch.bool), [str(m) for m in ds["metric"].values],
             ds.attrs.get("alpha"), [int(s) for s in ds["seed"].values],
-            {k: v for k, v in ds.attrs.items() if k != "alpha"},
+            _read_attrs(ds.attrs),
         )
+
+
+def _read_attrs(attrs) -> dict:
+    """The trace's ``attrs`` from NetCDF attributes (the inverse of ``to_xarray``'s encoding)."""
+    out = {}
+    for k, v in attrs.items():
+        if k == "alpha":
+            continue
+        if k == "constraints_json":
+            out["constraints"] = json.loads(v)
+        elif k in _BOOL_ATTRS:
+            out[k] = bool(v)
+        else:
+            out[k] = v
+    return out
+
+
+#: attributes written as 0/1 that read back as bool
+_BOOL_ATTRS = ("regret_available",)

@@ -438,3 +438,27 @@ def test_no_torch_pickles_anywhere():
             if "weights_only=False" in text or "torch.save(" in text or "torch.load(" in text:
                 offenders.append(str(path.relative_to(root)))
     assert offenders == []
+
+
+def test_tsasc_with_constraint_declarations_round_trips(tmp_path):
+    """A lower-is-better guardrail ("at most 1.02 x the baseline") is saved as its declaration, not as alpha."""
+    import pyro.distributions as dist
+
+    from bayes_safe import TSASC, BayesianLinear, Constraint
+    from bayes_safe.state import load_state, save_state
+
+    def model():
+        prior = dist.Normal(torch.zeros((), dtype=torch.float64), torch.ones((), dtype=torch.float64)).expand([3]).to_event(1)
+        return BayesianLinear(prior, noise_std=0.5, batch_shape=[2])
+
+    declared = [Constraint.relative("unsubscribe", at_most=1.02)]
+    policy = TSASC(model(), [model()], constraints=declared)
+    X = torch.randn(2, 6, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    policy.update(X[:, 0], torch.ones(2, dtype=torch.float64), torch.zeros(2, 1, dtype=torch.float64))
+    back = load_state(save_state(policy, tmp_path / "policy"))
+    assert list(back.constraints) == declared
+    assert back.alpha is None
+    baseline = torch.zeros(2, dtype=torch.long)
+    a = policy.select(X, baseline, generator=torch.Generator().manual_seed(5))
+    b = back.select(X, baseline, generator=torch.Generator().manual_seed(5))
+    assert torch.equal(a, b)

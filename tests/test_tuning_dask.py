@@ -9,13 +9,12 @@ import sys
 import threading
 import time
 
+import distributed  # the [dask] extra; make test installs [all]
 import pytest
 
 from bayes_safe.tuning import ABTest, Study, VideoUploadProblem
 from bayes_safe.tuning.runners import DaskRunner
 from bayes_safe.tuning.study import InfrastructureError
-
-distributed = pytest.importorskip("distributed")
 
 
 def test_study_runs_trials_on_a_dask_cluster(tmp_path):

@@ -1,5 +1,10 @@
 """Problems: what a policy faces. ``make_problem(name, ...)`` builds a fixed-arm linear problem by name.
 
+Your own problem subclasses ``Problem`` (``problem.py``: ``draw`` units, ``outcomes`` of any
+actions with common random numbers, ``Constraint`` declarations with their direction and
+form); ``simulate``, the tuning layer and ``bayes-safe simulate|tune --problem module:Class``
+consume it.
+
 Contextual problems with their own protocols (video upload, movie recommendation, warfarin
 dosing) are exported here too but are not in ``PROBLEMS``: each documents how it is run.
 Two problem interfaces live here as well: ``BCTSProblem`` (the finite table a BCTS
@@ -13,6 +18,7 @@ from .ab_problem import ABProblem
 from .bcts_problem import BCTSProblem
 from .linear import LinearBandit, Step, daulton2019, kazerouni2017, kazerouni2017_neurips
 from .movies import load_movielens, movie_recommendation, synthetic_movielens
+from .problem import Constraint, Problem, Units, check_problem
 from .video_upload import VideoUpload, VideoUploadProblem, video_upload
 from .warfarin import load_iwpc, warfarin
 
@@ -34,10 +40,14 @@ __all__ = [
     "PROBLEMS",
     "ABProblem",
     "BCTSProblem",
+    "Constraint",
     "LinearBandit",
+    "Problem",
     "Step",
+    "Units",
     "VideoUpload",
     "VideoUploadProblem",
+    "check_problem",
     "daulton2019",
     "kazerouni2017",
     "kazerouni2017_neurips",

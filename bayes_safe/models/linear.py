@@ -131,7 +131,14 @@ def _transposed(features: torch.Tensor) -> torch.Tensor:
     ``[1000, 100, 4]`` (155 us vs 264 us); problems with fixed arms hand the same features
     tensor every step, so the transpose is paid once. The cache keys on the tensor's identity
     and version counter, so an in-place change is never served stale.
+
+    Inference tensors (made under ``torch.inference_mode()``, e.g. by a user's problem inside
+    ``simulate``) have no version counter: an in-place change could not be detected, so they
+    are transposed every call and never cached (a new tensor each step gains nothing from the
+    cache anyway).
     """
+    if features.is_inference():
+        return features.mT.contiguous()
     key = id(features)
     hit = _TRANSPOSED.get(key)
     if hit is not None and hit[0] is features and hit[2] == features._version:

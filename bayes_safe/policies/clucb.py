@@ -239,6 +239,24 @@ class _ArmBounds:
             self._nobs = self.model.num_observations.clone()
 
 
+def _alpha_of_constraints(constraints, alpha) -> list[float]:
+    """CLUCB2-ASC's ``alpha`` from ``Constraint`` declarations (relative, at_least only)."""
+    if alpha is not None:
+        raise ValueError("CLUCB2ASC: give exactly one of alpha= and constraints=, not both")
+    if not isinstance(constraints, (list, tuple)):
+        constraints = [constraints]
+    out = []
+    for j, c in enumerate(constraints):
+        if not all(hasattr(c, a) for a in ("metric", "bound", "at_most", "versus_baseline")):
+            raise TypeError(f"constraints[{j}]: expected a bayes_safe.envs.Constraint, got {type(c).__name__}")
+        if c.at_most or not c.versus_baseline:
+            form = "absolute" if not c.versus_baseline else "relative at_most (lower is better)"
+            raise ValueError(f"constraints[{j}]: CLUCB2-ASC supports only Constraint.relative(metric, at_least=...) "
+                             f"(the paper's alpha form); {c.metric!r} is {form}; use TS-ASC for this constraint")
+        out.append(1.0 - float(c.bound))
+    return out
+
+
 def _check_alpha(alpha, count: int, name: str = "alpha") -> torch.Tensor:
     if isinstance(alpha, torch.Tensor):
         alpha = alpha.tolist()
@@ -389,7 +407,7 @@ class CLUCB2ASC(Policy):
     Args:
         reward_model: conjugate ``BayesianLinear`` of the reward, batch ``[R]``.
         constraint_models: one such model per constraint metric (a single model is accepted).
-        alpha: in ``[0, 1)``; a scalar or one per constraint metric.
+        alpha: in ``[0, 1)``; a scalar or one per constraint metric (default 0.01).
         delta: failure probability of each confidence set, in (0, 1).
         mode: ``"cumulative"`` or ``"instance"``.
         weight_bound: ``S`` for the reward parameter (float or ``[R]``).
@@ -398,14 +416,24 @@ class CLUCB2ASC(Policy):
         baseline_lower_bound: ``r_l`` of each constraint metric (scalar or one per metric);
             ``0`` is always valid for a non-negative metric.
         radius_scale: multiplies the radius ``beta_t`` of every confidence set (1: Abbasi-Yadkori's).
+        constraints: instead of ``alpha``, one ``bayes_safe.envs.Constraint`` per constraint
+            metric. Only the paper's form is supported: ``Constraint.relative(m, at_least=c)``
+            (``alpha = 1 - c``; ``Constraint.from_alpha``). Lower-is-better (``at_most``) and
+            absolute constraints raise ``ValueError`` (the pessimistic cumulative budget of
+            Algorithm 2 is derived for a higher-is-better metric relative to the baseline);
+            use TS-ASC for them.
     """
 
     MODES = ("cumulative", "instance")
 
-    def __init__(self, reward_model, constraint_models, alpha: float | Sequence[float] = 0.01, delta: float = 0.001,
-                 mode: str = "cumulative", weight_bound: float | torch.Tensor = 1.0,
+    def __init__(self, reward_model, constraint_models, alpha: float | Sequence[float] | None = None,
+                 delta: float = 0.001, mode: str = "cumulative", weight_bound: float | torch.Tensor = 1.0,
                  constraint_weight_bounds=None, baseline_lower_bound: float | Sequence[float] = 0.0,
-                 radius_scale: float = 1.0):
+                 radius_scale: float = 1.0, constraints=None):
+        if constraints is not None:
+            alpha = _alpha_of_constraints(constraints, alpha)
+        elif alpha is None:
+            alpha = 0.01
         if mode not in self.MODES:
             raise ValueError(f"mode: expected 'cumulative' or 'instance', got {mode!r}")
         if not isinstance(constraint_models, (list, tuple)):

@@ -74,7 +74,11 @@ def encode_policy(policy, enc: Encoder, what: str, model_node) -> dict:
                     num_constraints=policy.num_constraints,
                     state={k: t(getattr(policy, k), f"{what}.{k}") for k in ("z", "v", "w", "num_conservative")})
     elif name == "TSASC":
-        node.update(alpha=policy.alpha.tolist(), num_constraints=policy.num_constraints)
+        declared = getattr(policy, "constraints", None)
+        if declared is not None:  # constraint declarations (direction and form), not alpha
+            node.update(constraints=[c.to_dict() for c in declared], num_constraints=policy.num_constraints)
+        else:
+            node.update(alpha=policy.alpha.tolist(), num_constraints=policy.num_constraints)
     elif name == "BCTS":
         node.update(sigma_online=t(policy.sigma_online, f"{what}.sigma_online"),
                     random_teaching=t(policy.random_teaching, f"{what}.random_teaching"),
@@ -152,6 +156,9 @@ def decode_policy(node, dec: Decoder, where: str):
         return policy
     if name == "TSASC":
         reward, *cons = constraints()
+        if "constraints" in node:
+            declared = _declarations(node, len(cons), dec, where)
+            return build(dec, where, lambda: cls(reward, cons, constraints=declared))
         alpha = _alphas(node, len(cons), dec, where)
         return build(dec, where, lambda: cls(reward, cons, alpha=alpha))
     # BCTS
@@ -173,6 +180,25 @@ def _restore(policy, node, dec: Decoder, where: str, shapes: dict) -> None:
         current = getattr(policy, key)
         value = dec.tensor(state[key], f"{where}.state.{key}", shape=shape, dtype=current.dtype, finite=True)
         setattr(policy, key, value.clone())
+
+
+def _declarations(node, count: int, dec: Decoder, where: str) -> list:
+    """The saved ``Constraint`` declarations (plain data: metric, bound, at_most, versus_baseline)."""
+    from ..envs.problem import Constraint
+
+    items = dec.field(node, "constraints", list, where)
+    if len(items) != count:
+        dec.fail(f"{where}: field 'constraints' must hold {count} declarations (one per constraint model), got {len(items)}")
+    out = []
+    for j, item in enumerate(items):
+        if not isinstance(item, dict) or set(item) != {"metric", "bound", "at_most", "versus_baseline"}:
+            dec.fail(f"{where}: constraints[{j}] must be an object with metric, bound, at_most and versus_baseline, "
+                     f"got {item!r}")
+        try:
+            out.append(Constraint(**item))
+        except (TypeError, ValueError) as exc:
+            dec.fail(f"{where}: constraints[{j}]: {exc}")
+    return out
 
 
 def _alphas(node, count: int, dec: Decoder, where: str) -> list[float]:

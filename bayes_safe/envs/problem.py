@@ -1,0 +1,227 @@
+"""Your own problem: one protocol that ``simulate``, the tuning layer and the command line consume.
+
+A problem is a stream of *units* (a user to email, an upload, a patient): each arrives with
+candidate action features, the action today's policy (the baseline) would take, and
+optionally a mask of allowed actions. The problem gives the outcomes of any actions for those
+units, using common random numbers: the randomness of a unit is drawn once, in ``draw``, so
+the outcome of action ``a`` for a unit is the same whichever policy asked (this is what makes
+an A/B test against the baseline paired, and a simulation reproducible).
+
+Metric 0 is the reward (higher is better); metrics 1.. are guarded by ``Constraint``
+declarations, each with its direction and form:
+
+```python
+Constraint.relative("unsubscribe", at_most=1.02)   # rate at most 1.02 x the baseline's
+Constraint.relative("reliability", at_least=0.99)  # the paper's alpha = 0.01
+Constraint.absolute("latency_ms", at_most=250.0)   # a fixed level
+```
+
+A minimal problem (the methods marked required), written by a user:
+
+```python
+class EmailTiming(Problem):
+    name = "email-timing"
+    metric_names = ("click", "unsubscribe")
+    constraints = (Constraint.relative("unsubscribe", at_most=1.02),)
+
+    def draw(self, n, generator):            # n units: features [n, K, d], baseline [n]
+        ...
+        return Units(features, baseline, context=noise)
+
+    def outcomes(self, units, actions):      # observed metrics [n, M] (0/1 is fine)
+        ...
+```
+
+Optional: ``expected(units, actions)`` (the mean outcomes ``[n, M]`` when the simulator knows
+them; regret and violations are then reported, otherwise they are reported as unavailable,
+never as zero); ``replications`` (default 1); ``noise_std`` (per metric, used by the default
+models of the command line); ``parameters`` (the default search space of a tuning study).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+__all__ = ["REQUIRED_METHODS", "Constraint", "Problem", "Units", "check_problem"]
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """A guardrail on one metric, judged against the baseline's value (relative) or a fixed level.
+
+    Attributes:
+        metric: the metric's name (one of the problem's ``metric_names``, not the reward).
+        bound: the factor of the baseline's value (relative) or the level (absolute).
+        at_most: True for a lower-is-better metric (``value <= bound x baseline`` or
+            ``value <= bound``); False for higher-is-better (``>=``).
+        versus_baseline: True: compared with the baseline action's value of the same unit
+            (``bound`` is a factor); False: ``bound`` is a level.
+
+    TS-ASC's ``alpha`` (Daulton et al. 2019, section 3.1, the instance-level constraint
+    ``E[c | x, a] >= (1 - alpha) E[c | x, b]``) is ``Constraint.relative(metric, at_least=1 - alpha)``.
+    """
+
+    metric: str
+    bound: float
+    at_most: bool = False
+    versus_baseline: bool = True
+
+    def __post_init__(self):
+        if not isinstance(self.metric, str) or not self.metric:
+            raise TypeError(f"metric: expected a metric name (str), got {self.metric!r}")
+        if isinstance(self.bound, bool) or not isinstance(self.bound, numbers.Real) or not math.isfinite(self.bound):
+            raise ValueError(f"bound: expected a finite number for constraint on {self.metric!r}, got {self.bound!r}")
+        object.__setattr__(self, "bound", float(self.bound))  # numpy scalars, ints: a Python float
+        for flag in ("at_most", "versus_baseline"):
+            if not isinstance(getattr(self, flag), bool):
+                raise TypeError(f"{flag}: expected True or False for constraint on {self.metric!r}, "
+                                f"got {getattr(self, flag)!r}")
+        if self.versus_baseline and self.bound <= 0:
+            raise ValueError(f"bound: a relative constraint on {self.metric!r} needs a factor > 0 of the baseline's "
+                             f"value (e.g. at_most=1.02), got {self.bound}")
+        if self.at_most and not self.versus_baseline and self.bound < 0:
+            raise ValueError(f"bound: a lower-is-better threshold on {self.metric!r} must be >= 0, got {self.bound}")
+
+    @classmethod
+    def relative(cls, metric: str, *, at_least: float | None = None, at_most: float | None = None) -> Constraint:
+        """``metric >= at_least x baseline`` (higher is better) or ``<= at_most x baseline`` (lower is better)."""
+        if (at_least is None) == (at_most is None):
+            raise ValueError(f"Constraint.relative({metric!r}): give exactly one of at_least= and at_most=")
+        return cls(metric, float(at_most if at_most is not None else at_least), at_most is not None, True)
+
+    @classmethod
+    def absolute(cls, metric: str, *, at_least: float | None = None, at_most: float | None = None) -> Constraint:
+        """``metric >= at_least`` or ``metric <= at_most``."""
+        if (at_least is None) == (at_most is None):
+            raise ValueError(f"Constraint.absolute({metric!r}): give exactly one of at_least= and at_most=")
+        return cls(metric, float(at_most if at_most is not None else at_least), at_most is not None, False)
+
+    @classmethod
+    def from_alpha(cls, metric: str, alpha: float) -> Constraint:
+        """The paper's form: at most a fraction ``alpha`` in ``[0, 1)`` lost against the baseline."""
+        if not 0 <= float(alpha) < 1:
+            raise ValueError(f"alpha: expected a value in [0, 1), got {alpha!r}")
+        return cls(metric, 1.0 - float(alpha), False, True)
+
+    def threshold(self, baseline_value: torch.Tensor) -> torch.Tensor:
+        """The bound in the metric's units: ``bound x baseline_value`` (relative) or ``bound``."""
+        if self.versus_baseline:
+            return self.bound * baseline_value
+        return torch.full_like(baseline_value, self.bound)
+
+    def satisfied(self, values: torch.Tensor, baseline_value: torch.Tensor) -> torch.Tensor:
+        """Which ``values [..., K]`` meet the constraint, given the baseline's ``[...]`` -> bool ``[..., K]``."""
+        limit = self.threshold(baseline_value)[..., None]
+        return values <= limit if self.at_most else values >= limit
+
+    def describe(self) -> str:
+        """``"unsubscribe <= 1.02 x baseline"`` and the like, for reports."""
+        op = "<=" if self.at_most else ">="
+        return f"{self.metric} {op} {self.bound:g} x baseline" if self.versus_baseline else f"{self.metric} {op} {self.bound:g}"
+
+    def to_dict(self) -> dict:
+        return {"metric": self.metric, "bound": self.bound, "at_most": self.at_most, "versus_baseline": self.versus_baseline}
+
+
+@dataclass
+class Units:
+    """A batch of ``n`` units as a problem draws them.
+
+    Attributes:
+        features: candidate action features ``[n, K, d]``.
+        baseline: the baseline policy's action per unit ``[n]`` (long).
+        valid: optional mask ``[n, K]`` (bool) of the allowed actions (None: all).
+        context: anything the problem needs later to give outcomes (its pre-drawn noise,
+            the units' covariates, ...); never read by the library.
+    """
+
+    features: torch.Tensor
+    baseline: torch.Tensor
+    valid: torch.Tensor | None = None
+    context: Any = None
+
+    def __len__(self) -> int:
+        return int(self.features.shape[0])
+
+
+#: the methods a problem must define (``check_problem`` lists the missing ones)
+REQUIRED_METHODS = ("draw", "outcomes")
+
+
+class Problem:
+    """Base class of a user's problem: subclass it and define ``draw`` and ``outcomes``.
+
+    Class attributes:
+        name: a short name for reports and file names.
+        metric_names: the metrics ``outcomes`` returns, reward first.
+        constraints: one ``Constraint`` per guarded metric (metrics after the reward).
+        replications: independent copies ``simulate`` runs in lockstep (default 1).
+        noise_std: per-metric noise scale for the default Bayesian linear models (default 1.0
+            for each metric; 0/1 metrics: 0.5 is the largest standard deviation they can have).
+        parameters: the default search space of a tuning study (dicts of ``name``, ``low``,
+            ``high``); by default one tolerance per relative constraint.
+
+    Methods to define:
+        draw(n, generator) -> Units: ``n`` new units. Draw all the randomness of their
+            outcomes here (common random numbers), from ``generator`` (a ``torch.Generator``).
+        outcomes(units, actions) -> ``[n, M]``: the observed metrics of ``actions [n]``
+            (deterministic given the units).
+        expected(units, actions) -> ``[n, M]`` or ``None``: optional, the mean outcomes.
+    """
+
+    name: str = "custom"
+    metric_names: Sequence[str] = ("reward",)
+    constraints: Sequence[Constraint] = ()
+    replications: int = 1
+    noise_std: Sequence[float] | None = None
+    parameters: tuple = ()
+
+    def draw(self, n: int, generator: torch.Generator) -> Units:  # pragma: no cover - the user's
+        raise NotImplementedError
+
+    def outcomes(self, units: Units, actions: torch.Tensor) -> torch.Tensor:  # pragma: no cover - the user's
+        raise NotImplementedError
+
+    def expected(self, units: Units, actions: torch.Tensor) -> torch.Tensor | None:
+        """Mean outcomes ``[n, M]`` of ``actions`` when the simulator knows them; ``None`` otherwise."""
+        return None
+
+
+def _defines(obj, method: str) -> bool:
+    fn = getattr(obj, method, None)
+    if not callable(fn):
+        return False
+    base = getattr(Problem, method, None)
+    return getattr(fn, "__func__", fn) is not base
+
+
+def check_problem(problem, what: str = "problem") -> None:
+    """Raise ``TypeError`` naming every missing piece of the ``Problem`` protocol, and
+    ``ValueError`` for inconsistent declarations (constraints on unknown metrics or on the reward)."""
+    missing = [m for m in REQUIRED_METHODS if not _defines(problem, m)]
+    names = getattr(problem, "metric_names", None)
+    if (names is None or isinstance(names, str) or not isinstance(names, Sequence) or len(names) < 1
+            or not all(isinstance(n, str) for n in names)):
+        missing.append("metric_names (a tuple of metric names, reward first)")
+    if missing:
+        raise TypeError(f"{what}: {type(problem).__name__} does not implement the Problem protocol "
+                        f"(bayes_safe.envs.Problem); missing: {', '.join(missing)}")
+    if len(set(names)) != len(names):
+        raise ValueError(f"{what}.metric_names: expected distinct names, got {list(names)}")
+    constraints = tuple(getattr(problem, "constraints", ()) or ())
+    for c in constraints:
+        if not isinstance(c, Constraint):
+            raise TypeError(f"{what}.constraints: expected Constraint declarations, got {type(c).__name__}")
+        if c.metric not in names:
+            raise ValueError(f"{what}.constraints: {c.metric!r} is not one of the metrics {list(names)}")
+        if c.metric == names[0]:
+            raise ValueError(f"{what}.constraints: {c.metric!r} is the reward (metric 0); constraints guard other metrics")
+    reps = getattr(problem, "replications", 1)
+    if isinstance(reps, bool) or not isinstance(reps, int) or reps < 1:
+        raise ValueError(f"{what}.replications: expected a positive int, got {reps!r}")
