@@ -22,11 +22,14 @@ __all__ = [
     "OneLineParser",
     "check_output_dir",
     "existing_dir",
+    "import_path",
+    "key_value",
     "open_fraction",
     "output_dir",
     "positive_int",
     "probability",
     "probability_below_one",
+    "split_import_path",
 ]
 
 
@@ -113,3 +116,53 @@ def existing_dir(text: str) -> Path:
     if not path.is_dir():
         raise argparse.ArgumentTypeError(f"{path} is not a directory" if path.exists() else f"{path} does not exist")
     return path
+
+
+def _literal(text: str):
+    """``3`` -> 3, ``0.5`` -> 0.5, ``true`` / ``false`` -> bool, ``none`` / ``null`` -> None, else the text."""
+    low = text.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    if low in ("none", "null"):
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        value = float(text)
+    except ValueError:
+        return text
+    return value if math.isfinite(value) else text
+
+
+def key_value(text: str) -> tuple[str, object]:
+    """``KEY=VALUE`` (``--param seed=3``): the value read as an int, a float, ``true`` / ``false``
+    or ``none`` when it is one, else as the text itself."""
+    key, sep, value = str(text).partition("=")
+    key = key.strip()
+    if not sep or not key.isidentifier():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE with KEY a Python name (e.g. seed=3), got {text!r}")
+    return key, _literal(value.strip())
+
+
+def split_import_path(text: str) -> tuple[str, str]:
+    """``"pkg.module:Class"`` -> ``("pkg.module", "Class")``; ``ValueError`` for any other form."""
+    module, sep, attr = str(text).partition(":")
+    module, attr = module.strip(), attr.strip()
+    if not sep or not module:
+        raise ValueError(f"expected module:Class (e.g. email_problem:EmailTiming), got {text!r}")
+    if not attr:
+        raise ValueError(f"{text!r} names no class after ':'; expected module:Class")
+    if not all(p.isidentifier() for p in module.split(".")) or not all(p.isidentifier() for p in attr.split(".")):
+        raise ValueError(f"expected module:Class made of Python names, got {text!r}")
+    return module, attr
+
+
+def import_path(text: str) -> str:
+    """``pkg.module:Class`` (``--problem``): checked for its form only; nothing is imported here."""
+    try:
+        module, attr = split_import_path(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return f"{module}:{attr}"

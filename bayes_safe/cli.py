@@ -31,7 +31,15 @@ import sys
 import time
 import traceback
 
-from ._cli_args import OneLineParser, existing_dir, output_dir, positive_int, probability_below_one
+from ._cli_args import (
+    OneLineParser,
+    existing_dir,
+    import_path,
+    key_value,
+    output_dir,
+    positive_int,
+    probability_below_one,
+)
 from ._extras import MissingExtraError
 
 __all__ = ["POLICY_NAMES", "PROBLEM_NAMES", "UsageError", "main"]
@@ -50,12 +58,26 @@ def _add_debug(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=_DEBUG_HELP)
 
 
+def _problem_arg(text: str) -> str:
+    """``--problem``: a built-in problem's name, or ``module:Class`` (checked for its form; imported later)."""
+    if ":" not in text:
+        if text in PROBLEM_NAMES:
+            return text
+        raise argparse.ArgumentTypeError(f"invalid choice: {text!r} (choose from {', '.join(PROBLEM_NAMES)}, "
+                                         "or your own problem class as module:Class)")
+    return import_path(text)
+
+
 def _build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="bayes-safe", description="Safe decision-making with Bayesian posteriors.")
     parser.add_argument("--debug", action="store_true", help=_DEBUG_HELP)
     sub = parser.add_subparsers(dest="command", required=True)
     sim = sub.add_parser("simulate", help="run a policy on a simulated problem and write its trace")
-    sim.add_argument("--problem", required=True, choices=PROBLEM_NAMES, help="problem name")
+    sim.add_argument("--problem", required=True, type=_problem_arg, metavar="NAME|MODULE:CLASS",
+                     help=f"a problem name ({', '.join(PROBLEM_NAMES)}) or your own problem class "
+                          "(a bayes_safe.envs.Problem) as module:Class, imported from the current directory")
+    sim.add_argument("--param", action="append", type=key_value, default=None, metavar="KEY=VALUE",
+                     help="a constructor argument of a --problem module:Class (repeat; VALUE read as JSON when it is)")
     sim.add_argument("--policy", required=True, choices=POLICY_NAMES, help="policy name")
     sim.add_argument("--replications", type=positive_int, default=100)
     sim.add_argument("--horizon", type=positive_int, default=2000)
@@ -164,12 +186,19 @@ def _simulate(args) -> int:
     from .metrics import mean_and_sem, summary
     from .simulation import simulate
 
-    kwargs = {"replications": args.replications, "seed": args.seed}
-    if args.alpha is not None and args.problem == "daulton2019":
-        kwargs["alpha"] = args.alpha
-    env = make_problem(args.problem, **kwargs)
-    policy = make_policy(args.policy, env, ridge=args.ridge, alpha=args.alpha)
-    trace_bytes = _trace_bytes(args.horizon, args.replications, env.num_metrics)
+    if ":" in args.problem:  # the user's own problem class
+        env, policy = _own_problem(args)
+        num_metrics = len(env.metric_names)
+    else:
+        if args.param:
+            raise UsageError("--param: only for a --problem given as module:Class")
+        kwargs = {"replications": args.replications, "seed": args.seed}
+        if args.alpha is not None and args.problem == "daulton2019":
+            kwargs["alpha"] = args.alpha
+        env = make_problem(args.problem, **kwargs)
+        policy = make_policy(args.policy, env, ridge=args.ridge, alpha=args.alpha)
+        num_metrics = env.num_metrics
+    trace_bytes = _trace_bytes(args.horizon, args.replications, num_metrics)
     steps_bytes = args.horizon * 120
     with _writing(args.out):  # before the run: a full disk fails now, not after it
         check_free_space(args.out, trace_bytes + steps_bytes + 1_000_000, what="run",
@@ -190,11 +219,72 @@ def _simulate(args) -> int:
         info.update({"problem": args.problem, "policy": args.policy, "seed": args.seed,
                      "wall_seconds": time.perf_counter() - start})
         atomic_write_json(tmp / "summary.json", info)
-        plots.plot_regret({args.policy: trace}, tmp / "regret.png", title=f"{args.policy} on {args.problem}")
+        plots.plot_simulation({args.policy: trace}, tmp / "regret.png", title=f"{args.policy} on {args.problem}")
         save_models(policy, tmp / "models")
     print(json.dumps({k: info[k] for k in ("final_cumulative_regret_mean", "violation_rate", "decisions_per_second")}, indent=2))
     print(f"wrote {args.out}/trace.nc, steps.csv, summary.json, regret.png, models/")
     return 0
+
+
+#: the policies ``simulate --problem module:Class`` builds (the others need a built-in problem's true parameters)
+_OWN_POLICIES = ("ts", "ts-asc", "greedy", "random")
+
+
+class _ProblemShape:
+    """What ``bayes_safe.factory.make_policy`` reads of a problem, for a user's ``Problem``: its
+    metrics, feature width (one probe draw), replications and the noise of its models."""
+
+    alpha = None
+
+    def __init__(self, problem):
+        import torch
+
+        self.name = str(getattr(problem, "name", type(problem).__name__))
+        names = list(problem.metric_names)
+        self.num_metrics = len(names)
+        self.replications = int(problem.replications)
+        noise = getattr(problem, "noise_std", None)
+        self.noise_std = [1.0] * len(names) if noise is None else [float(v) for v in noise]
+        if len(self.noise_std) != len(names) or not all(v > 0 for v in self.noise_std):
+            raise ValueError(f"--problem: {self.name}.noise_std: expected {len(names)} numbers > 0 (one per metric), "
+                             f"got {noise!r}")
+        units = problem.draw(1, torch.Generator().manual_seed(0))
+        features = getattr(units, "features", None)
+        shape = tuple(getattr(features, "shape", ()))
+        if len(shape) != 3:
+            raise ValueError(f"--problem: {self.name}.draw(1, generator) returned features of shape {list(shape)}; "
+                             "expected [n, K, d]")
+        self.dim = int(shape[-1])
+
+
+def _own_problem(args):
+    """``simulate --problem module:Class [--param KEY=VALUE]``: the problem (with ``--replications``)
+    and the policy: Bayesian ridge models per metric (noise ``problem.noise_std``, default 1.0),
+    TS-ASC guarding the problem's own ``Constraint`` declarations (one per metric after the reward)."""
+    from ._problem_import import load_problem
+    from .factory import make_policy
+
+    problem = load_problem(args.problem, dict(args.param or ()))
+    if args.policy not in _OWN_POLICIES:
+        raise UsageError(f"--policy: expected one of {', '.join(_OWN_POLICIES)} for a --problem module:Class, "
+                         f"got {args.policy!r}")
+    if args.alpha is not None:
+        raise UsageError("--alpha: a --problem module:Class declares its own constraints (Constraint in the class)")
+    try:
+        problem.replications = args.replications
+    except AttributeError:
+        raise UsageError(f"--replications: {type(problem).__name__}.replications cannot be set") from None
+    shape = _ProblemShape(problem)
+    names = list(problem.metric_names)
+    declared = {c.metric: c for c in getattr(problem, "constraints", ()) or ()}
+    constraints = None
+    if args.policy == "ts-asc":
+        missing = [m for m in names[1:] if m not in declared]
+        if len(names) < 2 or missing:
+            raise UsageError(f"--policy: ts-asc needs one Constraint per metric after the reward; "
+                             f"{type(problem).__name__} declares none for {', '.join(missing) or 'its metrics'}")
+        constraints = [declared[m] for m in names[1:]]
+    return problem, make_policy(args.policy, shape, ridge=args.ridge, constraints=constraints)
 
 
 def _study(args) -> int:

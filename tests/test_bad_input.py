@@ -166,7 +166,10 @@ API_CASES = []
 # --- policies: select (finding 11, every policy)
 for _p in POLICIES:
     API_CASES += [
-        _c(f"{_p}-select-features-2d", _select(_p, features=lambda: _features()[0]), ValueError, "features"),
+        # one context [K, d] is a batch of one: wrong for models of R > 1 replications; for a policy
+        # without models the baseline [R] then no longer fits the single row
+        _c(f"{_p}-select-features-2d", _select(_p, features=lambda: _features()[0]), ValueError,
+           "baseline" if _p == "random" else "features"),
         _c(f"{_p}-select-features-4d", _select(_p, features=lambda: _features()[None]), ValueError, "features"),
         _c(f"{_p}-select-features-nan", _select(_p, features=_nan_features), ValueError, "features"),
         _c(f"{_p}-select-features-strings", _select(_p, features=lambda: [["a"]]), TypeError, "features"),

@@ -311,3 +311,24 @@ def test_duplicate_metric_names_and_bad_draw_returns_are_clear():
 
     with pytest.raises(ValueError, match=r"problem.outcomes returned shape \[8, 1\] at step 0; expected \[8, 2\]"):
         simulate(_policies(8)["ts-asc"], WrongOutcomeShape(), 5)
+
+
+def test_one_context_without_the_replication_axis():
+    """A production caller passes one context [K, d] (numpy, float32), an int baseline, and learns from one row."""
+    import numpy as np
+    import pyro.distributions as dist
+
+    from bayes_safe import TSASC, BayesianLinear, Constraint
+
+    def model():
+        return BayesianLinear(dist.Normal(0.0, 1.0).expand([3]).to_event(1), noise_std=0.5)
+
+    policy = TSASC(model(), [model()], constraints=[Constraint.relative("unsubscribe", at_most=1.02)])
+    context = np.random.default_rng(0).random((4, 3)).astype(np.float32)
+    action = policy.select(context, 0, generator=torch.Generator().manual_seed(0))
+    assert action.shape == (1,) and 0 <= int(action) < 4
+    assert int(policy.select(context, 2, valid=[False, False, True, False])) == 2
+    policy.update(context[int(action)], 1.0, [0.0])
+    assert int(policy.reward_model.num_observations) == 1
+    with pytest.raises(ValueError, match="features"):
+        policy.select(context[:, :2], 0)

@@ -8,6 +8,8 @@ Daulton et al. (2019), section 5.3. The pieces:
 * ``Study`` is the persistent Ax experiment (``ax.api.Client``, Sobol then BoTorch with
   qLogNoisyExpectedImprovement, outcome constraints) in SQLite or a server database, run with
   several trials in flight in local processes or on a Dask cluster, resumable after a crash;
+* ``SimulatedProblem`` runs your own ``bayes_safe.envs.Problem`` (``ABTest(problem)`` wraps it):
+  TS-ASC with one tuned tolerance per declared constraint, the declarations as outcome constraints;
 * ``LoggedDataProblem`` makes the trials off-policy estimates from logged data instead
   of simulations (train on part of the logs, estimate value and violations on the rest);
 * ``write_report`` draws the paper's Figure 3 and writes ``report.md``.
@@ -33,6 +35,7 @@ if TYPE_CHECKING:  # the eager imports, for type checkers and IDEs
 
     from .ab_test import ABTest, Range, make_problem
     from .logged import LoggedDataProblem
+    from .own_problem import SimulatedProblem
     from .report import write_report
     from .study import Study, make_generation_strategy
 
@@ -41,6 +44,7 @@ __all__ = [
            "ABTest",
            "LoggedDataProblem",
            "Range",
+           "SimulatedProblem",
            "Study",
            "VideoUploadProblem",
            "make_generation_strategy",
@@ -58,6 +62,7 @@ _SOURCES = {
     "Range": ".ab_test",
     "make_problem": ".ab_test",
     "LoggedDataProblem": ".logged",
+    "SimulatedProblem": ".own_problem",
     "write_report": ".report",
     "Study": ".study",
     "make_generation_strategy": ".study",

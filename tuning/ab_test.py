@@ -41,6 +41,7 @@ import torch
 
 from bayes_safe._validation import check_positive_int
 from bayes_safe.envs.ab_problem import ABProblem
+from bayes_safe.envs.problem import Problem
 from bayes_safe.envs.video_upload import VideoUploadProblem, percent_change
 from bayes_safe.threads import single_thread
 
@@ -111,9 +112,27 @@ def _problems() -> dict[str, Callable[..., ABProblem]]:
 
 
 def make_problem(config: Mapping | str) -> ABProblem:
-    """Build a problem from its name (``"video-upload"``, ``"logged-data"``) or its ``config()`` dict."""
+    """Build a problem from its name (``"video-upload"``, ``"logged-data"``) or its ``config()`` dict.
+
+    A user's problem is stored as ``{"name": "import", "import": "module:Class", "params": {...}}``
+    (``SimulatedProblem.config()``): the module is imported (from ``sys.path``; the command line
+    puts the current directory first), the class checked against the ``Problem`` protocol and
+    built with ``params``. A module that cannot be imported or a class that is not a problem is
+    one ``ValueError`` / ``TypeError`` naming the stored path."""
     cfg = {"name": config} if isinstance(config, str) else dict(config)
     name = cfg.pop("name", None)
+    if name == "import":
+        from .own_problem import SimulatedProblem, import_problem
+
+        path = cfg.pop("import", None)
+        params = cfg.pop("params", None) or {}
+        try:
+            problem = import_problem(path, params, what=f"problem (stored {path!r})")
+        except ValueError as exc:
+            if "no module named" not in str(exc):
+                raise
+            raise ValueError(f"{exc}; resume from the directory that holds it, or put it on PYTHONPATH") from None
+        return SimulatedProblem(problem, import_path=path, params=params, **cfg)
     problems = _problems()
     if name not in problems:
         raise ValueError(f"problem: expected one of {sorted(problems)}, got {name!r}")
@@ -139,7 +158,9 @@ class ABTest:
     """Evaluate one parameterization by a simulated A/B test against the baseline policy.
 
     Args:
-        problem: the problem (default: ``VideoUploadProblem``).
+        problem: the problem (default: ``VideoUploadProblem``); a ``bayes_safe.envs.Problem`` (your
+            own: ``draw``, ``outcomes``, constraint declarations) is wrapped in
+            ``bayes_safe.tuning.SimulatedProblem`` (TS-ASC with one tuned tolerance per constraint).
         n_users: units per arm (every arm sees the same units).
         batches: the stream arrives in this many batches; learning arms refit after each
             (except the last: nothing is decided after it).
@@ -170,7 +191,14 @@ class ABTest:
 
     def __post_init__(self):
         if not isinstance(self.problem, ABProblem):
-            raise TypeError(f"problem: expected an ABProblem, got {type(self.problem).__name__}")
+            # a user's Problem (bayes_safe.envs.Problem: draw / outcomes / constraints): TS-ASC tuned on it
+            if isinstance(self.problem, Problem) or hasattr(self.problem, "draw") or hasattr(self.problem, "outcomes"):
+                from .own_problem import SimulatedProblem
+
+                self.problem = SimulatedProblem(self.problem)
+            else:
+                raise TypeError(f"problem: expected a bayes_safe.envs.Problem (draw, outcomes, metric_names) or an "
+                                f"ABProblem, got {type(self.problem).__name__}")
         for key in ("n_users", "batches"):
             setattr(self, key, check_positive_int(getattr(self, key), key))
         if self.n_users < 2 * self.batches:

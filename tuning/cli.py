@@ -2,6 +2,7 @@
 
     bayes-safe tune video-upload --trials 30 --parallel 2 --out DIR [--quick] [--storage URL] [--scheduler ADDRESS]
     bayes-safe tune logged-data --source synthetic --method minimax --trials 20 --out DIR
+    bayes-safe tune custom --problem pkg.module:Class [--param KEY=VALUE ...] --trials 20 --out DIR
     bayes-safe tune resume --out DIR [--trials N] [--parallel K] [--storage URL] [--name NAME] [--trust-source]
 
 Exit status: 0 done; 1 the study stopped on an error (too many failed trials); 2 bad input;
@@ -28,6 +29,8 @@ from pathlib import Path
 
 from bayes_safe._cli_args import (
     check_output_dir,
+    import_path,
+    key_value,
     open_fraction,
     output_dir,
     positive_int,
@@ -74,6 +77,18 @@ def add_tune_parser(subparsers) -> argparse.ArgumentParser:
         p.add_argument("--warmup", type=positive_int, default=None, help="size of the exploration log of the warm start")
         p.add_argument("--model-epochs", type=positive_int, default=None, help="feature-network epochs per ProbitGP refit")
         p.add_argument("--no-compare", action="store_true", help="do not also run vanilla TS in each trial (no Figure 3c TS points)")
+    p = sub.add_parser("custom", help="start a tuning study of your own problem class (a bayes_safe.envs.Problem, "
+                       "--problem module:Class): TS-ASC with one tuned tolerance per declared constraint")
+    _common(p)
+    _study_options(p)
+    p.add_argument("--problem", required=True, type=import_path, metavar="MODULE:CLASS",
+                   help="your problem class, imported from the current directory or sys.path (e.g. email_problem:EmailTiming)")
+    p.add_argument("--param", action="append", type=key_value, default=None, metavar="KEY=VALUE",
+                   help="a constructor argument of the problem class (repeat; VALUE read as JSON when it is, e.g. seed=3)")
+    p.add_argument("--users", type=positive_int, default=2_000, help="units per arm of each A/B test (default 2,000)")
+    p.add_argument("--batches", type=positive_int, default=4, help="batches per A/B test (the policy refits after each; default 4)")
+    p.add_argument("--ridge", type=float, default=1.0, help="ridge penalty of the Bayesian linear models (default 1)")
+    p.add_argument("--no-compare", action="store_true", help="do not also run vanilla TS in each trial")
     p = sub.add_parser("logged-data", help="start a tuning study whose trials are off-policy estimates from logs "
                        "(train on part of the logs, estimate value and violations on the rest)")
     _common(p)
@@ -297,7 +312,25 @@ def check_resume_trust(props: dict, url: str, *, trust: bool = False, source: st
     return lines
 
 
+def _custom_ab_test(args):
+    """``tune custom``: the user's ``module:Class`` built with ``--param`` (bad input: one ``ValueError``)."""
+    from bayes_safe._problem_import import load_problem
+
+    from .ab_test import ABTest
+    from .own_problem import SimulatedProblem
+
+    params = dict(args.param or ())
+    problem = load_problem(args.problem, params)
+    try:
+        wrapped = SimulatedProblem(problem, ridge=args.ridge, import_path=args.problem, params=params)
+    except ValueError as exc:
+        raise ValueError(f"--problem: {exc}") from None
+    return ABTest(wrapped, n_users=args.users, batches=args.batches, compare=() if args.no_compare else None)
+
+
 def _build_ab_test(args):
+    if args.tune_command == "custom":
+        return _custom_ab_test(args)
     if args.tune_command == "logged-data":
         from .ab_test import ABTest
         from .logged import LoggedDataProblem
@@ -342,11 +375,20 @@ def run_tune(args) -> int:
             name = next(iter(stored))
         elif name not in stored:
             raise ValueError(f"--name: no study named {name!r} in the database (found: {', '.join(sorted(stored))})")
+        if isinstance(stored[name], dict) and stored[name].get("ab_test", {}) is None:
+            raise ValueError(f"--out: study {name!r} was made in Python with a problem (or policy factory) that cannot "
+                             "be rebuilt by name, e.g. a class defined in a script or notebook; define the class in a "
+                             "module and start the study again, or resume it in Python: Study.load(..., ab_test=...)")
         shown = check_resume_trust(stored[name], url, trust=args.trust_source, source=args.source)
         check_scheduler(args.scheduler)
         for line in shown:
             print(line, flush=True)
         study = Study.load(url, name=name, verbose=args.verbose)
+        own = getattr(study.ab_test.problem, "import_path", None)
+        if own:  # a user's problem class, re-imported from the stored module:Class: show what was imported
+            module = sys.modules.get(own.partition(":")[0])
+            print(f"problem class: {own} from {getattr(module, '__file__', None) or '?'} "
+                  f"(parameters {study.ab_test.problem.params or {}})", flush=True)
         trials = args.trials or study.properties.get("target_trials") or study.counts().get("COMPLETED", 0)
         # the study's own parallelism (stored as each run starts, so it survives a crash) unless --parallel
         parallel = (args.parallel or study.properties.get("parallel")

@@ -85,6 +85,59 @@ def _reference(study, metric: str) -> float | None:
     return 0.0 if _is_change(metric) else None
 
 
+def _lower_is_better(study, metric: str) -> bool:
+    """A metric is lower-is-better when it is a minimised objective or bounded above (``<=``)."""
+    if metric == study.objective_name:
+        return bool(study.minimize)
+    return any(list(weights) == [metric] and op == "<=" for weights, op, _ in study.constraints)
+
+
+def _paper_finding(problem) -> bool:
+    check = getattr(problem, "reports_paper_finding", None)
+    return bool(check()) if callable(check) else False
+
+
+def _intro(problem) -> str:
+    intro = getattr(problem, "intro", None)
+    return intro() if callable(intro) else (getattr(problem, "report_intro", None) or "")
+
+
+def _summary_text(study, rows) -> list[str]:
+    """What the completed trials did, in the problem's own terms (a neutral report, no paper):
+    each declared constraint with its direction, and how many trials met it and improved the
+    objective. A metric bounded above (lower is better) counts as met only at or below its bound."""
+    problem = study.ab_test.problem
+    declared = list(getattr(problem, "declared", ()) or ())
+    obj = study.objective_name
+    done = [r for r in rows if r["status"] == "COMPLETED" and obj in r["metrics"]]
+    lines = ["## Summary", ""]
+    if declared:
+        lines += [("Constraints as the problem declares them (the policy keeps its own bound, set by the tuned "
+                   "tolerance; the study's outcome constraint is the declared bound):"), ""]
+        lines += [f"- `{c.describe()}` ({'lower' if c.at_most else 'higher'} is better)" for c in declared]
+        lines.append("")
+    if not done:
+        return lines + ["No completed trial yet.", ""]
+    sign = -1 if study.minimize else 1
+    better = [r for r in done if sign * r["metrics"][obj][0] > 0] if _is_change(obj) else []
+    feasible = [r for r in done if study.is_feasible(r["metrics"])]
+    for weights, op, bound in study.constraints:
+        names = list(weights)
+        if len(names) != 1 or names[0] not in done[0]["metrics"]:
+            continue
+        m = names[0]
+        met = [r for r in done if m in r["metrics"] and (r["metrics"][m][0] <= bound if op == "<=" else r["metrics"][m][0] >= bound)]
+        worse = [r for r in done if m in r["metrics"] and (
+            r["metrics"][m][0] - 1.96 * r["metrics"][m][1] > bound if op == "<=" else r["metrics"][m][0] + 1.96 * r["metrics"][m][1] < bound)]
+        lines.append(f"- `{m} {op} {bound:g}`: met by {len(met)} of {len(done)} completed trials (observed means); "
+                     f"{len(worse)} violate it significantly (95% interval beyond the bound).")
+    if _is_change(obj):
+        lines.append(f"- `{obj}`: {'lowered' if study.minimize else 'raised'} in {len(better)} of {len(done)} trials; "
+                     f"{sum(1 for r in better if study.is_feasible(r['metrics']))} of them also meet every outcome constraint.")
+    lines.append(f"- Observed feasible trials: {len(feasible)} of {len(done)}.")
+    return lines + [""]
+
+
 def _surface_params(study) -> tuple[str, str] | None:
     from ax.core.parameter import RangeParameter
 
@@ -121,7 +174,10 @@ def _surfaces(study, model, center: dict, out: Path, grid: int) -> str | None:
         ref = _reference(study, metric)
         if ref is not None and lo < ref < hi:
             norm = TwoSlopeNorm(vcenter=ref, vmin=lo, vmax=hi)
-            cs = ax.contourf(xs, ys, z, levels=21, cmap="RdBu", norm=norm)
+            # blue where the metric is better than the reference, red where worse: a lower-is-better
+            # metric (a `<=` constraint, a minimised objective) reverses the colours
+            cmap = "RdBu_r" if _lower_is_better(study, metric) else "RdBu"
+            cs = ax.contourf(xs, ys, z, levels=21, cmap=cmap, norm=norm)
             ax.contour(xs, ys, z, levels=[ref], colors="k", linewidths=1.2)
         else:
             cs = ax.contourf(xs, ys, z, levels=21, cmap="viridis")
@@ -319,7 +375,7 @@ def _markdown(study, rows, result, title, export=True, note=None) -> str:
     space = ", ".join(f"{n} in [{_param(p.lower)}, {_param(p.upper)}]" if hasattr(p, "lower") else f"{n} in {p.values}"
                       for n, p in study.experiment.search_space.parameters.items())
     lines = [
-        f"# {title or 'Tuning study ' + repr(study.name)}", "", problem.report_intro, "", *([note, ""] if note else []), "## Set-up", "",
+        f"# {title or 'Tuning study ' + repr(study.name)}", "", _intro(problem), "", *([note, ""] if note else []), "## Set-up", "",
         f"- Problem: `{problem.name}`; {problem.trial_noun}: {problem.describe(ab)}.",
         f"- Search space: {space}.",
         f"- Objective: {'minimise' if study.minimize else 'maximise'} `{obj}`.",
@@ -328,7 +384,8 @@ def _markdown(study, rows, result, title, export=True, note=None) -> str:
          f"`{props.get('acquisition')}` (trial SEMs as known noise); seed {props.get('seed')}."),
         "- Trials: " + ", ".join(f"{v} {k.lower()}" for k, v in sorted(counts.items())) + ".", "",
     ]
-    lines += _finding_text(result["tradeoff"])
+    # the paper's comparison belongs to the paper's problem only; any other problem gets its own summary
+    lines += _finding_text(result["tradeoff"]) if _paper_finding(problem) else _summary_text(study, rows)
     lines += ["## Best feasible parameterization", ""]
     best = result["best"]
     if best is None:
@@ -355,10 +412,11 @@ def _markdown(study, rows, result, title, export=True, note=None) -> str:
         lines.append("")
     if result["figures"]:
         lines += ["## Figures", ""]
+        paper = _paper_finding(problem)
         captions = {
-            "surfaces.png": "Figure 3a/3b: modelled objective and constraint metric over the two surface parameters "
+            "surfaces.png": ("Figure 3a/3b: m" if paper else "M") + "odelled objective and constraint metric over the two surface parameters "
                             "(black line: the constraint's bound, or 0 for a % change), other parameters at the best point.",
-            "tradeoff.png": "Figure 3c: every parameterization's objective against its constraint metric.",
+            "tradeoff.png": ("Figure 3c: e" if paper else "E") + "very parameterization's objective against its constraint metric.",
             "progress.png": "Each trial's objective; the line is the best observed feasible value so far.",
         }
         for f in result["figures"]:

@@ -50,7 +50,11 @@ class ABProblem:
     ``{name: values [n]}`` reported as means (not as changes); ``config()`` (a JSON-safe dict
     that rebuilds the problem through ``make_problem``, so a stored study can be resumed
     from the command line); the study defaults ``parameters``, ``objective``,
-    ``outcome_constraints`` and ``surface`` (the two parameters of the response-surface plots).
+    ``outcome_constraints`` and ``surface`` (the two parameters of the response-surface plots);
+    the report's wording: ``intro()`` / ``report_intro``, ``describe(ab_test)``, ``tuned_label``
+    and ``reports_paper_finding()`` (the comparison with Daulton et al.'s Figure 3c, only for
+    the video-upload reproduction). ``bayes_safe.tuning.SimulatedProblem`` is this interface
+    for a user's ``bayes_safe.envs.Problem``.
     """
 
     name: str = "custom"
@@ -137,10 +141,31 @@ class ABProblem:
     trial_noun: str = "A/B test"
     observed_label: str = "A/B test mean"
     trial_work: str = "simulation"
-    report_intro: str = (
+    #: the report's opening paragraph; None: ``intro()`` words it (the paper's set-up for the
+    #: video-upload reproduction, a neutral description otherwise)
+    report_intro: str | None = None
+
+    _PAPER_INTRO = (
         "Bayesian optimisation of TS-ASC's alpha and reward offsets (Daulton et al. 2019, section 5.3): each trial "
         "is a simulated A/B test of one parameterization against the baseline policy on common random numbers; "
         "metrics are % changes against the baseline with paired delta-method standard errors.")
+
+    def reports_paper_finding(self) -> bool:
+        """Whether the report compares the study with Daulton et al. (2019)'s finding (Figure 3c):
+        only for the paper's own problem (``VideoUploadProblem``), never for a custom one."""
+        from .video_upload import VideoUploadProblem
+
+        return isinstance(self, VideoUploadProblem)
+
+    def intro(self) -> str:
+        """The report's opening paragraph, in this problem's words."""
+        if self.report_intro:
+            return self.report_intro
+        if self.reports_paper_finding():
+            return self._PAPER_INTRO
+        return (f"Bayesian optimisation of a policy's parameters on the problem `{self.name}`: each trial is "
+                "a simulated A/B test of one parameterization against the baseline policy on common random numbers; "
+                "metrics are % changes against the baseline with paired delta-method standard errors.")
 
     def tuned_label(self, ab_test) -> str:
         """The tuned arm's name in the figures."""

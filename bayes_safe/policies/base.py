@@ -93,6 +93,16 @@ def check_select_inputs(features, baseline=None, valid=None, *, dim: int | None 
             raise TypeError(f"features: expected a float tensor [R, K, d], got dtype {features.dtype}")
         features = as_tensor(features, "features")
     lead = tuple(batch_shape) if batch_shape is not None else None
+    if lead is None and features.dim() == 2 and replications in (None, 1):
+        # one context without the replication axis ([K, d]): a batch of one; the action comes
+        # back as shape [1] (``int(action)`` reads it)
+        features = features[None]
+        if valid is not None and not isinstance(valid, torch.Tensor):
+            valid = torch.as_tensor(valid)
+        if isinstance(valid, torch.Tensor) and valid.dim() == 1:
+            valid = valid[None]
+        if isinstance(baseline, torch.Tensor) and baseline.dim() == 0:
+            baseline = baseline[None]
     if lead is None:
         if features.dim() != 3:
             raise ValueError(f"features: expected shape [R, K, d] (replications, candidate actions, feature width), "
@@ -175,6 +185,14 @@ def check_update_inputs(features_chosen, reward, constraints=None, *, num_constr
         features_chosen = as_tensor(features_chosen, "features_chosen")
     if not isinstance(reward, torch.Tensor) or not reward.dtype.is_floating_point:
         reward = as_tensor(reward, "reward")
+    if features_chosen.dim() == 1 and R_model in (None, 1) and reward.dim() == 0:
+        # one observation without the replication axis: features [d], reward a scalar, constraints [C]
+        features_chosen, reward = features_chosen[None], reward[None]
+        if constraints is not None:
+            if not isinstance(constraints, torch.Tensor) or not constraints.dtype.is_floating_point:
+                constraints = as_tensor(constraints, "constraints")
+            if constraints.dim() <= 1:
+                constraints = constraints.reshape(1, -1)
     if features_chosen.dim() != 2:
         raise ValueError(f"features_chosen: expected shape [R, d] (the chosen action's features per replication), "
                          f"got {list(features_chosen.shape)}")
