@@ -37,6 +37,12 @@ from bayes_safe.offline import (
     violation_rates,
     violation_reduction,
 )
+from bayes_safe.offline.estimators import (
+    LogisticRewardModel,
+    RidgeRewardModel,
+    cross_fit_rewards,
+    fit_reward_model,
+)
 from bayes_safe.offline.synthetic import CRITICAL_DOMAINS, DOMAIN_NAMES, EXPLORE_DOMAINS
 from bayes_safe.offline.training import Batch, _meta_core, meta_gradient, meta_gradient_reference
 
@@ -232,6 +238,63 @@ def test_estimates_cover_the_truth():
     # the ridge reward model is misspecified (the truth is a sigmoid): DM is biased, DR corrects it
     assert abs(out["dr"]["value"] - truth) < abs(out["dm"]["value"] - truth)
     assert out["dr"]["se"] < out["ips"]["se"]  # and the reward model cuts the variance
+
+
+def _sparse_clicks(n=20_000, n_actions=40, d=30, rate=0.004, seed=0) -> LoggedData:
+    """Uniform logging of ``n_actions`` arms whose click probability does not depend on the context."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, d))
+    a = rng.integers(n_actions, size=n)
+    r = (rng.random(n) < rate).astype(np.float64)
+    return LoggedData.from_tensors(
+        contexts=torch.tensor(x, dtype=torch.float32), actions=torch.tensor(a), rewards=torch.tensor(r, dtype=torch.float32),
+        propensities=torch.full((n,), 1.0 / n_actions, dtype=torch.float64), domains=torch.zeros(n, dtype=torch.long),
+        domain_names=("all",), n_actions=n_actions,
+        logging_probs=torch.full((n, n_actions), 1.0 / n_actions))
+
+
+def test_reward_model_is_calibrated_on_sparse_clicks():
+    data = _sparse_clicks()
+    r = data.rewards.double()
+    mean, se = float(r.mean()), float(r.std()) / math.sqrt(len(r))
+    pi0 = data.logging_probs.double()
+    # the ridge overfits the few clicks per arm and clipping its negative predictions at 0 biases DM up
+    ridge = direct_method(pi0, data, cross_fit_rewards(data, model="ridge"))
+    assert ridge - mean > 3 * se, (ridge, mean, se)
+    q = cross_fit_rewards(data)  # default for 0/1 rewards: penalised logistic regression per action
+    assert bool((q > 0).all() & (q < 1).all())
+    assert abs(direct_method(pi0, data, q) - mean) < se
+    assert isinstance(fit_reward_model(data), LogisticRewardModel)
+    assert isinstance(fit_reward_model(data, model="ridge"), RidgeRewardModel)
+
+
+def test_logistic_reward_model_learns_a_context_effect():
+    rng = np.random.default_rng(1)
+    n = 40_000
+    x = rng.normal(size=(n, 2))
+    a = rng.integers(2, size=n)
+    logit = np.where(a == 0, -1.0 + 1.5 * x[:, 0], 0.5 - x[:, 1])
+    r = (rng.random(n) < 1 / (1 + np.exp(-logit))).astype(np.float64)
+    data = LoggedData.from_tensors(
+        contexts=torch.tensor(x, dtype=torch.float32), actions=torch.tensor(a), rewards=torch.tensor(r, dtype=torch.float32),
+        propensities=torch.full((n,), 0.5, dtype=torch.float64), domains=torch.zeros(n, dtype=torch.long),
+        domain_names=("all",), n_actions=2)
+    w = torch.tensor([[1.5, 0.0], [0.0, -1.0]], dtype=torch.float64)
+    c = torch.tensor([-1.0, 0.5], dtype=torch.float64)
+    model = fit_reward_model(data, penalty=1e-3)  # nearly the maximum-likelihood fit
+    assert torch.allclose(model.weights, w, atol=0.06) and torch.allclose(model.intercepts, c, atol=0.06)
+    model = fit_reward_model(data)  # the default penalty shrinks a little with 20 000 rows per action
+    assert torch.allclose(model.weights, w, atol=0.15) and torch.allclose(model.intercepts, c, atol=0.15)
+
+
+def test_reward_model_choice_errors():
+    data = _sparse_clicks(n=500)
+    with pytest.raises(ValueError, match="model"):
+        fit_reward_model(data, model="forest")
+    real = dataclasses.replace(data, rewards=data.rewards + 0.5)
+    with pytest.raises(ValueError, match="model='ridge'"):
+        fit_reward_model(real, model="logistic")
+    assert isinstance(fit_reward_model(real), RidgeRewardModel)  # real-valued rewards: ridge by default
 
 
 def test_bootstrap_ci():

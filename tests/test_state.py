@@ -462,3 +462,14 @@ def test_tsasc_with_constraint_declarations_round_trips(tmp_path):
     a = policy.select(X, baseline, generator=torch.Generator().manual_seed(5))
     b = back.select(X, baseline, generator=torch.Generator().manual_seed(5))
     assert torch.equal(a, b)
+
+
+def test_logistic_reward_model_round_trips(tmp_path):
+    from bayes_safe.offline.estimators import LogisticRewardModel
+
+    g = torch.Generator().manual_seed(0)
+    model = LogisticRewardModel(torch.randn(5, 3, generator=g, dtype=torch.float64),
+                                torch.randn(5, generator=g, dtype=torch.float64))
+    back = load_state(save_state(model, tmp_path / "dm"))
+    x = torch.randn(7, 3, generator=g, dtype=torch.float64)
+    assert torch.equal(back.predict(x), model.predict(x))

@@ -142,4 +142,4 @@ def test_controlled_exploration_saves_policies_that_are_not_posteriors(tmp_path,
         main(["diagnose", str(out)])
     err = capsys.readouterr().err
     assert "none of the 28 saved models is a posterior" in err and "Sequential x 26" in err
-    assert "RidgeRewardModel x 2" in err and json.loads((out / "results.json").read_text())["quick"] is True
+    assert "LogisticRewardModel x 2" in err and json.loads((out / "results.json").read_text())["quick"] is True

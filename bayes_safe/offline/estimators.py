@@ -14,9 +14,12 @@ Confidence intervals are percentile bootstraps over logged rounds (rows resample
 replacement; the reward model is held fixed across resamples, so its fitting noise is not
 in the interval). The standard error reported is the bootstrap standard deviation.
 
-The reward model (the paper is silent; it uses no DM/DR): ``RidgeRewardModel``, one
-ridge regression per action on the context features (plus an unpenalised intercept),
-fitted in float64, predictions clipped to the observed reward range. By default
+The reward model (the paper is silent; it uses no DM/DR), ``fit_reward_model``: for 0/1
+rewards ``LogisticRewardModel``, one L2-penalised logistic regression per action (calibrated
+on sparse clicks; see ``fit_reward_model`` for the Open Bandit numbers), otherwise
+``RidgeRewardModel``, one ridge regression per action on the context features (plus an
+unpenalised intercept), fitted in float64, predictions clipped to the observed reward
+range. By default
 ``evaluate_policy`` cross-fits it (two folds of the evaluated data: each half is scored
 by the model fitted on the other half), so DM/DR do not reuse a row's own reward.
 
@@ -43,6 +46,7 @@ from .data import LoggedData
 __all__ = [
     "ESTIMATORS",
     "Estimate",
+    "LogisticRewardModel",
     "RidgeRewardModel",
     "bootstrap_ci",
     "cross_fit_rewards",
@@ -228,14 +232,27 @@ class RidgeRewardModel:
         return q.clamp(self.low, self.high)
 
 
-def fit_reward_model(data: LoggedData, ridge: float = 1.0) -> RidgeRewardModel:
-    """Fit ``RidgeRewardModel`` on the logged rows (each action on its own rows).
+class LogisticRewardModel:
+    """Per-action logistic regression ``q(x, a) = sigmoid(c_a + x^T w_a)`` (float64), for 0/1 rewards.
 
-    Features are centred per action so the intercept is not penalised; an action never
-    logged predicts the overall mean reward.
+    Predictions lie in (0, 1) by construction (no clipping).
+
+    Args:
+        weights: ``[A, d]``; intercepts: ``[A]`` (on the logit scale).
     """
-    if not (math.isfinite(float(ridge)) and float(ridge) > 0):
-        raise ValueError(f"ridge: expected a finite number > 0, got {ridge!r}")
+
+    def __init__(self, weights: torch.Tensor, intercepts: torch.Tensor):
+        self.weights, self.intercepts = weights, intercepts
+
+    def predict(self, contexts: torch.Tensor) -> torch.Tensor:
+        """``[N, A]`` predicted click probabilities for ``contexts [N, d]``."""
+        return torch.sigmoid(contexts.to(torch.float64) @ self.weights.T + self.intercepts)
+
+
+REWARD_MODELS = ("auto", "logistic", "ridge")
+
+
+def _fit_ridge(data: LoggedData, ridge: float) -> RidgeRewardModel:
     x = data.contexts.to(torch.float64)
     r = data.rewards.to(torch.float64)
     d, n_actions = x.shape[1], data.n_actions
@@ -256,7 +273,84 @@ def fit_reward_model(data: LoggedData, ridge: float = 1.0) -> RidgeRewardModel:
     return RidgeRewardModel(weights, intercepts, float(r.min()), float(r.max()))
 
 
-def cross_fit_rewards(data: LoggedData, folds: int = 2, ridge: float = 1.0, seed: int = 0) -> torch.Tensor:
+def _fit_logistic(data: LoggedData, penalty: float, iters: int = 25, tol: float = 1e-10) -> LogisticRewardModel:
+    """Newton steps for every action at once: rows grouped by action into a padded ``[A, n_max, d + 1]``."""
+    x = data.contexts.to(torch.float64)
+    r = data.rewards.to(torch.float64)
+    (n, d), n_actions = x.shape, data.n_actions
+    mean = min(max(float(r.mean()), 0.5 / n), 1 - 0.5 / n)
+    offset = math.log(mean / (1 - mean))  # the pooled logit: what an action's coefficients shrink towards
+    act = data.actions.long()
+    order = torch.argsort(act, stable=True)
+    counts = torch.bincount(act, minlength=n_actions)
+    start = torch.cumsum(counts, 0) - counts
+    a_sorted = act[order]
+    pos = torch.arange(n) - start[a_sorted]
+    n_max = max(int(counts.max()), 1)
+    xs = torch.zeros(n_actions, n_max, d + 1, dtype=torch.float64)
+    ys = torch.zeros(n_actions, n_max, dtype=torch.float64)
+    mask = torch.zeros(n_actions, n_max, dtype=torch.float64)
+    xs[a_sorted, pos, 0] = 1.0
+    xs[a_sorted, pos, 1:] = x[order]
+    ys[a_sorted, pos] = r[order]
+    mask[a_sorted, pos] = 1.0
+    beta = torch.zeros(n_actions, d + 1, dtype=torch.float64)
+    eye = float(penalty) * torch.eye(d + 1, dtype=torch.float64)
+    for _ in range(int(iters)):  # Newton (IRLS) on the penalised log-likelihood, strictly convex
+        p = torch.sigmoid(offset + (xs @ beta[:, :, None])[..., 0])
+        grad = (xs * (mask * (p - ys))[..., None]).sum(1) + float(penalty) * beta
+        hess = xs.transpose(1, 2) @ (xs * (mask * p * (1 - p))[..., None]) + eye
+        step = torch.linalg.solve(hess, grad[..., None])[..., 0]
+        beta = beta - step
+        if float(step.abs().max()) < tol:
+            break
+    return LogisticRewardModel(beta[:, 1:].clone(), beta[:, 0] + offset)
+
+
+def _is_binary(rewards: torch.Tensor) -> bool:
+    return bool(((rewards == 0) | (rewards == 1)).all())
+
+
+def fit_reward_model(data: LoggedData, ridge: float = 1.0, model: str = "auto", penalty: float = 100.0):
+    """Fit a reward model on the logged rows (each action on its own rows).
+
+    Args:
+        model: ``"auto"`` (default): ``"logistic"`` when every reward is 0 or 1, else ``"ridge"``.
+            ``"logistic"``: ``LogisticRewardModel``, one L2-penalised logistic regression per
+            action (coefficients and intercept penalised by ``penalty`` towards the pooled
+            click logit, so an action with no clicks is not sent to 0), fitted by Newton steps
+            in float64 batched over actions. ``"ridge"``: ``RidgeRewardModel``, one ridge
+            regression per action (penalty ``ridge``; features centred per action so the
+            intercept is not penalised; an action never logged predicts the overall mean),
+            predictions clipped to the observed reward range.
+
+    Why logistic for 0/1 rewards (the Open Bandit "random" log, 30 000 rows, 80 actions, 113
+    features, 130 clicks, click rate 0.00433, SE 0.00038; two-fold cross-fitted; DM of the
+    logging policy): the clipped ridge overfits the ~1.6 clicks per action and its clipping at
+    0 biases DM up to 0.00694 (+6.9 SE; held-out log-loss 0.0732); unclipped it is 0.00415
+    but predicts values in [-0.35, 1.1]. The logistic model with ``penalty`` 1 / 10 / 100 gives
+    0.00477 (+1.2 SE) / 0.00446 (+0.3 SE) / 0.00434 (+0.0 SE), held-out log-loss 0.0302 /
+    0.0281 / 0.0279 (a Beta-shrunk per-action mean without contexts: 0.00427, -0.2 SE, 0.0283),
+    hence the default 100.
+    """
+    if model not in REWARD_MODELS:
+        raise ValueError(f"model: expected one of {list(REWARD_MODELS)}, got {model!r}")
+    r = data.rewards
+    if model == "auto":
+        model = "logistic" if _is_binary(r) else "ridge"
+    if model == "ridge":
+        if not (math.isfinite(float(ridge)) and float(ridge) > 0):
+            raise ValueError(f"ridge: expected a finite number > 0, got {ridge!r}")
+        return _fit_ridge(data, ridge)
+    if not (math.isfinite(float(penalty)) and float(penalty) > 0):
+        raise ValueError(f"penalty: expected a finite number > 0, got {penalty!r}")
+    if not _is_binary(r):
+        raise ValueError("model='logistic': expected rewards in {0, 1}; use model='ridge' for real-valued rewards")
+    return _fit_logistic(data, penalty)
+
+
+def cross_fit_rewards(data: LoggedData, folds: int = 2, ridge: float = 1.0, seed: int = 0,
+                      model: str = "auto") -> torch.Tensor:
     """``[N, A]`` reward predictions where each row is scored by a model not fitted on it."""
     if int(folds) < 2 or int(folds) > len(data):
         raise ValueError(f"folds: expected an int in [2, {len(data)}], got {folds}")
@@ -264,8 +358,8 @@ def cross_fit_rewards(data: LoggedData, folds: int = 2, ridge: float = 1.0, seed
     fold = torch.randperm(len(data), generator=g) % int(folds)
     q = torch.empty(len(data), data.n_actions, dtype=torch.float64)
     for f in range(int(folds)):
-        model = fit_reward_model(data.subset(fold != f), ridge)
-        q[fold == f] = model.predict(data.contexts[fold == f])
+        fitted = fit_reward_model(data.subset(fold != f), ridge, model=model)
+        q[fold == f] = fitted.predict(data.contexts[fold == f])
     return q
 
 

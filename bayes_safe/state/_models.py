@@ -20,8 +20,8 @@ _F64 = torch.float64
 _LONG = torch.long
 
 SAVEABLE_MODELS = ("BayesianLinear (conjugate, Normal-Inverse-Gamma, NUTS, SVI), PerArmLinear, CTSPosterior, ProbitGP "
-                   "and its views SuccessProbability / ScaledOutcome, RidgeRewardModel, and torch.nn modules built "
-                   "from Sequential, Linear and standard activations")
+                   "and its views SuccessProbability / ScaledOutcome, RidgeRewardModel, LogisticRewardModel, and "
+                   "torch.nn modules built from Sequential, Linear and standard activations")
 
 
 def build(dec: Decoder, where: str, make):
@@ -315,6 +315,22 @@ def _dec_ridge(node: dict, dec: Decoder, where: str):
     return RidgeRewardModel(w.clone(), c.clone(), dec.float_field(node, "low", where), dec.float_field(node, "high", where))
 
 
+# ---------------------------------------------------------------------- LogisticRewardModel
+def _enc_logistic(m, enc: Encoder, what: str) -> dict:
+    return {"type": "LogisticRewardModel", "weights": enc.tensor(m.weights, f"{what}.weights"),
+            "intercepts": enc.tensor(m.intercepts, f"{what}.intercepts")}
+
+
+def _dec_logistic(node: dict, dec: Decoder, where: str):
+    from ..offline.estimators import LogisticRewardModel
+
+    w = dec.tensor(node.get("weights"), f"{where}.weights", dtype=_F64, finite=True)
+    if w.dim() != 2:
+        dec.fail(f"{where}.weights: expected shape [A, d], got {list(w.shape)}")
+    c = dec.tensor(node.get("intercepts"), f"{where}.intercepts", shape=(w.shape[0],), dtype=_F64, finite=True)
+    return LogisticRewardModel(w.clone(), c.clone())
+
+
 # ---------------------------------------------------------------------- torch.nn modules
 _PLAIN = {"ReLU": nn.ReLU, "Tanh": nn.Tanh, "Sigmoid": nn.Sigmoid, "Identity": nn.Identity, "GELU": nn.GELU,
           "SiLU": nn.SiLU, "Softplus": nn.Softplus}
@@ -404,6 +420,8 @@ def _encoder_for(model):
     estimators = sys.modules.get("bayes_safe.offline.estimators")
     if estimators is not None and type(model) is estimators.RidgeRewardModel:
         return _enc_ridge
+    if estimators is not None and type(model) is estimators.LogisticRewardModel:
+        return _enc_logistic
     if isinstance(model, nn.Module):
         return _enc_module
     return None
@@ -412,6 +430,7 @@ def _encoder_for(model):
 _DECODERS = {
     "BayesianLinear": _dec_linear, "PerArmLinear": _dec_per_arm, "CTSPosterior": _dec_cts, "ProbitGP": _dec_probit,
     "SuccessProbability": _dec_view, "ScaledOutcome": _dec_view, "RidgeRewardModel": _dec_ridge,
+    "LogisticRewardModel": _dec_logistic,
     "torch.nn.Module": _dec_module,
 }
 
