@@ -171,6 +171,15 @@ def cross_entropy_method(theta, scenario: Scenario | str = "base", *, constraint
     samples are feasible (``J <= 0``) keep the feasible ones of highest return, else the
     ``elites`` of lowest ``J``. The Gaussian (diagonal) is refit to the elites.
 
+    The samples are clipped to the action box ``[-1, 1]`` before they are scored, and the
+    Gaussian is refit to those clipped elites, the action sequences whose features were
+    evaluated: the CEM update (Rubinstein & Kroese 2004; Algorithm 4's ``mu, sigma <- mean,
+    std of the elite set``) fits the sampling distribution to the elite *samples*, and a raw
+    sample outside the box is not the controller that was scored. Refitting to the unclipped
+    samples (before issue 16) moves the mean by amounts the score never saw, so the constrained
+    method could return an infeasible controller (``phi^T f = 1.945`` in the blocked scenario,
+    seed 0) although all-zero actions are feasible.
+
     Args:
         theta: ``[8]`` reward weights.
         constraint: solve ``max theta^T f s.t. phi^T f <= tau`` instead of ``max theta^T f``.
@@ -187,8 +196,8 @@ def cross_entropy_method(theta, scenario: Scenario | str = "base", *, constraint
     sd = np.full((HORIZON, 2), float(init_sd))
     phi = np.asarray(phi, dtype=float)
     for _ in range(iterations):
-        w = mu + sd * rng.standard_normal((samples, HORIZON, 2))
-        f = features(np.clip(w, -1.0, 1.0), scenario)
+        w = np.clip(mu + sd * rng.standard_normal((samples, HORIZON, 2)), -1.0, 1.0)  # the scored samples
+        f = features(w, scenario)
         ret = f @ theta
         if constraint:
             j = f @ phi - tau
