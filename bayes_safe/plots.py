@@ -28,6 +28,19 @@ def _band(ax, x, mean, sem, label, clip=None):
     ax.fill_between(x, low, high, alpha=0.25)
 
 
+def _finish(fig, axes, title: str | None, path):
+    """Grid and legend on every panel that has lines, the title, and the file (when ``path`` is given)."""
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        if ax.lines:
+            ax.legend()
+    if title:
+        fig.suptitle(title)
+    if path is not None:
+        save_figure(fig, path)
+    return fig
+
+
 def plot_regret(traces: dict[str, Trace], path=None, title: str | None = None):
     """Per-step and cumulative regret, mean and 2 standard errors over replications."""
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
@@ -39,14 +52,7 @@ def plot_regret(traces: dict[str, Trace], path=None, title: str | None = None):
         _band(ax2, x, m.numpy(), s.numpy(), label)
     ax1.set(xlabel="step", ylabel="per-step regret", title="Per-step regret (mean, 2 SE)")
     ax2.set(xlabel="step", ylabel="cumulative regret", title="Cumulative regret (mean, 2 SE)")
-    for ax in (ax1, ax2):
-        ax.grid(alpha=0.3)
-        ax.legend()
-    if title:
-        fig.suptitle(title)
-    if path is not None:
-        save_figure(fig, path)
-    return fig
+    return _finish(fig, (ax1, ax2), title, path)
 
 
 def plot_simulation(traces: dict[str, Trace], path=None, title: str | None = None):
@@ -77,12 +83,4 @@ def plot_simulation(traces: dict[str, Trace], path=None, title: str | None = Non
         for ax, what in ((ax1, "regret"), (ax2, "violations")):
             ax.text(0.5, 0.5, note.replace("regret unavailable", f"{what} unavailable"), transform=ax.transAxes,
                     ha="center", va="center", fontsize=10, color="0.3")
-    for ax in (ax1, ax2):
-        ax.grid(alpha=0.3)
-        if ax.lines:
-            ax.legend()
-    if title:
-        fig.suptitle(title)
-    if path is not None:
-        save_figure(fig, path)
-    return fig
+    return _finish(fig, (ax1, ax2), title, path)
