@@ -11,11 +11,10 @@ import signal
 import subprocess
 import sys
 import textwrap
-import threading
-import time
 from pathlib import Path
 
 import pytest
+from _tune_process import start_tune, wait_for_trials
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -142,24 +141,15 @@ def test_simulate_and_tune_by_import_path_then_sigkill_and_resume(email_dir):
     out = email_dir / "study"
     target = 6
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(email_dir), str(ROOT)])}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "bayes_safe.cli", "tune", "custom", "--problem", "email_problem:EmailTiming",
-         "--param", "seed=1", "--users", "300", "--batches", "2", "--sobol", "3", "--trials", str(target),
-         "--out", str(out)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True, cwd=email_dir, env=env)
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True)
-    reader.start()
-    deadline = time.monotonic() + 150
+    proc, lines = start_tune(
+        ["custom", "--problem", "email_problem:EmailTiming", "--param", "seed=1", "--users", "300", "--batches", "2",
+         "--sobol", "3", "--trials", str(target), "--out", str(out)], cwd=email_dir, env=env)
     try:
-        while sum("] trial " in line for line in lines) < 1:
-            assert proc.poll() is None, "".join(lines)
-            assert time.monotonic() < deadline, "no trial completed in time:\n" + "".join(lines)
-            time.sleep(0.05)
+        wait_for_trials(proc, lines, 1)
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
-    reader.join(timeout=5)
+    proc.reader.join(timeout=5)
 
     from bayes_safe.tuning import Study
 

@@ -2,13 +2,11 @@
 
 import os
 import signal
-import subprocess
-import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
+from _tune_process import start_tune, wait_for_trials
 
 from bayes_safe.cli import main
 from bayes_safe.tuning import Study
@@ -25,26 +23,15 @@ def _trial_states(db: Path) -> tuple[dict, dict]:
 
 def test_sigkill_mid_trial_then_resume_loses_and_duplicates_nothing(tmp_path):
     out = tmp_path / "study"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "bayes_safe.cli", "tune", "video-upload", *ARGS, "--trials", str(TARGET), "--out", str(out)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-        cwd=Path(__file__).resolve().parents[1],
-    )
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True)
-    reader.start()
-    deadline = time.monotonic() + 150
+    proc, lines = start_tune(["video-upload", *ARGS, "--trials", str(TARGET), "--out", str(out)])
     try:
         # wait until two trials are reported completed, then kill while the others run
-        while sum("] trial " in line for line in lines) < 2:
-            assert proc.poll() is None, "".join(lines)
-            assert time.monotonic() < deadline, "the study did not complete two trials in time:\n" + "".join(lines)
-            time.sleep(0.05)
+        wait_for_trials(proc, lines, 2)
         time.sleep(0.3)
     finally:
         os.killpg(proc.pid, signal.SIGKILL)  # the study process and the worker processes it started
         proc.wait(timeout=30)
-    reader.join(timeout=5)
+    proc.reader.join(timeout=5)
     reported = {int(line.split("] trial ")[1].split()[0]) for line in lines if "] trial " in line}
 
     db = out / "study.sqlite"

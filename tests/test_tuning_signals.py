@@ -10,12 +10,12 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from pathlib import Path
 
 import pytest
+from _tune_process import start_tune, wait_for_trials
 
 from bayes_safe.cli import main
 from bayes_safe.tuning import Study
@@ -49,14 +49,7 @@ def _marked(token: str) -> list[int]:
 
 def _start(out: Path, token: str):
     env = {**os.environ, MARKER: token}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "bayes_safe.cli", "tune", "video-upload", *ARGS, "--out", str(out)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True,
-        cwd=Path(__file__).resolve().parents[1],
-    )
-    lines: list[str] = []
-    threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True).start()
-    return proc, lines
+    return start_tune(["video-upload", *ARGS, "--out", str(out)], env=env)
 
 
 def _stored(db: Path) -> tuple[dict, dict, Study]:
@@ -70,11 +63,7 @@ def _signal_mid_study(tmp_path, sig: int):
     out, token = tmp_path / "study", uuid.uuid4().hex
     proc, lines = _start(out, token)
     try:
-        deadline = time.monotonic() + 90
-        while sum("] trial " in line for line in lines) < 1:
-            assert proc.poll() is None, "".join(lines)
-            assert time.monotonic() < deadline, "no trial completed in time:\n" + "".join(lines)
-            time.sleep(0.05)
+        wait_for_trials(proc, lines, 1, timeout=90)
         time.sleep(0.2)  # the next trial is generated and submitted: two in flight
         family = _marked(token)
         assert proc.pid in family and len(family) >= 4, f"expected the study, 2 workers and the resource tracker: {family}"
