@@ -21,11 +21,6 @@ if TYPE_CHECKING:
 __all__ = ["simulate"]
 
 
-#: what ``simulate`` reads of a problem
-_ENV_ATTRIBUTES = ("replications", "num_metrics", "step", "observe", "optimal_reward", "baseline_expected",
-                   "metric_names", "alpha", "name")
-
-
 def _check_policy(policy) -> None:
     missing = [m for m in ("select", "update") if not callable(getattr(policy, m, None))]
     if missing:
@@ -33,136 +28,65 @@ def _check_policy(policy) -> None:
                         f"{type(policy).__name__} without {' and '.join(missing)}")
 
 
-def _check_env(env) -> None:
-    missing = [a for a in _ENV_ATTRIBUTES if not hasattr(env, a)]
-    if missing:
-        raise TypeError(f"env: expected a problem such as bayes_safe.envs.daulton2019(...) (with {', '.join(_ENV_ATTRIBUTES)}), "
-                        f"got {type(env).__name__} without {', '.join(missing)}")
-    for a in ("step", "observe"):
-        if not callable(getattr(env, a)):
-            raise TypeError(f"env: expected {a} to be a method, got {type(getattr(env, a)).__name__}")
-    check_positive_int(env.replications, "env.replications")
-    check_positive_int(env.num_metrics, "env.num_metrics")
-
-
 def simulate(policy, env, horizon: int, seed: int | Sequence[int] = 0, *, progress: bool = False,
              callback: Callable[[int, dict], None] | None = None) -> Trace:
-    """Run ``policy`` on ``env`` for ``horizon`` steps, all replications at once.
+    """Run ``policy`` on the problem ``env`` for ``horizon`` steps, all replications at once.
 
-    Each step: the problem shows the candidates ``[R, K, d]`` and the baseline action ``[R]``;
-    the policy selects ``[R]`` actions; the problem returns expected and observed metrics; the
-    policy updates on the chosen features and observed metrics.
+    ``env`` is any ``bayes_safe.envs.Problem``: a built-in one or your own class with ``draw``
+    and ``outcomes`` (``bayes_safe.envs.problem`` documents the protocol). Each step ``t``:
 
-    All randomness (posterior draws, observation noise, random tie-breaks) comes from one
-    ``ReplicationRNG`` with a stream per replication, so replication
-    ``r`` of this run equals a run of that replication alone with
-    ``seed=[replication_seeds(seed, R)[r]]`` (on a problem built for that replication).
+    1. ``units = env.draw(R, generator)``: ``R = env.replications`` units, with candidate
+       features ``[R, K, d]``, a baseline action ``[R]`` and optionally a mask ``[R, K]``;
+    2. the policy selects ``[R]`` actions;
+    3. ``env.outcomes(units, actions)`` gives the observed ``[R, M]`` metrics (the reward in
+       column 0, the constraint metrics after it); the policy updates on the chosen features;
+    4. when the problem knows its mean outcomes (``expected_all`` or ``expected``), the regret
+       is measured against the best action that satisfies every declared ``Constraint`` in
+       expectation (the baseline is always allowed; ``units.valid`` is respected), and a
+       *violation* is a chosen action that breaks a declared constraint in expectation
+       (Daulton et al. 2019, s.3.1: the instance-level constraint ``E[c | x, a] >=
+       (1 - alpha) E[c | x, b]``, judged against the baseline's value for the same unit).
+       Without means, regret, expected metrics and violations are unavailable: NaN in the
+       trace and ``trace.attrs["regret_available"] = False``, never zero.
 
-    The loop runs with one torch intra-op thread (see ``bayes_safe.threads``).
+    Randomness: the policy draws from one ``ReplicationRNG`` (a stream per replication). A
+    problem with ``replication_streams = True`` (the built-in linear bandits) draws from the
+    same object under its own keys, so replication ``r`` of this run equals a run of that
+    replication alone with ``seed=[replication_seeds(seed, R)[r]]`` (on a problem built for
+    that replication). Other problems get a ``torch.Generator`` seeded from ``(seed, t)``:
+    the same seed gives the same trace, but replication ``r`` of a batch is not the run of
+    that replication alone.
 
-    Your own problem (a ``bayes_safe.envs.Problem``: ``draw`` and ``outcomes``, optionally
-    ``expected``) runs the same loop; see ``_simulate_problem`` for what differs: each step
-    draws ``problem.replications`` units with a ``torch.Generator`` seeded from
-    ``(seed, t)``, so the same seed gives the same trace, but replication ``r`` of a batched
-    run is *not* the run of that replication alone (replication separability holds only for
-    the built-in problems). Regret and violations need ``expected``; without it they are
-    reported as unavailable (NaN regret, ``trace.attrs["regret_available"] = False``).
+    Everything a user's methods return is checked (shape, numbers, finiteness; float32 and
+    numpy accepted, converted once to float64) with an error naming the method, the step and
+    the metric, raised before the trace exists. The user's methods run outside
+    ``torch.inference_mode`` (their tensors are ordinary tensors). The loop runs with one
+    torch intra-op thread (see ``bayes_safe.threads``).
 
     Args:
         policy: any ``Policy``.
-        env: a ``bayes_safe.envs.Problem`` (or an object with ``draw`` and ``outcomes`` and no
-            ``step``), or a built-in problem with ``replications``, ``step(t)``,
-            ``observe(actions, generator)``, ``instance_feasible``, ``optimal_reward`` and
-            ``baseline_expected``.
+        env: a ``bayes_safe.envs.Problem``.
         horizon: number of steps ``T`` (>= 1).
         seed: an int or one seed per replication.
         progress: show a tqdm progress bar.
         callback: called as ``callback(t, info)`` after every step (``info`` holds the step's
-            tensors); for live monitoring.
+            ``actions``, ``expected`` ``[R, M]``, ``observed``, ``policy`` and ``units``); for
+            live monitoring.
 
     Returns:
         A ``Trace`` of shape ``[T, R]``.
     """
+    from .envs.problem import check_problem
+
     T = check_positive_int(horizon, "horizon")
     _check_policy(policy)
-    if _is_problem(env):
-        return _simulate_problem(policy, env, T, seed, progress=progress, callback=callback)
-    _check_env(env)
+    if env is None or isinstance(env, (str, bytes)):
+        raise TypeError(f"env: expected a problem (a bayes_safe.envs.Problem such as bayes_safe.envs.daulton2019(...), "
+                        f"or your own class with draw and outcomes), got {env!r}")
+    check_problem(env, "env")
     if callback is not None and not callable(callback):
         raise TypeError(f"callback: expected a callable (t, info) or None, got {type(callback).__name__}")
-    R, M = env.replications, env.num_metrics
-    needed = getattr(policy, "num_constraints", 0)
-    if needed and needed != env.num_metrics - 1:
-        raise ValueError(
-            f"policy: it models {needed} constraint metrics but problem {env.name!r} has {env.num_metrics - 1}; "
-            "give one constraint model per constraint metric"
-        )
-    seeds = replication_seeds(seed, R)
-    rng = ReplicationRNG(seeds)
-    rows = torch.arange(R)
-    # per-step records; appending (no copy) is cheaper than writing into preallocated rows
-    actions, baseline, expected, base_exp, observed, optimal = [], [], [], [], [], []
-    steps = range(T)
-    if progress:
-        from tqdm.auto import tqdm
-
-        steps = tqdm(steps, desc=f"simulate {env.name}", unit="step", mininterval=0.5)
-    start = time.perf_counter()
-    # Inference mode trims per-op bookkeeping (measured: +17% decisions/s at R = 1). It is
-    # used only when every model of the policy is an exact conjugate posterior: models that
-    # train by gradient (NUTS, SVI, the probit GP) need autograd inside ``update``.
-    models = policy.models().values() if hasattr(policy, "models") else ()
-    no_autograd = all(getattr(m, "conjugate", False) for m in models)
-    grad_mode = torch.inference_mode() if no_autograd else contextlib.nullcontext()
-    with single_thread(), trusted_inputs(), grad_mode:
-        for t in steps:
-            step = env.step(t)
-            a = policy.select(step.features, step.baseline, generator=rng, valid=step.valid)
-            mean, obs = env.observe(a, rng)
-            chosen = step.features[rows, a]
-            policy.update(chosen, obs[:, 0], obs[:, 1:] if M > 1 else None, actions=a)
-            actions.append(a)
-            baseline.append(step.baseline)
-            expected.append(mean)
-            observed.append(obs)
-            base_exp.append(env.baseline_expected)
-            optimal.append(env.optimal_reward)
-            if callback is not None:
-                callback(t, {"actions": a, "expected": mean, "observed": obs, "policy": policy})
-    elapsed = time.perf_counter() - start
-    actions, baseline, expected, base_exp, observed, optimal = (
-        torch.stack(x) for x in (actions, baseline, expected, base_exp, observed, optimal))
-    # instance-level violation against the baseline of the same step (problems whose baseline
-    # changes per step are judged step by step)
-    if M > 1 and env.alpha is not None:
-        violation = (expected[..., 1:] < (1 - env.alpha) * base_exp[..., 1:]).any(-1)
-    else:
-        violation = torch.zeros(T, R, dtype=torch.bool)
-    return Trace(
-        actions=actions, baseline=baseline, expected=expected, baseline_expected=base_exp, observed=observed,
-        optimal_reward=optimal, regret=optimal - expected[..., 0], violation=violation,
-        metric_names=list(env.metric_names), alpha=env.alpha, seeds=seeds,
-        attrs={"problem": env.name, "policy": type(policy).__name__, "elapsed_seconds": elapsed,
-               "decisions_per_second": T * R / max(elapsed, 1e-12)},
-    )
-
-
-# --- your own problem (bayes_safe.envs.Problem) ---------------------------------------------
-
-
-def _is_problem(env) -> bool:
-    """A ``Problem`` subclass, or anything with ``draw`` and ``outcomes`` and no ``step``.
-
-    A built-in problem with ``step`` and ``observe`` keeps its own loop even if it also
-    implements ``Problem`` (its numbers stay bit for bit those of the step/observe loop).
-    """
-    from .envs.problem import Problem
-
-    if callable(getattr(env, "step", None)) and callable(getattr(env, "observe", None)):
-        return False
-    if isinstance(env, Problem):
-        return True
-    return hasattr(env, "draw") and hasattr(env, "outcomes") and not hasattr(env, "step")
+    return _run(policy, env, T, seed, progress=progress, callback=callback)
 
 
 def _step_generator(seeds: list[int], t: int) -> torch.Generator:
@@ -237,123 +161,135 @@ def _check_units(units, R: int, t: int) -> Units:
     return Units(feats, base, valid, units.context)
 
 
-def _simulate_problem(policy, problem, T: int, seed, *, progress: bool, callback) -> Trace:
-    """``simulate`` for a ``bayes_safe.envs.Problem``.
+def _judge(means: torch.Tensor, units, declared, index: dict, rows: torch.Tensor):
+    """What a step's mean table ``[R, K, M]`` says: which actions satisfy every declared
+    constraint ``[R, K]``, the baseline's means ``[R, M]`` and the best allowed reward ``[R]``."""
+    R, K = means.shape[0], means.shape[1]
+    base_means = means[rows, units.baseline]
+    satisfied = torch.ones(R, K, dtype=torch.bool)
+    for c in declared:
+        satisfied &= c.satisfied(means[..., index[c.metric]], base_means[:, index[c.metric]])
+    feasible = satisfied if units.valid is None else satisfied & units.valid
+    feasible[rows, units.baseline] = True
+    best = means[..., 0].masked_fill(~feasible, float("-inf")).max(-1).values
+    return satisfied, base_means, best
 
-    Each step ``t``: ``units = problem.draw(R, generator)`` with a ``torch.Generator`` seeded
-    from ``(seed, t)`` (``R = problem.replications``); the policy selects ``[R]`` actions (the
-    policy's own randomness comes from a ``ReplicationRNG`` of the seed, as for the built-in
-    problems); ``problem.outcomes(units, actions)`` gives the observed ``[R, M]`` metrics the
-    policy learns from (reward column 0, constraint columns 1..). When ``problem.expected``
-    gives means (called once for each of the ``K`` candidate actions), the regret is measured
-    against the best action that satisfies every declared ``Constraint`` in expectation
-    (the baseline is always allowed; ``units.valid`` is respected), and a violation is a
-    chosen action that breaks a declared constraint in expectation (Daulton et al. 2019,
-    s.3.1: the instance-level constraint, judged against the baseline's expected value of
-    the same unit). When ``expected`` returns None, regret, expected metrics and violations
-    are unavailable: NaN in the trace and ``trace.attrs["regret_available"] = False``.
 
-    Everything the user's methods return is checked (shape, numbers, finiteness; float32
-    and numpy accepted, converted once to float64) with an error naming the method, the step
-    and the metric, raised before the trace exists. The user's methods run outside
-    ``torch.inference_mode`` (their tensors are ordinary tensors).
-    """
-    from .envs.problem import check_problem
+def _run(policy, problem, T: int, seed, *, progress: bool, callback) -> Trace:
+    """The loop of ``simulate`` (see its docstring)."""
+    from .envs.problem import expected_table, outcome_metrics
 
-    check_problem(problem)
     R = int(problem.replications)
     names = [str(n) for n in problem.metric_names]
     M = len(names)
+    name = str(getattr(problem, "name", None) or type(problem).__name__)
     declared = tuple(getattr(problem, "constraints", ()) or ())
     needed = getattr(policy, "num_constraints", 0)
     if needed and needed != M - 1:
-        raise ValueError(f"policy: it models {needed} constraint metrics but problem {problem.name!r} has {M - 1} "
+        raise ValueError(f"policy: it models {needed} constraint metrics but problem {name!r} has {M - 1} "
                          f"({names[1:]}); give one constraint model per constraint metric")
     for j, c in enumerate(getattr(policy, "constraints", None) or ()):
         metric = getattr(c, "metric", None)
         if isinstance(metric, str) and j + 1 < M and metric != names[j + 1]:
             raise ValueError(f"policy: its constraints[{j}] guards {metric!r} but its constraint model {j} learns "
-                             f"metric {j + 1} of problem {problem.name!r}, {names[j + 1]!r}; declare the "
+                             f"metric {j + 1} of problem {name!r}, {names[j + 1]!r}; declare the "
                              "constraints in the order of the problem's metric_names")
+    models = dict(policy.models()) if callable(getattr(policy, "models", None)) else {}
+    for role, m in models.items():
+        shape = getattr(m, "batch_shape", None)
+        if shape is not None and tuple(shape) != (R,):
+            raise ValueError(f"policy: its {role} model has batch_shape {list(shape)} but problem {name!r} has {R} "
+                             f"replication(s); build the models with batch_shape=[{R}] (one posterior per replication)")
     index = {n: m for m, n in enumerate(names)}
     seeds = replication_seeds(seed, R)
     rng = ReplicationRNG(seeds)
+    shared_streams = bool(getattr(problem, "replication_streams", False))
+    # the library's own problems return float64 tensors of the right shapes: their outputs are not re-checked
+    checked = not getattr(problem, "_trusted_outputs", False)
     rows = torch.arange(R)
-    actions, baseline, expected, base_exp, observed, optimal, violation = [], [], [], [], [], [], []
+    # per-step records; appending (no copy) is cheaper than writing into preallocated rows
+    actions, baseline, observed, judged = [], [], [], []
     available = True
     steps = range(T)
     if progress:
         from tqdm.auto import tqdm
 
-        steps = tqdm(steps, desc=f"simulate {problem.name}", unit="step", mininterval=0.5)
-    nan = torch.full((R, M), float("nan"), dtype=torch.float64)
+        steps = tqdm(steps, desc=f"simulate {name}", unit="step", mininterval=0.5)
     start = time.perf_counter()
-    models = policy.models().values() if hasattr(policy, "models") else ()
-    no_autograd = all(getattr(m, "conjugate", False) for m in models)
+    # Inference mode trims per-op bookkeeping (measured: +17% decisions/s at R = 1). It is
+    # used only when every model of the policy is an exact conjugate posterior: models that
+    # train by gradient (NUTS, SVI, the probit GP) need autograd inside ``update``.
+    no_autograd = all(getattr(m, "conjugate", False) for m in models.values())
     grad_mode = torch.inference_mode() if no_autograd else contextlib.nullcontext()
-    user = (lambda: torch.inference_mode(False)) if no_autograd else contextlib.nullcontext
+    user = (lambda: torch.inference_mode(False)) if no_autograd and checked else contextlib.nullcontext
+    last = (None, None, None, None)  # (means, baseline, valid) of the last judgement and its result
     with single_thread(), grad_mode:
         for t in steps:
             with user():
-                units = _check_units(problem.draw(R, _step_generator(seeds, t)), R, t)
+                raw = problem.draw(R, rng if shared_streams else _step_generator(seeds, t))
+                units = _check_units(raw, R, t) if checked else raw
             K = units.features.shape[1]
             try:
                 with trusted_inputs():
                     a = policy.select(units.features, units.baseline, generator=rng, valid=units.valid)
             except ValueError as exc:
+                if not checked:
+                    raise
                 raise ValueError(f"problem.draw returned features of shape {list(units.features.shape)} at step {t} "
                                  f"that the policy does not accept: {exc}") from exc
             with user():
-                obs = _as_float64(problem.outcomes(units, a.clone()), "problem.outcomes", t, (R, M), names)
-                means = None
-                if available and not callable(getattr(problem, "expected", None)):
+                obs = outcome_metrics(problem.outcomes(raw, a.clone() if checked else a))
+                if checked:
+                    obs = _as_float64(obs, "problem.outcomes", t, (R, M), names)
+                means = expected_table(problem, raw) if available else None
+                if means is None and available:
+                    if t > 0:
+                        raise ValueError(f"problem.expected returned None at step {t} after returning means at "
+                                         "earlier steps; return means always or never")
                     available = False
-                if available:
-                    per_action = [problem.expected(units, torch.full((R,), k, dtype=torch.long)) for k in range(K)]
-                    if any(m is None for m in per_action):
-                        if t > 0:
-                            raise ValueError(f"problem.expected returned None at step {t} after returning means at "
-                                             "earlier steps; return means always or never")
-                        available = False
-                    else:
-                        means = torch.stack([_as_float64(m, "problem.expected", t, (R, M), names) for m in per_action], 1)
-            chosen = units.features[rows, a]
+                elif means is not None and checked:
+                    means = _as_float64(means, "problem.expected", t, (R, K, M), names)
             with trusted_inputs():
-                policy.update(chosen, obs[:, 0], obs[:, 1:] if M > 1 else None, actions=a)
-            if means is not None:  # [R, K, M]
-                base_means = means[rows, units.baseline]
-                satisfied = torch.ones(R, K, dtype=torch.bool)
-                for c in declared:
-                    satisfied &= c.satisfied(means[..., index[c.metric]], base_means[:, index[c.metric]])
-                broke = ~satisfied[rows, a]
-                feasible = satisfied if units.valid is None else satisfied & units.valid
-                feasible[rows, units.baseline] = True
-                mean = means[rows, a]
-                best = means[..., 0].masked_fill(~feasible, float("-inf")).max(-1).values
-            else:
-                mean, base_means, best = nan, nan, nan[:, 0]
-                broke = torch.zeros(R, dtype=torch.bool)
+                policy.update(units.features[rows, a], obs[:, 0], obs[:, 1:] if M > 1 else None, actions=a)
+            if means is not None:
+                # fixed arms give the same table every step: judge it once
+                if not (means is last[0] and units.baseline is last[1] and units.valid is last[2]):
+                    last = (means, units.baseline, units.valid, (means, *_judge(means, units, declared, index, rows)))
+                judged.append(last[3])
             actions.append(a)
             baseline.append(units.baseline)
-            expected.append(mean)
             observed.append(obs)
-            base_exp.append(base_means)
-            optimal.append(best)
-            violation.append(broke)
             if callback is not None:
+                mean = means[rows, a] if means is not None else torch.full((R, M), float("nan"), dtype=torch.float64)
                 callback(t, {"actions": a, "expected": mean, "observed": obs, "policy": policy, "units": units})
     elapsed = time.perf_counter() - start
-    actions, baseline, expected, base_exp, observed, optimal, violation = (
-        torch.stack(x) for x in (actions, baseline, expected, base_exp, observed, optimal, violation))
-    if not available:  # the first step's means (if any) were dropped too: all NaN
-        expected, base_exp, optimal = (torch.full_like(x, float("nan")) for x in (expected, base_exp, optimal))
-    relative = [c for c in declared if c.versus_baseline and not c.at_most]
-    alpha = 1.0 - relative[0].bound if len(relative) == len(declared) == 1 else None
+    actions, baseline, observed = (torch.stack(x) for x in (actions, baseline, observed))
+    if available:
+        if all(j is judged[0] for j in judged):  # one table for every step: gather all steps at once
+            means, satisfied, base_means, best = judged[0]
+            expected = means[rows, actions]  # [T, R, M]
+            violation = ~satisfied[rows, actions]
+            base_exp = torch.stack([base_means] * T)
+            optimal = torch.stack([best] * T)
+        else:
+            expected = torch.stack([j[0][rows, a] for j, a in zip(judged, actions)])
+            violation = torch.stack([~j[1][rows, a] for j, a in zip(judged, actions)])
+            base_exp = torch.stack([j[2] for j in judged])
+            optimal = torch.stack([j[3] for j in judged])
+    else:
+        expected = torch.full((T, R, M), float("nan"), dtype=torch.float64)
+        base_exp = expected.clone()
+        optimal = torch.full((T, R), float("nan"), dtype=torch.float64)
+        violation = torch.zeros(T, R, dtype=torch.bool)
+    alpha = getattr(problem, "alpha", None)
+    if not isinstance(alpha, float):
+        relative = [c for c in declared if c.versus_baseline and not c.at_most]
+        alpha = 1.0 - relative[0].bound if len(relative) == len(declared) == 1 else None
     return Trace(
         actions=actions, baseline=baseline, expected=expected, baseline_expected=base_exp, observed=observed,
         optimal_reward=optimal, regret=optimal - expected[..., 0], violation=violation,
         metric_names=names, alpha=alpha, seeds=seeds,
-        attrs={"problem": str(problem.name), "policy": type(policy).__name__, "elapsed_seconds": elapsed,
+        attrs={"problem": name, "policy": type(policy).__name__, "elapsed_seconds": elapsed,
                "decisions_per_second": T * R / max(elapsed, 1e-12), "regret_available": available,
                "constraints": [c.to_dict() for c in declared]},
     )

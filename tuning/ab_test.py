@@ -273,9 +273,11 @@ class ABTest:
             for k, kind in enumerate((self.policy, *self.compare)):
                 arms[kind] = factory(kind, parameters, env, seed=int(seeds[1 + k]), refit_every=min(sizes))
             gens = {kind: torch.Generator().manual_seed(int(seeds[1 + k]) + 1) for k, kind in enumerate(arms)}
+            # the units' stream: the trial's environment is a bayes_safe.envs.Problem (draw(n, generator))
+            stream = torch.Generator().manual_seed(int(seeds[0]))
             records: dict[str, list] = {"units": [], "baseline": [], **{kind: [] for kind in arms}}
             for b, n in enumerate(sizes):
-                units = env.draw(n)
+                units = env.draw(n, stream)
                 records["units"].append(units)
                 records["baseline"].append(env.outcomes(units, units.baseline))
                 rows = torch.arange(n)

@@ -24,7 +24,7 @@
 * the objective is ``<reward>_change``, maximised; every metric ``m`` is reported as ``m_change``
   (% change against the baseline, paired delta-method SE), ``m`` and ``baseline_m``.
 
-The default search space is ``problem.parameters`` (dicts or ``Range`` of ``tolerance_*`` names)
+The default search space is ``problem.search_space`` (dicts or ``Range`` of ``tolerance_*`` names)
 or, when empty, one range per constraint: relative ``[0, 2 |bound - 1|]`` (at least 0.02 wide;
 capped at 0.9 for ``at_least``), absolute ``[-s, s]`` with ``s = |level| / 4`` (0.1 for a level 0).
 
@@ -47,7 +47,7 @@ from collections.abc import Mapping
 import torch
 
 from bayes_safe.envs.ab_problem import ABProblem
-from bayes_safe.envs.problem import Constraint, Units, check_problem
+from bayes_safe.envs.problem import Constraint, Units, check_problem, outcome_metrics
 
 __all__ = ["SimulatedProblem", "import_problem", "load_problem_class", "outcome_constraint", "tolerance_name"]
 
@@ -169,13 +169,15 @@ class _Batch:
 
 
 class _Env:
+    """The user's problem with every draw and outcome checked (a ``Problem`` itself: ``draw(n, generator)``)."""
+
     def __init__(self, problem, seed: int):
         self.problem = problem
         self.generator = torch.Generator().manual_seed(int(seed))
         self.draws = 0
 
-    def draw(self, n: int) -> _Batch:
-        units = self.problem.draw(int(n), self.generator)
+    def draw(self, n: int, generator: torch.Generator | None = None) -> _Batch:
+        units = self.problem.draw(int(n), self.generator if generator is None else generator)
         self.draws += 1
         return _as_batch(self.problem, units, int(n), f"draw (batch {self.draws})")
 
@@ -216,7 +218,7 @@ def _as_batch(problem, units, n: int, where: str) -> _Batch:
 def _check_outcomes(problem, out, n: int, where: str) -> torch.Tensor:
     name = type(problem).__name__
     names = list(problem.metric_names)
-    out = torch.as_tensor(out)
+    out = torch.as_tensor(outcome_metrics(out))
     if out.dim() == 1 and len(names) == 1:
         out = out[:, None]
     if out.shape != (n, len(names)):
@@ -265,7 +267,7 @@ class SimulatedProblem(ABProblem):
         names = list(problem.metric_names)
         self.metric_columns = [names.index(c.metric) for c in self.declared]
         self.noise = self._noise(names)
-        own = tuple(getattr(problem, "parameters", ()) or ())
+        own = tuple(getattr(problem, "search_space", ()) or ())
         self.parameters = own or tuple(default_range(c) for c in self.declared)
         self.objective = f"{names[0]}_change"
         self.outcome_constraints = tuple(outcome_constraint(c) for c in self.declared)

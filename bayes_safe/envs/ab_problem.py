@@ -24,15 +24,18 @@ __all__ = ["ABProblem"]
 
 
 class ABProblem:
-    """What ``ABTest`` needs from a problem. Subclass it for your own problem.
+    """How the trials of a tuning study run on a simulator: the arms, the feedback, the metrics.
 
-    A unit (an upload, a request, a patient) arrives with candidate actions; the problem
-    gives a seeded stream of units and their outcomes under any actions, using the same
-    random numbers whatever the actions (common random numbers). Required:
+    Most users never subclass it: ``ABTest(problem)`` takes a ``bayes_safe.envs.Problem``
+    directly (``bayes_safe.tuning.SimulatedProblem`` supplies TS-ASC and TS arms, the feedback
+    and the metrics from its declarations). Subclass it when a study needs its own arms or
+    metrics, as the video-upload reproduction does (``VideoUploadProblem``). Required:
 
-    * ``make_env(parameters, seed)`` -> an environment with ``draw(n)`` returning units that
-      have ``features [n, K, d]``, ``baseline [n]`` and ``valid [n, K]`` (or ``None``), and
-      ``outcomes(units, actions [n])``;
+    * ``make_env(parameters, seed)`` -> the simulator of one trial, a ``bayes_safe.envs.Problem``:
+      ``draw(n, generator)`` gives units with ``features [n, K, d]``, ``baseline [n]`` and
+      ``valid [n, K]`` (or ``None``), ``outcomes(units, actions [n])`` their outcomes under
+      common random numbers (``ABTest`` draws the units of every batch from one generator
+      seeded by the trial's seed, and pairs every arm with the baseline on the same units);
     * ``make_policy(kind, parameters, env, *, seed, refit_every)`` -> a
       ``Policy`` (``select`` / ``update``); ``kind`` is the
       arm's name (``"ts-asc"``, ``"ts"``, ...) and ``refit_every`` the batch size;

@@ -22,28 +22,28 @@ import torch
 
 from .._validation import check_in_range, check_positive_int, check_std
 from ..random import Generator, replication_seeds, standard_normal
+from .problem import Constraint, Problem, Units
 
 __all__ = ["LinearBandit", "Step", "daulton2019", "kazerouni2017", "kazerouni2017_neurips"]
 
-
-@dataclass
-class Step:
-    """What a policy sees at one step.
-
-    Attributes:
-        features: candidate action features ``[R, K, d]``.
-        baseline: the baseline policy's action ``[R]`` (long).
-        valid: optional mask ``[R, K]`` of the actions allowed at this step (None: all).
-    """
-
-    features: torch.Tensor
-    baseline: torch.Tensor
-    valid: torch.Tensor | None = None
+#: what a policy sees at one step (the ``Units`` of a ``Problem``; the older name)
+Step = Units
 
 
 @dataclass
-class LinearBandit:
-    """A batch of ``R`` linear bandit instances with ``K`` fixed arms in ``R^d``.
+class LinearBandit(Problem):
+    """A batch of ``R`` linear bandit instances with ``K`` fixed arms in ``R^d``: a ``Problem``.
+
+    Each step every replication sees its ``K`` arms and its baseline arm; ``draw`` also draws
+    the step's observation noise ``[R, M]`` (common random numbers: the outcome of any arm
+    uses it) from the run's ``ReplicationRNG`` under the key ``"env/noise"``
+    (``replication_streams = True``), so replication ``r`` of a batch is bit for bit the
+    one-replication run of its seed. The constraints are the paper's form,
+    ``Constraint.from_alpha(metric, alpha)`` for every constraint metric (none when
+    ``alpha`` is None).
+
+    ``expected`` is the ``[R, K, M]`` table of mean outcomes (an attribute here, read by the
+    studies); ``expected_all(units)`` returns it for ``simulate``.
 
     Attributes:
         name: the problem's registry name.
@@ -54,16 +54,20 @@ class LinearBandit:
         alpha: the instance-level constraint level used for regret and violations (None
             when the problem has no constraint metric).
         metric_names: names of the ``M`` metrics (``"reward"`` first).
+        parameter_std: the standard deviation of the prior the parameters were drawn from
+            (``N(0, s^2 I)``), i.e. the well-specified prior of a Bayesian model of this
+            problem; None when unknown.
     """
 
-    name: str
+    name: str = field()  # field(): no default (the Problem base class's defaults are not theirs)
     arm_features: torch.Tensor
-    parameters: torch.Tensor
-    noise_std: torch.Tensor
+    parameters: torch.Tensor = field()
+    noise_std: torch.Tensor = field()
     baseline_action: torch.Tensor
     alpha: float | None = None
     metric_names: list[str] = field(default_factory=lambda: ["reward"])
     seeds: list[int] = field(default_factory=list)
+    parameter_std: float | None = None
 
     def __post_init__(self):
         R, K, d = self.arm_features.shape
@@ -78,8 +82,18 @@ class LinearBandit:
         reward = self.expected[..., 0].masked_fill(~self.feasible, float("-inf"))
         self.optimal_action = reward.argmax(-1)
         self.optimal_reward = self.expected[rows, self.optimal_action, 0]
-        self._step = Step(self.arm_features, self.baseline_action)
         self._rows = rows
+
+    #: the Problem protocol: replication-separable streams, outputs built here (not re-checked)
+    replication_streams = True
+    _trusted_outputs = True
+
+    @property
+    def constraints(self) -> tuple[Constraint, ...]:
+        """``Constraint.from_alpha(m, alpha)`` for every constraint metric (none without ``alpha``)."""
+        if self.alpha is None:
+            return ()
+        return tuple(Constraint.from_alpha(m, self.alpha) for m in self.metric_names[1:])
 
     @property
     def num_constraints(self) -> int:
@@ -93,15 +107,25 @@ class LinearBandit:
         base = base.reshape(base.shape[0], *([1] * (expected.dim() - 2)), base.shape[-1])
         return (expected[..., 1:] >= (1 - self.alpha) * base).all(-1)
 
-    def step(self, t: int) -> Step:
-        """The candidates and baseline action at step ``t`` (fixed arms: the same every step)."""
-        return self._step
+    def step(self, t: int = 0) -> Units:
+        """The candidates ``[R, K, d]`` and baseline arms ``[R]`` (fixed arms: the same every step)."""
+        return Units(self.arm_features, self.baseline_action)
 
-    def observe(self, actions: torch.Tensor, generator: Generator = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Play ``actions [R]``; returns ``(expected [R, M], observed [R, M])``."""
-        mean = self.expected[self._rows, actions]
+    def draw(self, n: int, generator: Generator = None) -> Units:
+        """The ``n = R`` units of one step: the fixed arms and the step's noise ``[R, M]`` (``context``)."""
+        if n != self.replications:
+            raise ValueError(f"n: problem {self.name!r} has {self.replications} replications; draw(n) needs n = "
+                             f"{self.replications}, got {n!r}")
         noise = standard_normal((self.replications, self.num_metrics), generator, key="env/noise")
-        return mean, torch.addcmul(mean, noise, self.noise_std)
+        return Units(self.arm_features, self.baseline_action, None, noise)
+
+    def outcomes(self, units: Units, actions: torch.Tensor) -> torch.Tensor:
+        """Observed metrics ``[R, M]`` of ``actions [R]``: the mean plus ``noise_std`` x the step's noise."""
+        return torch.addcmul(self.expected[self._rows, actions], units.context, self.noise_std)
+
+    def expected_all(self, units: Units) -> torch.Tensor:
+        """The mean outcomes of every arm ``[R, K, M]`` (the same every step)."""
+        return self.expected
 
 
 def _rejection_arms(gen, num_arms, dim, thetas, draw, max_batches=200):
@@ -168,7 +192,7 @@ def kazerouni2017(replications: int = 1, seed: int | list[int] = 0, num_arms: in
     return LinearBandit(
         name="kazerouni2017", arm_features=torch.stack(feats), parameters=torch.stack(thetas),
         noise_std=torch.tensor([float(noise_std)], dtype=torch.float64),
-        baseline_action=torch.full((R,), num_arms, dtype=torch.long), seeds=seeds,
+        baseline_action=torch.full((R,), num_arms, dtype=torch.long), seeds=seeds, parameter_std=10**0.5,
     )
 
 
@@ -198,7 +222,7 @@ def kazerouni2017_neurips(replications: int = 1, seed: int | list[int] = 0, num_
     return LinearBandit(
         name="kazerouni2017-neurips", arm_features=torch.stack(feats), parameters=torch.stack(thetas),
         noise_std=torch.tensor([float(noise_std)], dtype=torch.float64),
-        baseline_action=torch.tensor(base, dtype=torch.long), seeds=seeds,
+        baseline_action=torch.tensor(base, dtype=torch.long), seeds=seeds, parameter_std=1.0,
     )
 
 
@@ -245,5 +269,5 @@ def daulton2019(replications: int = 1, seed: int | list[int] = 0, alpha: float =
         name="daulton2019", arm_features=torch.stack(feats), parameters=torch.stack(thetas),
         noise_std=torch.full((2,), float(noise_std), dtype=torch.float64),
         baseline_action=torch.tensor(base, dtype=torch.long), alpha=alpha,
-        metric_names=["reward", "constraint"], seeds=seeds,
+        metric_names=["reward", "constraint"], seeds=seeds, parameter_std=1.0,
     )

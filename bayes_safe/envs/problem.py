@@ -34,8 +34,27 @@ class EmailTiming(Problem):
 
 Optional: ``expected(units, actions)`` (the mean outcomes ``[n, M]`` when the simulator knows
 them; regret and violations are then reported, otherwise they are reported as unavailable,
-never as zero); ``replications`` (default 1); ``noise_std`` (per metric, used by the default
-models of the command line); ``parameters`` (the default search space of a tuning study).
+never as zero), or its batched form ``expected_all(units)`` (``[n, K, M]``, every candidate at
+once: one call per step instead of ``K``); ``replications`` (default 1); ``noise_std`` (per
+metric, used by the default models of the command line); ``search_space`` (the default search
+space of a tuning study); ``replication_streams`` (below).
+
+``outcomes`` may return the ``[n, M]`` metrics themselves or a richer record of what happened
+whose ``metrics`` attribute is that ``[n, M]`` table (the video-upload simulator returns its
+``Outcomes``, which also carry the uploaded quality its reports read).
+
+**Replication-separable streams.** By default ``simulate`` hands ``draw`` a ``torch.Generator``
+seeded from ``(seed, t)``: the same seed gives the same run, but replication ``r`` of a batch
+is not the run of replication ``r`` alone (one generator draws all ``R`` units). A problem that
+sets ``replication_streams = True`` receives instead the run's ``bayes_safe.random.ReplicationRNG``
+(one named stream per replication) and draws with ``bayes_safe.random.standard_normal((n, ...),
+generator, key="env/...")`` (or ``standard_uniform``); then replication ``r`` of a batch equals a
+one-replication run seeded with ``replication_seeds(seed, R)[r]``, as for the built-in linear
+problems. Name the keys ``"env/..."`` so they never meet a policy's streams.
+
+Every built-in problem implements this protocol: the linear bandits of ``bayes_safe.envs``
+(``daulton2019``, ``kazerouni2017``, ...; fixed arms, replication-separable streams) and the
+video-upload simulator (``bayes_safe.envs.VideoUpload``; contextual, 0/1 success).
 """
 
 from __future__ import annotations
@@ -48,7 +67,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["REQUIRED_METHODS", "Constraint", "Problem", "Units", "check_problem"]
+__all__ = ["REQUIRED_METHODS", "Constraint", "Problem", "Units", "check_problem", "expected_table", "outcome_metrics"]
 
 
 @dataclass(frozen=True)
@@ -164,8 +183,8 @@ class Problem:
         replications: independent copies ``simulate`` runs in lockstep (default 1).
         noise_std: per-metric noise scale for the default Bayesian linear models (default 1.0
             for each metric; 0/1 metrics: 0.5 is the largest standard deviation they can have).
-        parameters: the default search space of a tuning study (dicts of ``name``, ``low``,
-            ``high``); by default one tolerance per relative constraint.
+        search_space: the default search space of a tuning study (dicts of ``name``, ``low``,
+            ``high``); by default one tolerance per constraint.
 
     Methods to define:
         draw(n, generator) -> Units: ``n`` new units. Draw all the randomness of their
@@ -173,6 +192,11 @@ class Problem:
         outcomes(units, actions) -> ``[n, M]``: the observed metrics of ``actions [n]``
             (deterministic given the units).
         expected(units, actions) -> ``[n, M]`` or ``None``: optional, the mean outcomes.
+        expected_all(units) -> ``[n, K, M]`` or ``None``: optional, the mean outcomes of every
+            candidate (by default ``expected`` once per action).
+
+    Class attribute ``replication_streams`` (default False): True to receive the run's
+    ``ReplicationRNG`` in ``draw`` (replication-separable runs; module docstring).
     """
 
     name: str = "custom"
@@ -180,7 +204,8 @@ class Problem:
     constraints: Sequence[Constraint] = ()
     replications: int = 1
     noise_std: Sequence[float] | None = None
-    parameters: tuple = ()
+    search_space: tuple = ()
+    replication_streams: bool = False
 
     def draw(self, n: int, generator: torch.Generator) -> Units:  # pragma: no cover - the user's
         raise NotImplementedError
@@ -191,6 +216,39 @@ class Problem:
     def expected(self, units: Units, actions: torch.Tensor) -> torch.Tensor | None:
         """Mean outcomes ``[n, M]`` of ``actions`` when the simulator knows them; ``None`` otherwise."""
         return None
+
+    def expected_all(self, units: Units) -> torch.Tensor | None:
+        """Mean outcomes ``[n, K, M]`` of every candidate action; ``None`` when unknown.
+
+        The default asks ``expected`` once per action; override it when one call is cheaper.
+        """
+        return _expected_by_action(self, units)
+
+
+def _expected_by_action(problem, units) -> torch.Tensor | None:
+    n, K = int(units.features.shape[0]), int(units.features.shape[1])
+    expected = getattr(problem, "expected", None)
+    if not callable(expected):
+        return None
+    per_action = [expected(units, torch.full((n,), k, dtype=torch.long)) for k in range(K)]
+    if any(m is None for m in per_action):
+        return None
+    return torch.stack([torch.as_tensor(m) for m in per_action], 1)
+
+
+def expected_table(problem, units) -> torch.Tensor | None:
+    """``problem``'s mean outcomes of every candidate ``[n, K, M]`` (``expected_all`` when it
+    defines one, else ``expected`` per action), or ``None`` when the simulator does not know them."""
+    table = getattr(problem, "expected_all", None)
+    if callable(table):
+        return table(units)
+    return _expected_by_action(problem, units)
+
+
+def outcome_metrics(outcomes):
+    """The ``[n, M]`` metrics of what ``outcomes`` returned: the table itself, or its ``metrics``."""
+    metrics = getattr(outcomes, "metrics", None)
+    return outcomes if metrics is None or callable(metrics) else metrics
 
 
 def _defines(obj, method: str) -> bool:

@@ -32,14 +32,17 @@ speed (size / speed, in seconds). Both last columns are computable from observed
 (file size, source bitrate, speed) and the action's target bitrate; they let a model express
 "success falls with size relative to bandwidth" without having to learn a division.
 
-Not registered in ``PROBLEMS``: ``bayes_safe.simulate`` and ``make_problem`` serve
-problems with fixed arms and one fixed baseline action per replication (``baseline_expected``,
-``optimal_reward``, ``instance_feasible`` are per-replication constants there), while here every
-upload brings a new context, a new baseline action and a new valid-action mask. The study
-``studies/video_upload.py`` runs the stream itself (``draw`` a batch, ``select``,
-``outcomes``, ``update``). ``VideoUploadProblem`` is the same problem as an ``ABProblem``
-(``bayes_safe.envs.ab_problem``): what ``bayes_safe.tuning.ABTest`` needs to run the paper's
-A/B tests of TS-ASC's parameters (section 5.3) on this simulator.
+``VideoUpload`` is a ``bayes_safe.envs.Problem``: every upload brings a new context, baseline
+action and valid-action mask; ``outcomes`` returns ``Outcomes`` whose ``metrics`` are the
+``[n, 2]`` table (reward, success), and ``expected_all`` gives the true means, so
+``bayes_safe.simulate(policy, VideoUpload(alpha=0.0), T)`` reports regret against the best
+action that keeps each upload's success probability at least ``(1 - alpha)`` times the
+baseline's, and a violation whenever the chosen action does not (section 3.1's instance-level
+constraint). The study ``studies/video_upload.py`` runs its own batched stream (``draw`` a
+batch, ``select``, ``outcomes``, ``update`` after the batch, as production refits would).
+``VideoUploadProblem`` is the same simulator as an ``ABProblem`` (``bayes_safe.envs.ab_problem``):
+what ``bayes_safe.tuning.ABTest`` needs to run the paper's A/B tests of TS-ASC's parameters
+(section 5.3) on it.
 
 Example:
     >>> env = VideoUpload(seed=0)
@@ -64,6 +67,7 @@ import torch
 from .._validation import as_tensor, check_finite
 from .ab_problem import ABProblem
 from .linear import Step
+from .problem import Constraint, Problem
 
 __all__ = [
     "ACTION_NAMES",
@@ -218,6 +222,11 @@ class Outcomes:
     quality: torch.Tensor
     preserved_1080p: torch.Tensor
 
+    @property
+    def metrics(self) -> torch.Tensor:
+        """``[n, 2]`` float64: the reward and the 0/1 success (the ``Problem`` protocol's outcome table)."""
+        return torch.stack([self.reward, self.success.to(torch.float64)], -1)
+
 
 def _categorical(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """Inverse-CDF categorical draws: ``probs [n, k]`` (rows sum to 1) and ``u [n]`` -> ``[n]`` long."""
@@ -225,8 +234,11 @@ def _categorical(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return (u[:, None] > cdf[:, :-1]).sum(-1)
 
 
-class VideoUpload:
+class VideoUpload(Problem):
     """The video-upload transcoding problem: a seeded stream of uploads and their outcomes.
+
+    A ``bayes_safe.envs.Problem`` with metrics ``("reward", "success")`` and the constraint
+    ``Constraint.from_alpha("success", alpha)``.
 
     Args:
         omega: the four positive additive reward offsets ``(omega_360p, omega_480p, omega_720p,
@@ -235,15 +247,23 @@ class VideoUpload:
             ``omega_360p = 1`` and searches the others in ``(0, 0.05]``).
         seed: seed of the upload stream (contexts and common random numbers).
         params: the generating process's numbers (``VideoUploadParameters``).
+        alpha: the reliability loss allowed against the baseline, in ``[0, 1)`` (the declared
+            constraint ``simulate`` judges violations and regret by; policies take their own).
     """
 
+    name = "video-upload"
+    metric_names = ("reward", "success")
+    #: per-metric noise scale of default models: a 0/1 success has sd at most 0.5
+    noise_std = (0.5, 0.5)
     context_dim = CONTEXT_DIM
     feature_dim = FEATURE_DIM
     num_actions = NUM_ACTIONS
     action_names = ACTION_NAMES
 
     def __init__(self, omega: Sequence[float] = (1.0, 0.02, 0.02, 0.02), seed: int = 0,
-                 params: VideoUploadParameters | None = None):
+                 params: VideoUploadParameters | None = None, alpha: float = 0.0):
+        self.constraints = (Constraint.from_alpha("success", alpha),)
+        self.alpha = float(alpha)
         omega_t = as_tensor(omega, "omega")
         if omega_t.shape != (NUM_ACTIONS,):
             raise ValueError(f"omega: expected 4 offsets (360p, 480p, 720p, 1080p), got shape {list(omega_t.shape)}")
@@ -419,6 +439,10 @@ class VideoUpload:
     def expected_reward(self, uploads: Uploads) -> torch.Tensor:
         """``[n, 4]`` expected reward ``p(x, a) * sum_{a' <= a} omega_{a'}`` (0 where invalid)."""
         return uploads.success_prob * self.reward_scale
+
+    def expected_all(self, uploads: Uploads) -> torch.Tensor:
+        """``[n, 4, 2]`` mean outcomes of every action: expected reward and success probability."""
+        return torch.stack([self.expected_reward(uploads), uploads.success_prob], -1)
 
     # ------------------------------------------------------------------ metrics
     def metrics(self, uploads: Uploads, outcomes: Outcomes) -> dict:
