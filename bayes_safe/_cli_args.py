@@ -26,6 +26,7 @@ __all__ = [
     "key_value",
     "open_fraction",
     "output_dir",
+    "positive_float",
     "positive_int",
     "probability",
     "probability_below_one",
@@ -65,6 +66,15 @@ def _float(text: str, what: str) -> float:
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
     if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """A finite number > 0 (``--ridge``)."""
+    what = "a number > 0"
+    value = _float(text, what)
+    if not value > 0:
         raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
     return value
 

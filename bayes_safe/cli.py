@@ -37,6 +37,7 @@ from ._cli_args import (
     import_path,
     key_value,
     output_dir,
+    positive_float,
     positive_int,
     probability_below_one,
 )
@@ -84,7 +85,10 @@ def _build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--seed", type=int, default=0)
     sim.add_argument("--alpha", type=probability_below_one, default=None,
                      help="constraint level in [0, 1) (problems with constraints)")
-    sim.add_argument("--ridge", type=float, default=1.0, help="ridge penalty of the Bayesian linear models")
+    sim.add_argument("--ridge", type=positive_float, default=None,
+                     help="ridge penalty of the Bayesian linear models: prior N(0, noise^2 / RIDGE I) "
+                          "(default: a built-in problem's own prior, the one its parameters are drawn from; "
+                          "1 for a --problem module:Class)")
     sim.add_argument("--out", required=True, type=output_dir, help="output directory")
     sim.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     _add_debug(sim)

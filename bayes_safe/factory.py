@@ -13,30 +13,43 @@ __all__ = ["POLICIES", "make_policy", "ridge_model"]
 POLICIES = ("ts", "ts-asc", "linucb", "greedy", "random", "lucb", "clucb", "clucb2-asc-c", "clucb2-asc-i")
 
 
-def ridge_model(env, metric: int = 0, ridge: float = 1.0) -> BayesianLinear:
-    """Bayesian ridge regression for one metric of ``env``: prior ``N(0, sigma^2 / ridge I)``, known ``sigma``.
+def ridge_model(env, metric: int = 0, ridge: float | None = None) -> BayesianLinear:
+    """Bayesian linear regression for one metric of ``env``, known noise ``sigma = env.noise_std[metric]``.
 
-    This is the "Bayesian interpretation" of ridge regression with penalty ``ridge``
-    (Daulton et al. 2019 s.4.1 use ``ridge = 1``): its posterior mean is the ridge estimate.
+    ``ridge=None`` (the default) uses the problem's own prior when it declares one: the
+    built-in linear bandits draw their parameters from ``N(0, s^2 I)`` (``env.parameter_std = s``:
+    1 for ``daulton2019`` and ``kazerouni2017_neurips``, ``sqrt(10)`` for ``kazerouni2017``),
+    so the prior ``N(0, s^2 I)`` is the well-specified one; a problem without
+    ``parameter_std`` gets ``ridge = 1``. A number gives the prior ``N(0, sigma^2 / ridge I)``:
+    the "Bayesian interpretation" of ridge regression with penalty ``ridge``, whose posterior
+    mean is the ridge estimate (Daulton et al. 2019 s.4.1 use ``ridge = 1``, i.e. a prior sd of
+    ``sigma = 0.1`` for parameters drawn with sd 1: too narrow; the reproduction studies keep it).
     """
     sigma = float(env.noise_std[metric])
+    if ridge is None:
+        std = getattr(env, "parameter_std", None)
+        scale = float(std) if std is not None else sigma
+    else:
+        scale = sigma / float(ridge) ** 0.5
     # float64 parameters: Normal(0.0, 0.1) from Python floats would round the scale to float32
-    scale = torch.tensor(sigma / ridge**0.5, dtype=torch.float64)
-    prior = dist.Normal(torch.zeros((), dtype=torch.float64), scale).expand([env.dim]).to_event(1)
-    return BayesianLinear(prior, noise_std=sigma, batch_shape=[env.replications])
+    prior = dist.Normal(torch.zeros((), dtype=torch.float64), torch.tensor(scale, dtype=torch.float64))
+    return BayesianLinear(prior.expand([env.dim]).to_event(1), noise_std=sigma, batch_shape=[env.replications])
 
 
-def make_policy(name: str, env, *, ridge: float = 1.0, alpha: float | None = None, delta: float = 0.001,
+def make_policy(name: str, env, *, ridge: float | None = None, alpha: float | None = None, delta: float = 0.001,
                 weight_bound: float | None = None, constraints=None):
     """A policy registered as ``name`` (see ``POLICIES``), with ridge models for ``env``'s metrics.
+
+    ``ridge``: None for the problem's own (well-specified) prior, a number for the ridge prior
+    ``N(0, sigma^2 / ridge I)`` (see ``ridge_model``).
 
     ``constraints``: for ts-asc (and clucb2-asc-c/-i, relative ``at_least`` form only), one
     ``bayes_safe.envs.Constraint`` per constraint metric instead of ``alpha`` (see ``TSASC``).
     """
     if name not in POLICIES:
         raise ValueError(f"policy: unknown name {name!r}; expected one of {list(POLICIES)}")
-    if ridge <= 0:
-        raise ValueError(f"ridge: expected > 0, got {ridge}")
+    if ridge is not None and not ridge > 0:
+        raise ValueError(f"ridge: expected a number > 0 (or None for the problem's own prior), got {ridge}")
     if name == "random":
         return Random()
     reward = ridge_model(env, 0, ridge)

@@ -24,6 +24,9 @@ def test_readme_quick_start_runs():
     trace = namespace["trace"]
     assert trace.regret.shape == (500, 100)
     assert torch.isfinite(trace.regret).all()
+    # what the README says next to the code: a well-specified prior, few violations, regret near zero
+    assert float(trace.violation.double().mean()) < 0.08
+    assert abs(float(trace.regret.sum(0).mean())) < 20
 
 
 TUTORIALS = sorted((ROOT / "docs" / "tutorials").glob("*.md"))
