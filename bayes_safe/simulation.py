@@ -29,7 +29,7 @@ def _check_policy(policy) -> None:
 
 
 def simulate(policy, env, horizon: int, seed: int | Sequence[int] = 0, *, progress: bool = False,
-             callback: Callable[[int, dict], None] | None = None) -> Trace:
+             callback: Callable[[int, dict], None] | None = None, generator: ReplicationRNG | None = None) -> Trace:
     """Run ``policy`` on the problem ``env`` for ``horizon`` steps, all replications at once.
 
     ``env`` is any ``bayes_safe.envs.Problem``: a built-in one or your own class with ``draw``
@@ -72,6 +72,10 @@ def simulate(policy, env, horizon: int, seed: int | Sequence[int] = 0, *, progre
         callback: called as ``callback(t, info)`` after every step (``info`` holds the step's
             ``actions``, ``expected`` ``[R, M]``, ``observed``, ``policy`` and ``units``); for
             live monitoring.
+        generator: the ``ReplicationRNG`` to draw from instead of one seeded from ``seed`` (its
+            ``replications`` must equal the problem's). Runs given streams that share rows
+            (``bayes_safe.experiments.SharedStreams``) compare several settings of one
+            replication on common random numbers.
 
     Returns:
         A ``Trace`` of shape ``[T, R]``.
@@ -86,7 +90,13 @@ def simulate(policy, env, horizon: int, seed: int | Sequence[int] = 0, *, progre
     check_problem(env, "env")
     if callback is not None and not callable(callback):
         raise TypeError(f"callback: expected a callable (t, info) or None, got {type(callback).__name__}")
-    return _run(policy, env, T, seed, progress=progress, callback=callback)
+    if generator is not None:
+        if not isinstance(generator, ReplicationRNG):
+            raise TypeError(f"generator: expected a bayes_safe.random.ReplicationRNG or None, got {type(generator).__name__}")
+        if generator.replications != int(env.replications):
+            raise ValueError(f"generator: it has {generator.replications} replications but the problem has "
+                             f"{int(env.replications)}")
+    return _run(policy, env, T, seed, progress=progress, callback=callback, generator=generator)
 
 
 def _step_generator(seeds: list[int], t: int) -> torch.Generator:
@@ -175,7 +185,7 @@ def _judge(means: torch.Tensor, units, declared, index: dict, rows: torch.Tensor
     return satisfied, base_means, best
 
 
-def _run(policy, problem, T: int, seed, *, progress: bool, callback) -> Trace:
+def _run(policy, problem, T: int, seed, *, progress: bool, callback, generator=None) -> Trace:
     """The loop of ``simulate`` (see its docstring)."""
     from .envs.problem import expected_table, outcome_metrics
 
@@ -201,8 +211,13 @@ def _run(policy, problem, T: int, seed, *, progress: bool, callback) -> Trace:
             raise ValueError(f"policy: its {role} model has batch_shape {list(shape)} but problem {name!r} has {R} "
                              f"replication(s); build the models with batch_shape=[{R}] (one posterior per replication)")
     index = {n: m for m, n in enumerate(names)}
-    seeds = replication_seeds(seed, R)
-    rng = ReplicationRNG(seeds)
+    if generator is None:
+        seeds = replication_seeds(seed, R)
+        rng = ReplicationRNG(seeds)
+    else:  # the seed of each row (shared streams map rows to replications)
+        rng = generator
+        rows_of = getattr(generator, "rows", None)
+        seeds = list(generator.seeds) if rows_of is None else [generator.seeds[int(i)] for i in rows_of]
     shared_streams = bool(getattr(problem, "replication_streams", False))
     # the library's own problems return float64 tensors of the right shapes: their outputs are not re-checked
     checked = not getattr(problem, "_trusted_outputs", False)
@@ -233,7 +248,7 @@ def _run(policy, problem, T: int, seed, *, progress: bool, callback) -> Trace:
                 with trusted_inputs():
                     a = policy.select(units.features, units.baseline, generator=rng, valid=units.valid)
             except ValueError as exc:
-                if not checked:
+                if not checked or not str(exc).startswith("features"):
                     raise
                 raise ValueError(f"problem.draw returned features of shape {list(units.features.shape)} at step {t} "
                                  f"that the policy does not accept: {exc}") from exc
@@ -254,28 +269,20 @@ def _run(policy, problem, T: int, seed, *, progress: bool, callback) -> Trace:
             if means is not None:
                 # fixed arms give the same table every step: judge it once
                 if not (means is last[0] and units.baseline is last[1] and units.valid is last[2]):
-                    last = (means, units.baseline, units.valid, (means, *_judge(means, units, declared, index, rows)))
-                judged.append(last[3])
+                    last = (means, units.baseline, units.valid, _judge(means, units, declared, index, rows))
+                satisfied, base_means, best = last[3]
+                # keep only what the trace needs of the table: [R, M] and [R] per step
+                judged.append((means[rows, a], ~satisfied[rows, a], base_means, best))
             actions.append(a)
             baseline.append(units.baseline)
             observed.append(obs)
             if callback is not None:
-                mean = means[rows, a] if means is not None else torch.full((R, M), float("nan"), dtype=torch.float64)
+                mean = judged[-1][0] if means is not None else torch.full((R, M), float("nan"), dtype=torch.float64)
                 callback(t, {"actions": a, "expected": mean, "observed": obs, "policy": policy, "units": units})
     elapsed = time.perf_counter() - start
     actions, baseline, observed = (torch.stack(x) for x in (actions, baseline, observed))
     if available:
-        if all(j is judged[0] for j in judged):  # one table for every step: gather all steps at once
-            means, satisfied, base_means, best = judged[0]
-            expected = means[rows, actions]  # [T, R, M]
-            violation = ~satisfied[rows, actions]
-            base_exp = torch.stack([base_means] * T)
-            optimal = torch.stack([best] * T)
-        else:
-            expected = torch.stack([j[0][rows, a] for j, a in zip(judged, actions)])
-            violation = torch.stack([~j[1][rows, a] for j, a in zip(judged, actions)])
-            base_exp = torch.stack([j[2] for j in judged])
-            optimal = torch.stack([j[3] for j in judged])
+        expected, violation, base_exp, optimal = (torch.stack(x) for x in zip(*judged))
     else:
         expected = torch.full((T, R, M), float("nan"), dtype=torch.float64)
         base_exp = expected.clone()

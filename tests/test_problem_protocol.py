@@ -189,3 +189,30 @@ def test_the_video_upload_simulator_runs_from_the_command_line_by_import_path(tm
 
     summary = json.loads((out / "summary.json").read_text())
     assert 0.0 <= summary["violation_rate"] <= 1.0 and summary["final_cumulative_regret_mean"] is not None
+
+
+def test_the_bcts_online_phase_is_a_problem_simulate_runs():
+    """A table written here: 6 contexts, 3 arms; arm 2 pays most but the rule forbids it in half the contexts."""
+    from bayes_safe.envs import BCTSProblem
+    from bayes_safe.policies.bcts import ConstraintMask
+
+    contexts = np.eye(6)
+    rewards = np.tile([0.2, 0.5, 0.9], (6, 1))
+    allowed = np.ones((6, 3), dtype=bool)
+    allowed[::2, 2] = False
+    table = BCTSProblem("six", contexts, rewards, allowed, [f"f{i}" for i in range(6)], ["a", "b", "c"], teaching_size=2)
+    order = torch.as_tensor(np.random.default_rng(0).integers(0, 6, size=(40, 2)))
+    online = table.online(order, mask=True)
+    check_problem(online)
+    trace = simulate(ConstraintMask(num_arms=3, dim=6, batch_shape=[2]), online, 40, seed=1)
+    assert not trace.violation.any()  # the mask knows the rule
+    # regret is against the best allowed arm: 0.9 where allowed, else 0.5
+    best = torch.where(torch.as_tensor(allowed[:, 2])[order], 0.9, 0.5).double()
+    torch.testing.assert_close(trace.optimal_reward, best)
+    # without the rule, a violation is exactly a forbidden arm played
+    from bayes_safe.policies import Random
+
+    trace = simulate(Random(), table.online(order), 40, seed=1)
+    ctx = order[:, 0]
+    torch.testing.assert_close(trace.violation[:, 0], ~torch.as_tensor(allowed)[ctx, trace.actions[:, 0]])
+    assert trace.violation.any()

@@ -7,6 +7,13 @@ validations using a different subset of 200 movies to train mu^e each time").
 
 The tables of the paper are built by ``bayes_safe.envs.movies.movie_recommendation`` and
 ``bayes_safe.envs.warfarin.warfarin``; ``bayes_safe.experiments.run_bcts`` runs BCTS on one.
+
+Online, the table is a ``bayes_safe.envs.Problem`` (``BCTSProblem.online``): each step every
+row recommends on one context of its online fold, drawn uniformly with replacement; the
+metrics are the reward and whether the behaviour rule allows the arm, declared as
+``Constraint.absolute("allowed", at_least=1)``. ``simulate`` then measures the regret against
+the best *allowed* arm and counts a violation for every arm the rule forbids (the paper's
+behavioural errors ``E(T)``).
 """
 
 from __future__ import annotations
@@ -17,7 +24,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-__all__ = ["BCTSProblem"]
+from .problem import Constraint, Problem, Units
+
+__all__ = ["BCTSOnline", "BCTSProblem"]
 
 
 @dataclass
@@ -99,3 +108,61 @@ class BCTSProblem:
             online.append(perm[~mask])
         return torch.as_tensor(np.stack(teach)), torch.as_tensor(np.stack(online))
 
+
+    def online(self, contexts: torch.Tensor, rows: torch.Tensor | None = None, *, mask: bool = False) -> BCTSOnline:
+        """The online phase as a ``Problem``: row ``b`` sees context ``contexts[t, rows[b]]`` at step ``t``.
+
+        Args:
+            contexts: ``[T, R]`` long, the context index each replication recommends on at each step.
+            rows: ``[B]`` replication of each row (default: one row per replication).
+            mask: give the behaviour rule as ``valid`` (the Constraint Mask baseline knows it).
+        """
+        return BCTSOnline(self, contexts, rows, mask)
+
+
+class BCTSOnline(Problem):
+    """The online phase of a ``BCTSProblem`` as a ``Problem`` (``BCTSProblem.online``).
+
+    Step ``t`` (the ``t``-th ``draw``): row ``b`` gets the context ``i = contexts[t, rows[b]]``,
+    as candidates ``[B, K, d]`` (the context repeated for every arm: the per-arm posteriors of
+    BCTS read one context), its baseline is the best allowed arm (the comparator of the
+    constrained regret), and ``outcomes`` are ``(reward, allowed)`` of the played arm.
+    ``units.context`` holds the context indices ``[B]``.
+    """
+
+    metric_names = ("reward", "allowed")
+    constraints = (Constraint.absolute("allowed", at_least=1.0),)
+    _trusted_outputs = True  # built from the validated table
+
+    def __init__(self, problem: BCTSProblem, contexts: torch.Tensor, rows: torch.Tensor | None, mask: bool):
+        self.table = problem
+        self.name = problem.name
+        self.contexts = torch.as_tensor(contexts, dtype=torch.long)
+        if self.contexts.dim() != 2:
+            raise ValueError(f"contexts: expected [T, R] context indices, got shape {list(self.contexts.shape)}")
+        R = self.contexts.shape[1]
+        self.rows = torch.arange(R) if rows is None else torch.as_tensor(rows, dtype=torch.long)
+        self.replications = int(self.rows.numel())
+        self.mask = bool(mask)
+        allowed_reward = problem.rewards.masked_fill(~problem.allowed, float("-inf"))
+        self._best_allowed_arm = torch.where(problem.allowed.any(-1), allowed_reward.argmax(-1), problem.rewards.argmax(-1))
+        self._table = torch.stack([problem.rewards, problem.allowed.to(torch.float64)], -1)  # [n, K, 2]
+        self._index = torch.arange(self.replications)
+        self.steps = 0
+
+    def draw(self, n: int, generator=None) -> Units:
+        if n != self.replications:
+            raise ValueError(f"n: expected {self.replications} rows, got {n!r}")
+        if self.steps >= self.contexts.shape[0]:
+            raise ValueError(f"draw: the online phase has {self.contexts.shape[0]} steps; all were drawn")
+        i = self.contexts[self.steps][self.rows]
+        self.steps += 1
+        p = self.table
+        features = p.contexts[i][:, None, :].expand(n, p.num_arms, p.dim)
+        return Units(features, self._best_allowed_arm[i], p.allowed[i] if self.mask else None, i)
+
+    def outcomes(self, units: Units, actions: torch.Tensor) -> torch.Tensor:
+        return self._table[units.context, actions]
+
+    def expected_all(self, units: Units) -> torch.Tensor:
+        return self._table[units.context]

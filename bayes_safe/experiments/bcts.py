@@ -1,7 +1,8 @@
-"""The two-phase runner of behaviour-constrained bandit experiments (Balakrishnan et al. 2018, s.5).
+"""Behaviour-constrained bandit experiments (Balakrishnan et al. 2018, s.5): teaching, then ``simulate``.
 
-``simulate`` runs one policy on a problem that shows candidates
-every step. BCTS experiments have a different protocol, so they have their own runner:
+A BCTS experiment has two phases; the first is a policy-side pre-training step
+(``BCTS.learn_constraints``), the second runs through the common runner ``simulate`` on the
+table's online view (``BCTSProblem.online``, a ``bayes_safe.envs.Problem``):
 
 1. **Folds.** A ``BCTSProblem`` (``bayes_safe.envs.bcts_problem``) is a finite table of
    contexts with each arm's reward and whether the behaviour constraint allows it.
@@ -217,6 +218,24 @@ def _record_steps(horizon: int, points: int) -> np.ndarray:
     return steps
 
 
+def _online(policy, online, streams: SharedStreams, problem: BCTSProblem, record: np.ndarray,
+            progress: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The online phase through ``simulate`` on ``online`` (a ``BCTSOnline`` problem).
+
+    Returns the cumulative regret against the best arm, against the best allowed arm (the
+    trace's regret) and the behavioural errors (the trace's violations), at the steps
+    ``record`` (1-based), each ``[P, B]``.
+    """
+    from ..simulation import simulate
+
+    T = online.contexts.shape[0]
+    trace = simulate(policy, online, T, generator=streams, progress=progress)
+    at = torch.as_tensor(record - 1, dtype=torch.long)
+    ctx = online.contexts[:, online.rows]  # [T, B]
+    regret = (problem.best_reward[ctx] - trace.expected[..., 0]).cumsum(0)[at]
+    return regret.numpy(), trace.regret.cumsum(0)[at].numpy(), trace.violation.double().cumsum(0)[at].numpy()
+
+
 def _index_stream(seed: int, name: str, high: int, size: int) -> np.ndarray:
     gen = np.random.Generator(np.random.PCG64([int(seed), zlib.crc32(name.encode())]))
     return gen.integers(0, high, size=size)
@@ -269,7 +288,7 @@ def run_bcts(problem: BCTSProblem, *, sigmas: Sequence[float] = PAPER_SIGMAS,
     teach_idx, online_idx = problem.folds(R, seed)
     n_teach, n_online = teach_idx.shape[1], online_idx.shape[1]
     N_max = budgets[-1] if sigmas else 0
-    X, Y, A = problem.contexts, problem.rewards, problem.allowed
+    X, A = problem.contexts, problem.allowed
     timings = {"teaching": 0.0, "online": 0.0}
     tqdm = None
     if progress:
@@ -322,53 +341,27 @@ def run_bcts(problem: BCTSProblem, *, sigmas: Sequence[float] = PAPER_SIGMAS,
             settings.append({"label": "Constraint Mask", "policy": "mask", "sigma_online": None, "teaching": None,
                              "num_teaching": 0})
         online_pos = torch.as_tensor(np.stack([_index_stream(s, "online/context", n_online, T) for s in seeds]))
-        online_ctx = torch.gather(online_idx, 1, online_pos)  # [R, T]
-        policy = None
-        if B:
-            constraint = CTSPosterior.cat([snapshots[n] for n in budgets])
-            policy = BCTS(torch.tensor(rows_sigma, dtype=torch.float64), reward_model=CTSPosterior(K, d, v, batch_shape=[B]),
-                          constraint_model=_SharedRows(constraint, torch.tensor(rows_model, dtype=torch.long)))
-            streams = SharedStreams(seeds, rep_rows)
-        masker = ConstraintMask(num_arms=K, dim=d, v=v, batch_shape=[R]) if mask else None
-        mask_streams = SharedStreams(seeds, torch.arange(R))
+        online_ctx = torch.gather(online_idx, 1, online_pos).T.contiguous()  # [T, R]
         record = _record_steps(T, record_points)
         P, nS = len(record), len(settings)
         regret = np.zeros((P, nS, R))
         cregret = np.zeros((P, nS, R))
         errors = np.zeros((P, nS, R))
-        cum = torch.zeros(3, B, dtype=torch.float64)
-        cum_m = torch.zeros(3, R, dtype=torch.float64)
-        p = 0
-        steps = range(T)
-        if tqdm:
-            steps = tqdm(steps, desc=f"{problem.name}: online", mininterval=1.0)
-        for t in steps:
-            i_rep = online_ctx[:, t]
-            if B:
-                i = i_rep[rep_rows]
-                c = X[i]
-                a = policy.select(c[:, None, :].expand(B, K, d), generator=streams)
-                r = Y[i, a]
-                policy.update(c, r, actions=a)
-                cum[0] += problem.best_reward[i] - r
-                cum[1] += problem.best_allowed_reward[i] - r
-                cum[2] += (~A[i, a]).double()
-            if mask:
-                c = X[i_rep]
-                a = masker.select(c[:, None, :].expand(R, K, d), generator=mask_streams, valid=A[i_rep])
-                r = Y[i_rep, a]
-                masker.update(c, r, actions=a)
-                cum_m[0] += problem.best_reward[i_rep] - r
-                cum_m[1] += problem.best_allowed_reward[i_rep] - r
-                cum_m[2] += (~A[i_rep, a]).double()
-            if t + 1 == record[p]:
-                if B:
-                    for k, arr in enumerate((regret, cregret, errors)):
-                        arr[p, : nS - int(mask)] = cum[k].numpy().reshape(-1, R)
-                if mask:
-                    for k, arr in enumerate((regret, cregret, errors)):
-                        arr[p, -1] = cum_m[k].numpy()
-                p += 1
+        policy = None
+        if B:
+            constraint = CTSPosterior.cat([snapshots[n] for n in budgets])
+            policy = BCTS(torch.tensor(rows_sigma, dtype=torch.float64), reward_model=CTSPosterior(K, d, v, batch_shape=[B]),
+                          constraint_model=_SharedRows(constraint, torch.tensor(rows_model, dtype=torch.long)))
+            curves = _online(policy, problem.online(online_ctx, rep_rows), SharedStreams(seeds, rep_rows),
+                             problem, record, progress)
+            for k, arr in enumerate((regret, cregret, errors)):
+                arr[:, : nS - int(mask)] = curves[k].reshape(P, -1, R)
+        masker = ConstraintMask(num_arms=K, dim=d, v=v, batch_shape=[R]) if mask else None
+        if mask:
+            curves = _online(masker, problem.online(online_ctx, mask=True), SharedStreams(seeds, torch.arange(R)),
+                             problem, record, progress)
+            for k, arr in enumerate((regret, cregret, errors)):
+                arr[:, -1] = curves[k]
         timings["online"] = time.perf_counter() - start
     # the fitted posteriors, split by setting (outside inference mode: ordinary tensors)
     models: dict[str, dict[str, CTSPosterior]] = {}
