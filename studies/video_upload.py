@@ -38,6 +38,15 @@ reward and constraint views share one ProbitGP and are saved together as
 ``rep<r>__ts-asc_alpha=<a>__reward+constraint0.pt``), each GP with at most
 ``SAVED_OBSERVATIONS`` of its stored uploads (evenly spaced) so that ``bayes-safe diagnose OUT``
 can draw the latent function and check calibration there without the full data.
+
+Comparing with an earlier run: when the output directory already holds a run of the same
+configuration and seed (also through ``bayes-safe study run``, whose scratch directory is
+mapped back to ``--out``), its reliability changes are kept in ``results.json`` under
+``previous`` and the report gets a section "What the refit fix changed" (both conventions: the
+relative % change and the absolute change in percentage points; Figure 3c's contrast of
+TS-ASC(alpha=0) against vanilla TS). ``rerender(out, previous=FILE)`` attaches an earlier
+``results.json`` to a finished run. ``results.json`` records the ProbitGP training in
+``model_training`` (``MODEL_TRAINING``; a file without it predates the refit fix of issue 16).
 """
 
 from __future__ import annotations
@@ -454,6 +463,119 @@ def _csv(summary: dict) -> str:
     return buf.getvalue()
 
 
+#: how the feature network of every ProbitGP is trained at each (warm-started) refit; stored in
+#: ``results.json`` so that a later run can say which training produced which numbers
+MODEL_TRAINING = ("refits scale with the data (issue 16 item 7): at most nn_epochs passes over the stored rows, "
+                  "early stopping on a fixed held-out slice (nn_holdout of the rows, nn_patience epochs without "
+                  "improvement, best epoch kept); the nn_min_steps floor only on the first (cold) fit")
+#: what a ``results.json`` without ``model_training`` was produced with
+PREVIOUS_TRAINING = ("the run made before the refit fix: every warm refit trained at least nn_min_steps = 500 "
+                     "mini-batch steps on all stored rows (hundreds of epochs over the first rows), no held-out slice")
+
+
+def _reliability_digest(results: dict) -> dict:
+    """Per arm, the reliability change in both conventions the report uses.
+
+    ``pct``: the study's convention, ``100 (r - r_b) / r_b``, the relative % change of the success
+    rate against the baseline's on the same uploads (the mean over replications ± its SE across
+    replications when there are several, else the pooled change ± its paired SE); ``pp``: the
+    absolute difference ``100 (r - r_b)`` in percentage points, of the pooled uploads.
+    """
+    out = {}
+    f, s = results["finding"], results["summary"]
+    for name, row in [("ts", f["ts"]), *f["ts_asc"].items()]:
+        o = s[name]["overall"]
+        reps = s[name].get("replications") or [o]
+        out[name] = {
+            "pct": row["reliability_change_pct"], "pct_se": row["reliability_change_se"],
+            "pct_by_replication": row["reliability_change_pct_by_replication"],
+            "pp": 100 * (o["reliability"] - o["reliability_baseline"]),
+            "pp_by_replication": [100 * (r["reliability"] - r["reliability_baseline"]) for r in reps],
+            "q_1080p_change_pct": row["q_1080p_change_pct"], "violation_rate": o.get("violation_rate"),
+        }
+    return out
+
+
+def _destination(out: Path) -> Path:
+    """``out``, or the directory ``out`` will replace when it is the scratch directory that
+    ``bayes_safe.io.atomic_output_dir`` yields (``<parent>/.NAME.tmp-PID-TOKEN/NAME``; the command
+    line hands the study one)."""
+    out = Path(out)
+    if out.parent.name.startswith(f".{out.name}.tmp-"):
+        return out.parent.parent / out.name
+    return out
+
+
+def _previous_run(results_file: Path, cfg: dict, seed: int) -> dict | None:
+    """The reliability digest of an earlier run's ``results.json`` (same configuration and seed), or None."""
+    try:
+        prev = json.loads(Path(results_file).read_text())
+    except (OSError, ValueError):
+        return None
+    if prev.get("study") != NAME or prev.get("seed") != seed or prev.get("config") != _clean(cfg):
+        return None
+    try:
+        digest = _reliability_digest(prev)
+    except (KeyError, TypeError):
+        return None
+    if "previous" in prev and prev.get("model_training") == MODEL_TRAINING:
+        return prev["previous"]  # a rerun of the same code: keep comparing with the run before the change
+    return {"model_training": prev.get("model_training", PREVIOUS_TRAINING), "seconds": prev.get("seconds"),
+            "reliability": digest}
+
+
+def _change_section(results: dict) -> list[str]:
+    """What the model-training change did to the reliability changes (Figure 3c's contrast)."""
+    prev = results.get("previous")
+    if not prev:
+        return []
+    now, before = _reliability_digest(results), prev["reliability"]
+    lines = [
+        "## What the refit fix changed",
+        "",
+        (f"Against an earlier run of the same configuration and seed (its numbers are kept in this run's "
+         f"`results.json` under `previous`); the ProbitGP's training is the change meant (other code may have "
+         f"changed between the two runs too). Before: {prev['model_training']}. "
+         f"Now: {results.get('model_training', MODEL_TRAINING)}."),
+        "",
+        ("Two conventions, both against the baseline policy on the same uploads: **%** is the study's convention, "
+         "the relative change of the success rate `100 (r - r_b) / r_b` (mean over replications ± its SE across "
+         "replications, as in the finding above); **pp** is the absolute difference `100 (r - r_b)` in percentage "
+         "points of the pooled uploads (the baseline's reliability is about 0.90, so pp ≈ 0.9 × %). "
+         "Per-replication values in brackets."),
+        "",
+        "| arm | Δ reliability % before | Δ reliability % now | Δ reliability pp before | Δ reliability pp now | Δ q_1080p % before → now | violation rate before → now |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, r in now.items():
+        b = before.get(name)
+        if b is None:
+            continue
+        fmt_reps = lambda v: ", ".join(f"{x:+.2f}" for x in v)
+        lines.append(
+            f"| {name} | {_fmt(b['pct'], b['pct_se'])} ({fmt_reps(b['pct_by_replication'])}) | "
+            f"{_fmt(r['pct'], r['pct_se'])} ({fmt_reps(r['pct_by_replication'])}) | "
+            f"{b['pp']:+.2f} ({fmt_reps(b['pp_by_replication'])}) | {r['pp']:+.2f} ({fmt_reps(r['pp_by_replication'])}) | "
+            f"{_fmt(b['q_1080p_change_pct'], digits=1)} → {_fmt(r['q_1080p_change_pct'], digits=1)} | "
+            f"{_fmt(b.get('violation_rate'), digits=3)} → {_fmt(r.get('violation_rate'), digits=3)} |")
+    lines.append("")
+    zero = next((n for n in now if n.startswith("ts-asc") and results["summary"][n]["alpha"] == 0), None)
+    if zero is not None and zero in before and "ts" in before:
+        gap = lambda d: d[zero]["pct"] - d["ts"]["pct"]
+        gap_pp = lambda d: d[zero]["pp"] - d["ts"]["pp"]
+        lines += [
+            (f"Figure 3c's contrast, {zero} minus vanilla TS: before {gap(before):+.2f} % ({gap_pp(before):+.2f} pp), "
+             f"now {gap(now):+.2f} % ({gap_pp(now):+.2f} pp). {zero}'s own change: before "
+             f"{_fmt(before[zero]['pct'], before[zero]['pct_se'])} %, now {_fmt(now[zero]['pct'], now[zero]['pct_se'])} %; "
+             f"vanilla TS: before {_fmt(before['ts']['pct'], before['ts']['pct_se'])} %, now "
+             f"{_fmt(now['ts']['pct'], now['ts']['pct_se'])} %."),
+            "",
+        ]
+    if prev.get("seconds") is not None and results.get("seconds") is not None:
+        lines += [f"Run time: before {prev['seconds']:.0f} s, now {results['seconds']:.0f} s.", ""]
+    return lines
+
+
 def _report(results: dict) -> str:
     s, f, cfg = results["summary"], results["finding"], results["config"]
     reps = int(cfg["replications"])
@@ -488,6 +610,7 @@ def _report(results: dict) -> str:
                      f"({r['replications_significantly_lower']} of {len(r['reliability_change_pct_by_replication'])} lower) | "
                      f"{_fmt(r['q_1080p_change_pct'], digits=1)} |")
     lines += ["", f"**Finding reproduced: {'yes' if f['reproduced'] else 'no'}** (by the test above, for the smallest alpha).", ""]
+    lines += _change_section(results)
     ref = results.get("reference", {})
     gaps = []
     for name in f["ts_asc"]:
@@ -553,13 +676,29 @@ def _report(results: dict) -> str:
     return "\n".join(lines)
 
 
-def rerender(out) -> None:
-    """Rewrite ``report.md`` and the figures of a finished run from its ``results.json`` (no simulation)."""
+def rerender(out, previous=None) -> None:
+    """Rewrite ``report.md`` and the figures of a finished run from its ``results.json`` (no simulation).
+
+    Args:
+        out: the run's directory.
+        previous: optional ``results.json`` of an earlier run with the same configuration and
+            seed (e.g. one kept from before a model change); its reliability changes are
+            stored in ``results.json`` under ``previous`` and the report compares with them
+            ("What the refit fix changed"). A file of another configuration raises ValueError.
+    """
     out = Path(out)
     results = json.loads((out / "results.json").read_text())
+    if previous is not None:
+        digest = _previous_run(Path(previous), results["config"], results["seed"])
+        if digest is None:
+            raise ValueError(f"previous: {previous} is not a results.json of this study with configuration "
+                             f"{results['config']} and seed {results['seed']}")
+        results["previous"] = digest
     with atomic_output_dir(out) as tmp:
         _figures(results["summary"], tmp)
         (tmp / "report.md").write_text(_report(results))
+        if previous is not None:
+            (tmp / "results.json").write_text(json.dumps(_clean(results), indent=2) + "\n")
 
 
 def run(out, quick: bool = False, seed: int = 0, config: dict | None = None) -> dict:
@@ -575,6 +714,7 @@ def run(out, quick: bool = False, seed: int = 0, config: dict | None = None) -> 
         raise TypeError(f"seed: expected an int, got {type(seed).__name__}")
     cfg = _validate_config({**(QUICK if quick else FULL), **(config or {})})
     start = time.perf_counter()
+    previous = _previous_run(_destination(Path(out)) / "results.json", cfg, seed)
     sims = [simulate_stream(cfg, seed=seed + r) for r in range(int(cfg["replications"]))]
     pooled = _pool(sims)
     summary = summarize(pooled)
@@ -585,7 +725,7 @@ def run(out, quick: bool = False, seed: int = 0, config: dict | None = None) -> 
     results = {
         "study": NAME, "seed": seed, "quick": bool(quick), "config": cfg, "summary": summary, "reference": reference,
         "finding": _finding(summary), "fit_seconds": fit_seconds,
-        "seconds": time.perf_counter() - start,
+        "seconds": time.perf_counter() - start, "model_training": MODEL_TRAINING, "previous": previous,
     }
     results["finding"]["paper"] = "vanilla TS decreases reliability; TS-ASC with alpha close to 0 does not (section 5.4, Figure 3)"
     with atomic_output_dir(out, replace=True) as tmp:

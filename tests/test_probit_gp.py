@@ -9,6 +9,7 @@ import torch
 
 from bayes_safe.envs.video_upload import FEATURE_DIM, VideoUpload
 from bayes_safe.models import ProbitGP, ScaledOutcome, SuccessProbability
+from bayes_safe.models.probit_gp import holdout_rows
 from bayes_safe.policies import TSASC, ThompsonSampling
 from bayes_safe.threads import single_thread
 
@@ -291,3 +292,101 @@ def test_custom_prior_is_used():
     m = ProbitGP(5, variance_prior=prior, refit_every=None, ard=False)
     assert m.gp.covar_module.variance.numel() == 1
     assert any(p is prior for _, _, p, _, _ in m.gp.named_priors())
+
+
+# ---------------------------------------------------------------------- refits (issue 16 item 7)
+_CATEGORY_EFFECT = torch.linspace(-0.6, 0.6, 24, dtype=torch.float64)[torch.randperm(24, generator=torch.Generator().manual_seed(5))]
+
+
+def _known_probit(n: int, seed: int):
+    """A known probit problem, written here (not the library's simulator): ``(X [n, 36], y [n], p [n])``.
+
+    Twelve standard-normal inputs, of which three matter (one through a ``tanh``), and a
+    24-level categorical input, one-hot and skewed (rare levels are seen a few times in the
+    first rows), with effects spread over +-0.6: ``p = Phi(f(x))``,
+    ``f = 1 + 0.8 x0 - 0.6 x1 + 0.5 tanh(2 x2) + effect[category]``. The irrelevant inputs and
+    the rare levels are what a network trained hundreds of epochs over the first rows memorises.
+    """
+    g = torch.Generator().manual_seed(seed)
+    dense = torch.randn(n, 12, generator=g, dtype=torch.float64)
+    level = torch.multinomial(torch.linspace(1.0, 0.05, 24), n, replacement=True, generator=g)
+    X = torch.cat([dense, torch.nn.functional.one_hot(level, 24).double()], 1)
+    f = 1.0 + 0.8 * dense[:, 0] - 0.6 * dense[:, 1] + 0.5 * torch.tanh(2 * dense[:, 2]) + _CATEGORY_EFFECT[level]
+    p = torch.special.ndtr(f)
+    y = (torch.rand(n, generator=g, dtype=torch.float64) < p).double()
+    return X, y, p
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_ten_warm_refits_are_within_1_5x_of_one_fit(seed):
+    """10 warm refits every 500 rows vs one fit on the same 5,000 rows, default training settings.
+
+    Error: mean |E[Phi(f)] - p| against the true success probability on 20,000 fresh points.
+    Measured (seed 0 / 1): one fit 0.048 / 0.040, 10 warm refits 0.050 / 0.042 (ratios 1.03 / 1.05);
+    before the fix, when every refit trained >= nn_min_steps = 500 steps from where the last
+    one stopped: one fit 0.048 / 0.038, 10 warm refits 0.128 / 0.130 (2.6x / 3.4x).
+    """
+    X, y, _ = _known_probit(5000, seed)
+    X_test, _, p_test = _known_probit(20_000, 100 + seed)
+    with single_thread():
+        one = ProbitGP(X.shape[1], seed=seed, refit_every=None)
+        one.update(X, y)
+        one.fit()
+        warm = ProbitGP(X.shape[1], seed=seed, refit_every=500)
+        for start in range(0, 5000, 500):
+            warm.update(X[start:start + 500], y[start:start + 500])
+    assert warm.num_fits == 10 and warm.fit_info["n"] == 5000
+    # a warm refit trains at most nn_epochs passes (no step floor), stopped on the held-out slice
+    assert warm.fit_info["nn_epochs_run"] <= warm.nn_epochs
+    assert warm.fit_info["nn_holdout_rows"] == int(holdout_rows(5000, warm.nn_holdout).sum())
+    err_one = float((one.predict_proba(X_test) - p_test).abs().mean())
+    err_warm = float((warm.predict_proba(X_test) - p_test).abs().mean())
+    assert err_warm <= 1.5 * err_one, f"10 warm refits: error {err_warm:.4f} vs one fit {err_one:.4f}"
+
+
+def test_held_out_rows_keep_their_side_as_data_grows():
+    small, big = holdout_rows(500, 0.1), holdout_rows(5000, 0.1)
+    assert torch.equal(big[:500], small)  # a held-out row stays held out at every later refit
+    assert abs(int(big.sum()) - 500) <= 2
+    for start in range(0, 5000, 500):  # spread evenly over arrival order
+        assert abs(int(big[start:start + 500].sum()) - 50) <= 2
+    assert not bool(holdout_rows(100, 0.0).any())
+
+
+def test_without_a_held_out_slice_a_fit_trains_its_whole_budget():
+    X, y, _ = _known_probit(600, 3)
+    with single_thread():
+        m = ProbitGP(X.shape[1], seed=0, refit_every=None, nn_holdout=0.0, nn_epochs=2, nn_min_steps=10, gp_epochs=1)
+        m.update(X, y)
+        m.fit()
+    assert m.fit_info["nn_holdout_rows"] == 0 and m.fit_info["nn_epochs_run"] == 4  # ceil(10 / 3) epochs of 3 steps
+    with pytest.raises(ValueError, match="nn_holdout"):
+        ProbitGP(4, nn_holdout=0.6)
+    with pytest.raises(ValueError, match="nn_patience"):
+        ProbitGP(4, nn_patience=0)
+
+
+# ---------------------------------------------------------------------- replications (issue 16 item 8)
+def test_a_replication_batch_is_refused_not_pooled(fitted):
+    """A ProbitGP is one posterior: driven as R > 1 replications it refuses, naming ``replications``."""
+    from bayes_safe import _validation
+    from bayes_safe.random import ReplicationRNG
+
+    model, env, _, _ = fitted
+    import copy
+
+    m = copy.deepcopy(model)
+    n0 = m.num_observations
+    up = env.draw(4)
+    with pytest.raises(ValueError, match=r"replications: .*4 replications.*one posterior.*replications=1"):
+        m.sample_at(up.features, ReplicationRNG([1, 2, 3, 4]))
+    with pytest.raises(ValueError, match="replications"):
+        SuccessProbability(m).sample_at(up.features, ReplicationRNG([1, 2, 3, 4]))
+    with _validation.trusted_inputs(), pytest.raises(ValueError, match="replications: .*one posterior"):
+        m.update(up.features[:, 0], torch.ones(4, dtype=torch.float64))
+    assert m.num_observations == n0
+    # one replication is one stream: accepted
+    assert m.sample_at(up.features[:1], ReplicationRNG([1])).shape == (1, 4)
+    with _validation.trusted_inputs():
+        m.update(up.features[:1, 0], torch.ones(1, dtype=torch.float64))
+    assert m.num_observations == n0 + 1

@@ -149,10 +149,32 @@ def probit():
     g = _gen(5)
     X = torch.randn(600, 4, generator=g, dtype=F64)
     y = (X[:, 0] + 0.5 * torch.randn(600, generator=g, dtype=F64) > 0).double()
-    gp = ProbitGP(4, hidden=(8, 3), activation="tanh", refit_every=None, nn_epochs=2, nn_min_steps=30, gp_epochs=1, seed=0)
+    gp = ProbitGP(4, hidden=(8, 3), activation="tanh", refit_every=None, nn_epochs=2, nn_min_steps=30, gp_epochs=1, seed=0,
+                  nn_holdout=0.2, nn_patience=3)
     gp.update(X, y)
     gp.fit()
     return gp, X, y
+
+
+def test_a_probit_gp_file_written_before_the_refit_options_loads_with_their_defaults(probit, tmp_path):
+    import json
+
+    gp, X, _ = probit
+    path = save_state(gp, tmp_path / "old")
+    doc = json.loads(path.read_text())
+
+    def strip(node):  # the file as the version before nn_holdout / nn_patience wrote it
+        if isinstance(node, dict):
+            if node.get("type") == "ProbitGP":
+                node["config"].pop("nn_holdout"), node["config"].pop("nn_patience")
+            for v in node.values():
+                strip(v)
+
+    strip(doc)
+    path.write_text(json.dumps(doc))
+    back = load_state(path)
+    assert (back.nn_holdout, back.nn_patience) == (0.1, 2)
+    assert torch.equal(back.predict(X[:5])[0], gp.predict(X[:5])[0])
 
 
 def test_probit_gp_views_share_one_posterior_after_loading(probit, tmp_path):
@@ -164,6 +186,7 @@ def test_probit_gp_views_share_one_posterior_after_loading(probit, tmp_path):
     assert back.reward_model.model is back.constraint_models[0].model  # one GP, saved once
     new = back.reward_model.model
     assert new.weight_names == gp.weight_names and new.num_fits == 1 and new.num_observations == 600
+    assert (new.nn_holdout, new.nn_patience) == (0.2, 3)  # the refit schedule travels with the model
     for a, b in zip(gp.predict(X[:20]), new.predict(X[:20])):
         assert torch.equal(a, b)
     assert torch.equal(new.gp_predictive(X[:5])[1], gp.gp_predictive(X[:5])[1])

@@ -181,7 +181,9 @@ def _dec_cts(node: dict, dec: Decoder, where: str):
 # ---------------------------------------------------------------------- ProbitGP and its views
 _PROBIT_CONFIG = ("input_dim", "hidden", "activation", "ard", "num_inducing", "refit_every", "nn_epochs", "nn_min_steps",
                   "nn_batch_size", "nn_lr", "nn_weight_decay", "gp_epochs", "gp_batch_size", "ngd_lr", "hyper_lr",
-                  "polish_steps", "polish_tol", "jitter", "seed")
+                  "polish_steps", "polish_tol", "jitter", "seed", "nn_holdout", "nn_patience")
+#: fields added after files were first written: a file without them loads with these values
+_PROBIT_OPTIONAL = {"nn_holdout": 0.1, "nn_patience": 2}
 
 
 def _state_dict(module, enc: Encoder, what: str) -> dict:
@@ -235,6 +237,8 @@ def _dec_probit(node: dict, dec: Decoder, where: str):
     from ._priors import decode_gp_prior
 
     cfg = dec.field(node, "config", dict, where)
+    if isinstance(cfg, dict):
+        cfg = {**_PROBIT_OPTIONAL, **cfg}
     if set(cfg) != set(_PROBIT_CONFIG):
         dec.fail(f"{where}: field 'config' must hold exactly {list(_PROBIT_CONFIG)}")
     kwargs = {k: cfg[k] for k in _PROBIT_CONFIG if k != "input_dim"}
