@@ -131,8 +131,10 @@ def test_instances():
     np.testing.assert_allclose(np.linalg.norm(s.arms, axis=1), 1.0)
     c = s.constraint_values
     assert (c > 0).any() and (c <= 0).any()
-    one = connected_1d()
-    assert one.arms.shape == (10, 1) and list(one.optimal_arms) == [2]
+    one = connected_1d()  # the authors' grid 0.1, ..., 1.0 (issue 16, item 6)
+    assert one.arms.shape == (10, 1) and list(one.optimal_arms) == [1] and one.c_min == pytest.approx(0.05)
+    lin = connected_1d(grid="linspace")
+    assert lin.arms[0, 0] == 0.0 and list(lin.optimal_arms) == [2]
 
 
 def test_sample_sums_match_single_draws_in_mean():

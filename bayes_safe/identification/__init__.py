@@ -24,6 +24,7 @@ import contextlib
 from .algorithms import (
     ACOL,
     ALGORITHMS,
+    CONVENTIONS,
     GACOL,
     TUNED_BETA,
     ConstraintLearner,
@@ -33,20 +34,30 @@ from .algorithms import (
     Oracle,
     RoundBased,
     Uniform,
+    convention_options,
     make_learner,
     simulate,
 )
-from .design import DesignResult, design_value, optimal_design, round_design, rounding_min_samples
+from .design import (
+    DesignResult,
+    DesignWarning,
+    design_value,
+    optimal_design,
+    round_design,
+    rounding_min_samples,
+)
 from .problems import CBAIProblem, connected_1d, irrelevant_dimensions, unit_sphere
 
 __all__ = [
     "ACOL",
     "ALGORITHMS",
+    "CONVENTIONS",
     "GACOL",
     "TUNED_BETA",
     "CBAIProblem",
     "ConstraintLearner",
     "DesignResult",
+    "DesignWarning",
     "GAllocation",
     "Greedy",
     "IdentificationResult",
@@ -54,6 +65,7 @@ __all__ = [
     "RoundBased",
     "Uniform",
     "connected_1d",
+    "convention_options",
     "design_value",
     "irrelevant_dimensions",
     "make_learner",

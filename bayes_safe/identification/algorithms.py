@@ -37,8 +37,19 @@ Constants where the paper is silent follow the authors' public implementation (i
 * round-based: ``delta_t = delta^2 / (t^2 |X|)``, ``beta_t = R sqrt(2 log(1 / delta_t))``
   (Proposition 2 with the union bound over arms inside ``delta_t``), ridge 0.01 on each
   round's regression, Pukelsheim's efficient rounding, round length ``ceil(2^t log(1/delta_t))``
-  for Oracle, G-Allocation and Uniform (Algorithm 3 with ``v = 2``); ACOL's round length is the
-  paper's ``max(ceil(2^(2t+3) R^2 log(1/delta_t) (1 + eps) rho_t), r(eps))`` (Algorithm 1, line 9);
+  for Oracle, G-Allocation and Uniform (Algorithm 3 with ``v = 2``); ACOL's round length is
+  ``ceil(2^(2t+3) R^2 log(1/delta_t) (1 + eps) rho_t)``, with two conventions (issue 16, item 1):
+  ``round_length="paper"`` (default) takes Algorithm 1's ``rho_t``, the *squared* norm
+  ``min_lambda max_{x in U_t} ||x||^2_{A^-1}`` (line 8, the quantity Theorem 2's proof needs),
+  ``eps = 0.1`` and the minimum ``r(eps)`` (line 9); ``round_length="authors"`` takes the
+  authors' implementation's *unsquared* ``max_{x in U_t} ||x||_{A^-1}``, ``eps = 0.01`` and no
+  minimum, which is what reproduces Figure 2 (ACOL's queries barely grow with irrelevant
+  dimensions);
+* greedy: the arm to query (issue 16, item 2): ``rule="max_var"`` is Algorithm 2 line 4 as
+  printed (``argmax_{x in pool} ||x||^2_{A^-1}``); ``rule="max_var_reduction"`` is the authors'
+  implementation and section 3.4's prose ("the arm that reduces uncertainty within U_t the
+  most"): take that most uncertain arm ``x_u`` of the pool, then query, among *all* arms, the
+  one whose rank-one update most reduces ``||x_u||^2_{A^-1}``;
 * greedy: ridge 0.1 with rank-one (Sherman-Morrison) updates; tuned intervals are
   ``phi_hat^T x +- sqrt(beta) ||x||_{A^-1}``, so the paper's tuned ``beta_t = 1/4`` is a
   confidence multiplier of 0.5 (the implementation's constant);
@@ -65,6 +76,7 @@ from .problems import CBAIProblem, check_arms, check_delta, check_theta
 __all__ = [
     "ACOL",
     "ALGORITHMS",
+    "CONVENTIONS",
     "GACOL",
     "TUNED_BETA",
     "ConstraintLearner",
@@ -74,6 +86,7 @@ __all__ = [
     "Oracle",
     "RoundBased",
     "Uniform",
+    "convention_options",
     "make_learner",
     "simulate",
     "simulate_greedy_batch",
@@ -81,6 +94,10 @@ __all__ = [
 
 #: the paper's tuned beta_t (section 4.1), i.e. a confidence multiplier sqrt(1/4) = 0.5
 TUNED_BETA = 0.25
+
+#: where the paper's text and the authors' code differ (issue 16): ``"paper"`` follows the
+#: printed algorithms, ``"authors"`` the public implementation (see ``make_learner``)
+CONVENTIONS = ("paper", "authors")
 
 
 @dataclass
@@ -420,29 +437,51 @@ class Oracle(RoundBased):
 class ACOL(RoundBased):
     """Adaptive Constraint Learning, Algorithm 1 of Lindner et al. (2022).
 
-    Round ``t``: ``lambda_t = argmin_lambda max_{x in U_t} ||x||^2_{A(lambda)^-1}`` (designs over
-    all arms, targets ``U_t``; ``optimal_design``),
-    ``rho_t`` its value, ``N_t = max(ceil(2^(2t+3) R^2 log(1/delta_t) (1 + eps) rho_t), r(eps))``
-    pulls by efficient rounding, then Proposition 2 intervals from this round's data.
+    Round ``t``: ``lambda_t = argmin_lambda max_{x in U_t} ||x||^2_{A(lambda)^-1}`` (line 7; designs
+    over all arms, targets ``U_t``; ``optimal_design``), then
+    ``N_t = ceil(2^(2t+3) R^2 log(1/delta_t) (1 + eps) rho_t)`` pulls by efficient rounding and
+    Proposition 2 intervals from this round's data. ``rho_t`` and the minimum length differ
+    between the paper and the authors' code (issue 16, item 1):
+
+    * ``round_length="paper"``: ``rho_t = min_lambda max_{x in U_t} ||x||^2_{A^-1}`` (line 8, the
+      squared norm Theorem 2's proof uses) and ``N_t >= r(eps)`` (line 9), ``eps = 0.1``;
+    * ``round_length="authors"``: ``rho_t = max_{x in U_t} ||x||_{A^-1}`` at the design, the
+      unsquared norm the implementation's Frank-Wolfe returns, ``eps = 0.01``, no ``r(eps)``.
+
+    On the irrelevant-dimensions instance (epsilon = 0.05, 10 seeds) the paper's form makes
+    ACOL's queries grow 1.56x from d = 5 to d = 40 and the authors' form 1.23x (their code:
+    1.24x): only the latter shows section 4.1's "does not increase when adding irrelevant
+    dimensions", since the first round's ``rho_1`` is ``d`` (Kiefer-Wolfowitz) squared-form and
+    ``sqrt(d)`` unsquared.
 
     Args:
-        rounding_epsilon: ``eps`` of the ``eps``-approximate rounding (default 0.1; the paper
-            leaves it open). ``r(eps) = ceil((1 + eps) p / eps)`` with ``p`` the support size,
-            the length from which efficient rounding is ``eps``-approximate (see
-            ``rounding_min_samples``).
+        round_length: ``"paper"`` (default) or ``"authors"``.
+        rounding_epsilon: ``eps`` of the ``eps``-approximate rounding (default 0.1 for the
+            paper's form, 0.01 for the authors'). ``r(eps) = ceil((1 + eps) p / eps)`` with ``p``
+            the support size, the length from which efficient rounding is ``eps``-approximate
+            (see ``rounding_min_samples``); only the paper's form applies it.
         design_tol: relative optimality gap of the design solver.
     """
 
     name = "ACOL"
+    ROUND_LENGTHS = ("paper", "authors")
 
-    def __init__(self, arms, theta, tau: float = 0.0, *, rounding_epsilon: float = 0.1, design_tol: float = 1e-2, **kwargs):
+    def __init__(self, arms, theta, tau: float = 0.0, *, round_length: str = "paper",
+                 rounding_epsilon: float | None = None, design_tol: float = 1e-2, **kwargs):
         super().__init__(arms, theta, tau, **kwargs)
-        if not (math.isfinite(rounding_epsilon) and rounding_epsilon > 0):
+        if round_length not in self.ROUND_LENGTHS:
+            raise ValueError(f"round_length: expected one of {self.ROUND_LENGTHS}, got {round_length!r}")
+        self.round_length_convention = round_length
+        if rounding_epsilon is None:
+            rounding_epsilon = 0.1 if round_length == "paper" else 0.01
+        if not (isinstance(rounding_epsilon, (int, float)) and math.isfinite(rounding_epsilon) and rounding_epsilon > 0):
             raise ValueError(f"rounding_epsilon: expected a number > 0, got {rounding_epsilon!r}")
         self.epsilon = float(rounding_epsilon)
         self.design_tol = float(design_tol)
         self._rho = 1.0
         self._support = 1
+        self.supports: list[int] = []
+        self.design_gaps: list[float] = []
 
     def allocation(self, t: int) -> np.ndarray:
         u = self._u
@@ -450,18 +489,23 @@ class ACOL(RoundBased):
             res = optimal_design(self.arms, tol=self.design_tol)  # U = X: G-optimal (Kiefer-Wolfowitz)
         else:
             res = optimal_design(self.arms, targets=self.arms[u], tol=self.design_tol)
-        self._rho = res.value
-        self._support = int((res.weights > 0).sum())
+        # rho_t: the squared max-norm (Algorithm 1 line 8) or its square root (authors' code)
+        self._rho = res.value if self.round_length_convention == "paper" else math.sqrt(res.value)
+        self._support = res.support
         self.design_values.append(res.value)
+        self.supports.append(res.support)
+        self.design_gaps.append(res.relative_gap)  # > design_tol: the solver's cap (a DesignWarning)
         return res.weights
 
     def round_length(self, t: int) -> int:
         n_t = 2.0 ** (2 * t + 3) * self.noise_scale**2 * math.log(1.0 / self.delta_t(t)) * (1 + self.epsilon) * self._rho
+        if self.round_length_convention == "authors":
+            return max(math.ceil(n_t), 1)
         return max(math.ceil(n_t), rounding_min_samples(self._support, self.epsilon), 1)
 
 
 # ====================================================================== greedy (adaptive)
-RULES = ("max_var", "uniform", "max_reward")
+RULES = ("max_var", "max_var_reduction", "uniform", "max_reward")
 POOLS = ("all", "uncertain", "feasible")
 
 
@@ -484,8 +528,15 @@ class Greedy(ConstraintLearner):
     Max Rew-F             max_reward   feasible
     ====================  ===========  ===========
 
-    ``max_var`` picks ``argmax ||x||^2_{A^-1}``, ``max_reward`` ``argmax theta^T x`` (first index
-    on ties), ``uniform`` a uniformly random arm of the pool. Max Rew-F (section 4.2) queries at
+    ``max_var`` picks ``argmax ||x||^2_{A^-1}`` (Algorithm 2, line 4 as printed),
+    ``max_reward`` ``argmax theta^T x`` (first index on ties), ``uniform`` a uniformly random
+    arm of the pool. ``max_var_reduction`` (the authors' implementation, and section 3.4's
+    "reduces uncertainty within U_t the most") takes the pool's most uncertain arm
+    ``x_u = argmax ||x||^2_{A^-1}`` and queries the arm ``a`` of *all* arms that minimises
+    ``||x_u||^2_{(A + a a^T)^-1} = ||x_u||^2_{A^-1} - (x_u^T A^-1 a)^2 / (1 + ||a||^2_{A^-1})``
+    (first index on ties). In one dimension ``max_var`` within ``U`` is Max Rew-U (both pick
+    the largest arm of ``U``), ``max_var_reduction`` always queries the longest arm (issue 16,
+    item 2: 496 queries against 5,879 on the 1-d instance of Figure 3). Max Rew-F (section 4.2) queries at
     random among all arms while ``F`` holds no arm with non-zero features (the paper: "until
     F_t is not empty"; a zero arm, certified feasible at once and carrying no information,
     would otherwise stall it forever).
@@ -563,10 +614,11 @@ class Greedy(ConstraintLearner):
             if cand is None:
                 return min(int(u * self.n), self.n - 1)
             return int(cand[min(int(u * cand.size), cand.size - 1)])
-        score = self._var if self.rule == "max_var" else self.rewards
-        if cand is None:
-            return int(np.argmax(score))
-        return int(cand[np.argmax(score[cand])])
+        score = self._var if self.rule in ("max_var", "max_var_reduction") else self.rewards
+        best = int(np.argmax(score)) if cand is None else int(cand[np.argmax(score[cand])])
+        if self.rule == "max_var_reduction":
+            return int(np.argmax(_var_reduction(self.arms, self._ainv, self._var, best)))
+        return best
 
     def next_query(self) -> int:
         if self.done:
@@ -614,16 +666,33 @@ class Greedy(ConstraintLearner):
                               choice_rngs=[self.rng], learners=[self])
 
 
+def _var_reduction(arms: np.ndarray, ainv: np.ndarray, var: np.ndarray, target: int) -> np.ndarray:
+    """``[n]`` how much querying each arm ``a`` reduces ``||x_u||^2_{A^-1}`` of arm ``target``:
+    ``(x_u^T A^-1 a)^2 / (1 + ||a||^2_{A^-1})`` (Sherman-Morrison); ``var`` is ``||a||^2_{A^-1}``."""
+    u = arms @ (ainv @ arms[target])
+    return u**2 / (1.0 + var)
+
+
 class GACOL(Greedy):
-    """G-ACOL (Algorithm 2): greedy max-variance queries within ``U_t``; ``beta="theory"`` for
-    Proposition 3 intervals or a tuned ``beta`` (default the paper's 1/4)."""
+    """G-ACOL (Algorithm 2): greedy queries for the uncertain arms ``U_t``; ``beta="theory"`` for
+    Proposition 3 intervals or a tuned ``beta`` (default the paper's 1/4).
+
+    Args:
+        rule: ``"max_var"`` (default; Algorithm 2 line 4 as printed: the most uncertain arm of
+            ``U_t``) or ``"max_var_reduction"`` (the authors' implementation and section 3.4's
+            prose: the arm that most reduces the variance of ``U_t``'s most uncertain arm; it
+            reproduces Figure 3). See ``Greedy``.
+    """
 
     name = "G-ACOL"
+    G_ACOL_RULES = ("max_var", "max_var_reduction")
 
-    def __init__(self, arms, theta, tau: float = 0.0, *, beta: float | str = TUNED_BETA, **kwargs):
-        kwargs.pop("rule", None)
+    def __init__(self, arms, theta, tau: float = 0.0, *, beta: float | str = TUNED_BETA, rule: str = "max_var",
+                 **kwargs):
+        if rule not in self.G_ACOL_RULES:
+            raise ValueError(f"rule: expected one of {self.G_ACOL_RULES} for G-ACOL, got {rule!r}")
         kwargs.pop("pool", None)
-        super().__init__(arms, theta, tau, rule="max_var", pool="uncertain", beta=beta, **kwargs)
+        super().__init__(arms, theta, tau, rule=rule, pool="uncertain", beta=beta, **kwargs)
 
 
 # ====================================================================== names, simulation
@@ -648,25 +717,55 @@ ALGORITHMS: dict[str, tuple[type, dict]] = {
 }
 
 
-def make_learner(name: str, arms, theta, tau: float = 0.0, *, phi=None, **kwargs) -> ConstraintLearner:
+def convention_options(name: str, convention: str = "paper") -> dict:
+    """The keyword arguments that put Table D.2 learner ``name`` in ``convention`` (issue 16).
+
+    ``"paper"``: ``{}`` (the printed algorithms: ACOL's squared ``rho_t`` with ``r(eps)``,
+    Algorithm 2's max-variance query). ``"authors"``: ACOL gets ``round_length="authors"``;
+    the learners whose rule is ``max_var`` (G-ACOL, Greedy Max Var and their tuned forms) get
+    ``rule="max_var_reduction"``, as the authors' ``get_next_arm`` serves both; the others are
+    the same in both conventions.
+    """
+    if convention not in CONVENTIONS:
+        raise ValueError(f"convention: expected one of {CONVENTIONS}, got {convention!r}")
+    if name not in ALGORITHMS:
+        raise ValueError(f"name: unknown algorithm {name!r}; expected one of {sorted(ALGORITHMS)}")
+    if convention == "paper":
+        return {}
+    cls, fixed = ALGORITHMS[name]
+    if cls is ACOL:
+        return {"round_length": "authors"}
+    if fixed.get("rule") == "max_var":
+        return {"rule": "max_var_reduction"}
+    return {}
+
+
+def make_learner(name: str, arms, theta, tau: float = 0.0, *, phi=None, convention: str = "paper",
+                 **kwargs) -> ConstraintLearner:
     """A learner by its Table D.2 name (see ``ALGORITHMS``).
 
     Args:
         name: e.g. ``"ACOL"``, ``"G-ACOL (tuned)"``, ``"Max Rew-U"``.
         phi: the true constraint parameter, required by ``"Oracle"`` only.
+        convention: ``"paper"`` (default) or ``"authors"``: see ``convention_options``; explicit
+            ``kwargs`` (``round_length``, ``rule``) override it.
         kwargs: passed on (``delta``, ``feedback``, ``seed``, ``beta`` for the greedy learners,
-            ``phi_norm_bound`` ...); a ``beta`` given here overrides the table's.
+            ``phi_norm_bound``, ``round_length`` for ACOL ...); a ``beta`` or ``rule`` given here
+            overrides the table's.
     """
     if name not in ALGORITHMS:
         raise ValueError(f"name: unknown algorithm {name!r}; expected one of {sorted(ALGORITHMS)}")
     cls, fixed = ALGORITHMS[name]
-    opts = {**fixed, **kwargs}
+    opts = {**fixed, **convention_options(name, convention), **kwargs}
     if cls is Oracle:
         if phi is None:
             raise ValueError("phi: the Oracle needs the true constraint parameter")
         opts["phi"] = phi
     if not issubclass(cls, Greedy):
         for k in ("beta", "phi_norm_bound", "ridge", "rule", "pool"):
+            opts.pop(k, None)
+    if cls is not ACOL:
+        for k in ("round_length", "rounding_epsilon", "design_tol"):
             opts.pop(k, None)
     learner = cls(arms, theta, tau, **opts)
     learner.name = name
@@ -785,8 +884,13 @@ def simulate_greedy_batch(problems: list[CBAIProblem], *, rule: str, pool: str, 
                 kth = np.minimum((u01 * cnt).astype(np.int64), np.maximum(cnt - 1, 0))
                 arm = (P.cumsum(1) > kth[:, None]).argmax(1)
         else:
-            score = st["var"] if rule == "max_var" else st["rew"]
+            score = st["var"] if rule in ("max_var", "max_var_reduction") else st["rew"]
             arm = (score if P is None else np.where(P, score, -np.inf)).argmax(1)
+            if rule == "max_var_reduction":  # query the arm that most reduces x_u's variance
+                xu = Xl[k, arm]  # [l, d]
+                w_ = (st["ainv"] @ xu[:, :, None])[:, :, 0]  # [l, d] A^-1 x_u
+                uu = (Xl @ w_[:, :, None])[:, :, 0]  # [l, n] a^T A^-1 x_u
+                arm = (uu**2 / (1.0 + st["var"])).argmax(1)
         if pool == "feasible":
             empty = ~P.any(1)
             if empty.any():

@@ -10,7 +10,10 @@ Constants the paper leaves out follow the authors' public implementation (issue 
 ``dt = 0.2``, friction 1, velocity clipped to ``[-1, 1]``, lane centres ``-0.17, 0, 0.17``,
 road half-width 0.255, start ``(0, -0.1, pi/2, 0.41)`` (``v0 = 0.1`` in the blocked scenario),
 the car-distance feature ``exp(-b (10 dx^2 + dy^2) + b a)`` with ``b = 30, a = 0.01`` (Table C.1
-prints ``c1 = 4``; the code has 10), keep-speed and target-location as negated squares, the
+prints ``c1 = 4``; the code has 10), the "stay in lane" feature
+``1 / (1 + exp(-b d^2 + a))`` of the *squared* distance ``d`` to the closest lane centre
+(Table C.1 prints ``-b d``; ``features(..., lane_feature="absolute")`` gives the printed form,
+issue 16 item 3), keep-speed and target-location as negated squares, the
 other car's lane change ``(0, 0.328) x5, (1, 0.328) x6, (-1, 0.328) x6, (0, 0.328) x3`` from
 ``(0.17, 0, pi/2, 0.41)``, the blocked scenario's stationary cars at ``(-0.17, 0.6), (0, 0.65),
 (0.17, 0.7)``, and the cross-entropy method's 50 iterations, 50 samples, 5 elites, initial sd 5.
@@ -44,6 +47,7 @@ __all__ = [
     "FEATURE_NAMES",
     "HORIZON",
     "LANES",
+    "LANE_FEATURES",
     "PHI",
     "SCENARIOS",
     "TAU",
@@ -66,6 +70,9 @@ START = (0.0, -0.1, math.pi / 2, 0.41)
 TARGET_SPEED = 0.4
 RIGHT_LANE = 0.17
 LANE_B, LANE_A = 10000.0, 10.0
+#: the "stay in lane" feature's distance: ``"squared"`` (the authors' code, ``d^2``; default) or
+#: ``"absolute"`` (Table C.1 as printed, ``|d|``)
+LANE_FEATURES = ("squared", "absolute")
 CAR_B, CAR_A, CAR_CX, CAR_CY = 30.0, 0.01, 10.0, 1.0
 SPEED_LIMIT = 0.6
 
@@ -135,8 +142,23 @@ SCENARIOS = {
 }
 
 
-def features(actions, scenario: Scenario | str = "base") -> np.ndarray:
-    """Table C.1's features summed over the 20 post-step states: ``[m, 20, 2]`` -> ``[m, 8]``."""
+def _check_lane_feature(lane_feature: str) -> str:
+    if lane_feature not in LANE_FEATURES:
+        raise ValueError(f"lane_feature: expected one of {LANE_FEATURES}, got {lane_feature!r}")
+    return lane_feature
+
+
+def features(actions, scenario: Scenario | str = "base", *, lane_feature: str = "squared") -> np.ndarray:
+    """Table C.1's features summed over the 20 post-step states: ``[m, 20, 2]`` -> ``[m, 8]``.
+
+    Args:
+        lane_feature: the "stay in lane" feature (f4) is ``1 / (1 + exp(-b D + a))`` with ``D``
+            the squared distance to the closest lane centre (``"squared"``, the authors' code,
+            default) or the distance itself (``"absolute"``, Table C.1 as printed). With
+            ``b = 10^4, a = 10`` the printed form saturates 2 mm from a lane centre, the code's
+            at 4.5 cm.
+    """
+    _check_lane_feature(lane_feature)
     sc = SCENARIOS[scenario] if isinstance(scenario, str) else scenario
     states = rollout(actions, sc.start)
     squeeze = states.ndim == 2
@@ -144,6 +166,8 @@ def features(actions, scenario: Scenario | str = "base") -> np.ndarray:
         states = states[None]
     x, y, h, v = (states[..., i] for i in range(4))  # [m, T]
     lane_d = np.min(np.abs(x[..., None] - np.array(LANES)), axis=-1)
+    if lane_feature == "squared":
+        lane_d = lane_d**2
     cars = sc.cars()  # [c, T, 2]
     dx = x[:, None, :] - cars[None, :, :, 0]
     dy = y[:, None, :] - cars[None, :, :, 1]
@@ -163,7 +187,7 @@ def features(actions, scenario: Scenario | str = "base") -> np.ndarray:
 
 def cross_entropy_method(theta, scenario: Scenario | str = "base", *, constraint: bool = False, phi=PHI, tau: float = TAU,
                          iterations: int = 50, samples: int = 50, elites: int = 5, init_sd: float = 5.0,
-                         seed: int = 0) -> np.ndarray:
+                         seed: int = 0, lane_feature: str = "squared") -> np.ndarray:
     """Algorithm 4: the (constrained) cross-entropy method over 20-step action sequences.
 
     Unconstrained: keep the ``elites`` samples of highest return ``theta^T f``. Constrained
@@ -184,6 +208,7 @@ def cross_entropy_method(theta, scenario: Scenario | str = "base", *, constraint
         theta: ``[8]`` reward weights.
         constraint: solve ``max theta^T f s.t. phi^T f <= tau`` instead of ``max theta^T f``.
         seed: seeds the samples.
+        lane_feature: ``"squared"`` or ``"absolute"`` (see ``features``).
 
     Returns:
         ``[20, 2]`` the final mean, clipped to ``[-1, 1]`` (the controller).
@@ -197,7 +222,7 @@ def cross_entropy_method(theta, scenario: Scenario | str = "base", *, constraint
     phi = np.asarray(phi, dtype=float)
     for _ in range(iterations):
         w = np.clip(mu + sd * rng.standard_normal((samples, HORIZON, 2)), -1.0, 1.0)  # the scored samples
-        f = features(w, scenario)
+        f = features(w, scenario, lane_feature=lane_feature)
         ret = f @ theta
         if constraint:
             j = f @ phi - tau
@@ -236,14 +261,15 @@ def handmade_controllers() -> np.ndarray:
 
 
 def candidate_controllers(scenario: Scenario | str = "base", *, penalties=(0.0, 0.5, 1.0, 2.0),
-                          random_rewards: int = 10, seed: int = 0, cem_kwargs: dict | None = None) -> np.ndarray:
+                          random_rewards: int = 10, seed: int = 0, cem_kwargs: dict | None = None,
+                          lane_feature: str = "squared") -> np.ndarray:
     """``[m, 20, 2]`` the precomputed controllers of a driving CBAI problem (our choice; the paper
     does not list its set): ``handmade_controllers``, the constrained CEM solution, CEM
     solutions for ``theta - lambda phi`` per penalty, and CEM solutions for ``random_rewards``
     random reward vectors (``theta`` plus Gaussian weights scaled like ``phi``)."""
     sc = SCENARIOS[scenario] if isinstance(scenario, str) else scenario
     theta = np.asarray(sc.theta, dtype=float)
-    kw = dict(cem_kwargs or {})
+    kw = {**dict(cem_kwargs or {}), "lane_feature": _check_lane_feature(lane_feature)}
     rng = np.random.default_rng(seed)
     out = [cross_entropy_method(theta, sc, constraint=True, seed=seed, **kw)]
     for i, lam in enumerate(penalties):
@@ -255,7 +281,7 @@ def candidate_controllers(scenario: Scenario | str = "base", *, penalties=(0.0, 
 
 
 def driving_problem(scenario: Scenario | str = "base", *, controllers=None, seed: int = 0, random_rewards: int = 10,
-                    margin: float = 0.05, cem_kwargs: dict | None = None) -> CBAIProblem:
+                    margin: float = 0.05, cem_kwargs: dict | None = None, lane_feature: str = "squared") -> CBAIProblem:
     """The CBAI problem of section 4.3 with binary feedback (appendix C.2).
 
     Arms ``z = (f(pi), 1) / s`` (9 features), reward ``(theta, 0)``, constraint ``psi = (phi, -tau)``,
@@ -268,11 +294,15 @@ def driving_problem(scenario: Scenario | str = "base", *, controllers=None, seed
             optimum of a continuous search sits on the boundary, and a gap ``C_min`` of 10^-4
             would need ~10^9 queries; the paper's ~10^5 queries for ACOL imply a gap of a few
             hundredths). ``0`` keeps every controller.
+        lane_feature: ``"squared"`` (default, the authors' code) or ``"absolute"`` (Table C.1),
+            for the features and the cross-entropy searches (see ``features``).
     """
     sc = SCENARIOS[scenario] if isinstance(scenario, str) else scenario
+    _check_lane_feature(lane_feature)
     if controllers is None:
-        controllers = candidate_controllers(sc, seed=seed, random_rewards=random_rewards, cem_kwargs=cem_kwargs)
-    f = features(controllers, sc)
+        controllers = candidate_controllers(sc, seed=seed, random_rewards=random_rewards, cem_kwargs=cem_kwargs,
+                                            lane_feature=lane_feature)
+    f = features(controllers, sc, lane_feature=lane_feature)
     _, keep = np.unique(np.round(f, 10), axis=0, return_index=True)
     keep = np.sort(keep)
     f, controllers = f[keep], np.asarray(controllers)[keep]
@@ -284,4 +314,5 @@ def driving_problem(scenario: Scenario | str = "base", *, controllers=None, seed
     psi = np.concatenate([PHI, [-TAU]])
     theta = np.concatenate([np.asarray(sc.theta, float), [0.0]])
     return CBAIProblem(z, theta, psi, tau=0.0, feedback="binary", name=f"driving({sc.name})",
-                       info={"scale": s, "controllers": controllers, "features": f, "margin": margin})
+                       info={"scale": s, "controllers": controllers, "features": f, "margin": margin,
+                             "lane_feature": lane_feature})
