@@ -26,7 +26,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-__all__ = ["Generator", "ReplicationRNG", "replication_seeds", "standard_normal", "standard_uniform"]
+__all__ = ["DrawBatch", "Generator", "ReplicationRNG", "replication_seeds", "standard_normal", "standard_uniform"]
 
 
 def replication_seeds(seed: int | Sequence[int], replications: int | None = None) -> list[int]:
@@ -133,6 +133,39 @@ class ReplicationRNG:
     def uniform(self, shape: Sequence[int] = (), key: str = "default", dtype=torch.float64) -> torch.Tensor:
         """Uniform [0, 1) draws of shape ``[R, *shape]`` from the stream named ``key``."""
         return self._draw("uniform", shape, key, dtype)
+
+
+class DrawBatch(ReplicationRNG):
+    """``S`` independent posterior draws in one call: every draw gets a leading sample dimension.
+
+    A model asked for its ``[R, *shape]`` random numbers under a ``DrawBatch`` receives
+    ``[S, R, *shape]`` instead, and because models and policies broadcast over leading
+    dimensions, one ``policy.select(features [R, K, d], generator=DrawBatch(S))`` returns the
+    actions of ``S`` independent Thompson draws, ``[S, R]``: what ``Policy.action_probabilities``
+    counts. The numbers come from one ``torch.Generator`` (seeded, or the caller's), drawn in
+    one vectorised call per model.
+
+    Args:
+        num_draws: ``S`` (>= 1).
+        replications: ``R``, the batch the models keep.
+        generator: a ``torch.Generator`` (None: a fresh one seeded with ``seed``).
+        seed: the seed of that fresh generator.
+    """
+
+    def __init__(self, num_draws: int, replications: int = 1, generator: torch.Generator | None = None, seed: int = 0):
+        if isinstance(num_draws, bool) or not isinstance(num_draws, (int, np.integer)) or num_draws < 1:
+            raise ValueError(f"num_draws: expected an int >= 1, got {num_draws!r}")
+        super().__init__([0] * int(replications), block=1)
+        self.num_draws = int(num_draws)
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise TypeError(f"generator: expected a torch.Generator or None, got {type(generator).__name__}")
+        self.generator = generator if generator is not None else torch.Generator().manual_seed(int(seed))
+
+    def _draw(self, kind: str, shape, key: str, dtype) -> torch.Tensor:
+        size = (self.num_draws, self.replications, *(int(s) for s in shape))
+        if kind == "normal":
+            return torch.randn(size, generator=self.generator, dtype=dtype)
+        return torch.rand(size, generator=self.generator, dtype=dtype)
 
 
 Generator = torch.Generator | ReplicationRNG | None

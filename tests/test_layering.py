@@ -28,7 +28,7 @@ PACKAGE = ROOT / "bayes_safe"
 TOP = ("bayes_safe.tuning", "bayes_safe.studies", "bayes_safe.cli")
 #: what the bottom floors (models, policies, problems) may not import, besides the top floor
 ABOVE_ENVS = ("bayes_safe.diagnostics", "bayes_safe.simulation", "bayes_safe.simulate", "bayes_safe.experiments",
-              "bayes_safe.factory")
+              "bayes_safe.factory", "bayes_safe.online")
 RULES: dict[str, tuple[str, ...]] = {
     "models": TOP + ABOVE_ENVS + ("bayes_safe.policies", "bayes_safe.envs"),
     "policies": TOP + ABOVE_ENVS + ("bayes_safe.envs",),

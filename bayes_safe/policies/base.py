@@ -245,3 +245,37 @@ class Policy:
     def models(self) -> dict[str, object]:
         """The posterior models this policy keeps, by role (for saving and diagnostics)."""
         return {}
+
+    def action_probabilities(self, features, baseline=None, valid=None, *, num_draws: int = 1000,
+                             generator: torch.Generator | None = None, seed: int = 0):
+        """The probability of each action under the current posterior, ``([R, K], se [R, K])``.
+
+        A Thompson policy plays the best action of one posterior draw, so the probability of
+        action ``k`` is the posterior probability that ``k`` wins (for TS-ASC: wins among the
+        actions the same draw deems feasible). It is estimated by ``num_draws`` independent
+        draws in one batched call (``bayes_safe.random.DrawBatch``), with the binomial standard
+        error ``sqrt(p (1 - p) / num_draws)``. A deterministic policy (Greedy, the UCB
+        family) gets probability 1 on its choice and standard error 0.
+
+        Args:
+            features: candidates ``[R, K, d]`` (or one context ``[K, d]``), as for ``select``.
+            baseline, valid: as for ``select``.
+            num_draws: Monte-Carlo draws ``S`` (>= 1).
+            generator, seed: the ``torch.Generator`` of the draws, or a seed for a fresh one.
+        """
+        from ..random import DrawBatch
+
+        draws = DrawBatch(num_draws, 1, generator, seed)  # validates num_draws before any work
+        features, baseline, valid = check_select_inputs(features, baseline, valid, models=tuple(self.models().values()))
+        R, K = int(features.shape[0]), int(features.shape[1])
+        draws = DrawBatch(num_draws, R, draws.generator)
+        actions = self.select(features, baseline, generator=draws, valid=valid)
+        if tuple(actions.shape) == (R,):  # no randomness reached the decision: deterministic
+            probs = torch.nn.functional.one_hot(actions, K).to(torch.float64)
+            return probs, torch.zeros_like(probs)
+        if tuple(actions.shape) != (num_draws, R):
+            raise NotImplementedError(f"{type(self).__name__}.action_probabilities: its select returned shape "
+                                      f"{list(actions.shape)} for {num_draws} batched draws (expected "
+                                      f"[{num_draws}, {R}]); its models do not broadcast a sample dimension")
+        probs = torch.nn.functional.one_hot(actions, K).to(torch.float64).mean(0)
+        return probs, (probs * (1 - probs) / num_draws).sqrt()

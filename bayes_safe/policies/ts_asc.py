@@ -99,16 +99,18 @@ class TSASC(Policy):
         return self._feasible(features, baseline, generator)
 
     def _feasible(self, features, baseline, generator: Generator = None) -> torch.Tensor:
+        # shapes broadcast over leading sample dimensions (``[S, R, K]`` under a DrawBatch)
         R = features.shape[0]
         rows = torch.arange(R)
         ok = torch.ones(features.shape[:2], dtype=torch.bool)
         for j, model in enumerate(self.constraint_models):
             fc = model.sample_at(features, generator, key=f"constraint{j}")
+            base = fc[..., rows, baseline]
             if self.constraints is None:
-                ok &= fc >= ((1 - self.alpha[j]) * fc[rows, baseline])[:, None]
+                ok = ok & (fc >= ((1 - self.alpha[j]) * base)[..., None])
             else:
-                ok &= self.constraints[j].satisfied(fc, fc[rows, baseline])
-        ok[rows, baseline] = True
+                ok = ok & self.constraints[j].satisfied(fc, base)
+        ok[..., rows, baseline] = True
         return ok
 
     def _check(self, features, baseline, valid):
@@ -120,8 +122,8 @@ class TSASC(Policy):
         fr = self.reward_model.sample_at(features, generator, key="reward")
         ok = self._feasible(features, baseline, generator)
         if valid is not None:
-            ok &= valid
-            ok[torch.arange(features.shape[0]), baseline] = True
+            ok = ok & valid
+            ok[..., torch.arange(features.shape[0]), baseline] = True
         return masked_argmax(fr, ok)
 
     def update(self, features_chosen, reward, constraints=None, actions=None) -> None:

@@ -1,0 +1,142 @@
+"""The decision log: every decision and its feedback, as they happen, in SQLite.
+
+Each ``write_decision`` / ``write_feedback`` is one transaction (a row is written whole or not
+at all, and a killed process loses at most the row being written). The log reads back as a
+``pandas.DataFrame``, as the toolkit's ``bayes_safe.offline.LoggedData`` (for IPS, SNIPS, DR
+and tuning from logs) and as obp's ``bandit_feedback`` dictionary (``to_obp``).
+
+Schema (one row per decision; feedback joins by ``decision_id``):
+
+* ``decisions``: ``decision_id`` (text, primary key), ``time`` (Unix seconds), ``action``
+  (int), ``propensity`` (the probability of the played action under the posterior that
+  decided), ``propensity_se``, ``model_version``, ``num_actions`` (K), ``context`` (JSON list:
+  the decision's context vector, or its flattened candidate features), ``probabilities`` (JSON
+  list, the Monte-Carlo probability of every action), ``baseline`` (int or NULL);
+* ``feedback``: ``decision_id`` (primary key: feedback is idempotent), ``time``, ``reward``,
+  ``constraints`` (JSON list or NULL).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+__all__ = ["DecisionLog"]
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS decisions (
+    decision_id TEXT PRIMARY KEY, time REAL NOT NULL, action INTEGER NOT NULL, propensity REAL NOT NULL,
+    propensity_se REAL NOT NULL, model_version INTEGER NOT NULL, num_actions INTEGER NOT NULL,
+    context TEXT NOT NULL, probabilities TEXT NOT NULL, baseline INTEGER
+);
+CREATE TABLE IF NOT EXISTS feedback (
+    decision_id TEXT PRIMARY KEY, time REAL NOT NULL, reward REAL NOT NULL, constraints TEXT
+);
+"""
+
+
+class DecisionLog:
+    """An append-only SQLite log of decisions and feedback.
+
+    Args:
+        path: the database file (created with its parent directory if missing).
+    """
+
+    def __init__(self, path):
+        self.path = Path(path)
+        if self.path.exists() and not self.path.is_file():
+            raise ValueError(f"path: expected a database file, got the directory {self.path}")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        try:
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._db.executescript(_SCHEMA)
+        except sqlite3.DatabaseError as exc:
+            self._db.close()
+            raise ValueError(f"path: {self.path} is not a decision log (SQLite: {exc})") from None
+
+    # ------------------------------------------------------------------ writing
+    def write_decision(self, decision_id: str, action: int, propensity: float, propensity_se: float,
+                       model_version: int, context, probabilities, baseline: int | None = None) -> None:
+        row = (str(decision_id), time.time(), int(action), float(propensity), float(propensity_se), int(model_version),
+               len(probabilities), json.dumps([float(x) for x in context]),
+               json.dumps([float(x) for x in probabilities]), None if baseline is None else int(baseline))
+        with self._lock:
+            self._db.execute("INSERT INTO decisions VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
+
+    def write_feedback(self, decision_id: str, reward: float, constraints=None) -> bool:
+        """Record feedback; False (and nothing written) when the decision already has some."""
+        row = (str(decision_id), time.time(), float(reward),
+               None if constraints is None else json.dumps([float(c) for c in constraints]))
+        with self._lock:
+            cur = self._db.execute("INSERT OR IGNORE INTO feedback VALUES (?, ?, ?, ?)", row)
+            return cur.rowcount == 1
+
+    def has_decision(self, decision_id: str) -> bool:
+        with self._lock:
+            return self._db.execute("SELECT 1 FROM decisions WHERE decision_id = ?", (str(decision_id),)).fetchone() is not None
+
+    def has_feedback(self, decision_id: str) -> bool:
+        with self._lock:
+            return self._db.execute("SELECT 1 FROM feedback WHERE decision_id = ?", (str(decision_id),)).fetchone() is not None
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    # ------------------------------------------------------------------ reading
+    def to_dataframe(self, with_feedback_only: bool = False) -> pd.DataFrame:
+        """One row per decision, its feedback joined (``reward`` NaN where none arrived)."""
+        join = "JOIN" if with_feedback_only else "LEFT JOIN"
+        query = (f"SELECT d.*, f.reward AS reward, f.constraints AS constraints, f.time AS feedback_time "
+                 f"FROM decisions d {join} feedback f USING (decision_id) ORDER BY d.time, d.rowid")
+        with self._lock:
+            frame = pd.read_sql_query(query, self._db)
+        for col in ("context", "probabilities"):
+            frame[col] = frame[col].map(json.loads)
+        frame["constraints"] = frame["constraints"].map(lambda s: None if s is None else json.loads(s))
+        return frame
+
+    def to_logged_data(self):
+        """The decisions with feedback as ``bayes_safe.offline.LoggedData`` (one domain, ``"all"``),
+        with the logged propensities and every action's logging probability."""
+        from ..offline import LoggedData
+
+        frame = self.to_dataframe(with_feedback_only=True)
+        if frame.empty:
+            raise ValueError(f"log: {self.path} has no decision with feedback yet")
+        K = int(frame["num_actions"].iloc[0])
+        if (frame["num_actions"] != K).any():
+            raise ValueError(f"log: decisions with different numbers of actions ({sorted(set(frame['num_actions']))})")
+        contexts = np.array(frame["context"].tolist(), dtype=np.float32)
+        probs = np.array(frame["probabilities"].tolist(), dtype=np.float32)
+        return LoggedData.from_tensors(contexts, frame["action"].to_numpy(np.int64), frame["reward"].to_numpy(np.float32),
+                                       frame["propensity"].to_numpy(np.float64), np.zeros(len(frame), dtype=np.int64),
+                                       domain_names=["all"], n_actions=K, logging_probs=probs,
+                                       row_labels=frame["decision_id"].to_numpy())
+
+    def to_obp(self) -> dict:
+        """obp's ``bandit_feedback`` dictionary (``n_rounds``, ``n_actions``, ``action``, ``reward``,
+        ``pscore``, ``context``, ``position``) of the decisions with feedback."""
+        frame = self.to_dataframe(with_feedback_only=True)
+        K = int(frame["num_actions"].iloc[0]) if len(frame) else 0
+        return {"n_rounds": len(frame), "n_actions": K, "action": frame["action"].to_numpy(np.int64),
+                "reward": frame["reward"].to_numpy(np.float64), "pscore": frame["propensity"].to_numpy(np.float64),
+                "context": np.array(frame["context"].tolist(), dtype=np.float64).reshape(len(frame), -1),
+                "position": np.zeros(len(frame), dtype=np.int64)}
+
+    def __len__(self) -> int:
+        with self._lock:
+            return int(self._db.execute("SELECT COUNT(*) FROM decisions").fetchone()[0])
+
+    def __repr__(self) -> str:
+        return f"DecisionLog({str(self.path)!r}, decisions={len(self)})"
+

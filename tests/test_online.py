@@ -1,0 +1,195 @@
+"""The production loop (issue 19): propensities, the Decider, the decision log, restarts.
+
+The problems here are written in this file: a three-arm click problem with one-hot features,
+and a two-arm Gaussian posterior whose action probabilities are known in closed form.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+
+import numpy as np
+import pandas as pd
+import pyro.distributions as dist
+import pytest
+import torch
+
+from bayes_safe import TSASC, BayesianLinear, ThompsonSampling
+from bayes_safe.online import Decider, DecisionLog
+from bayes_safe.policies import Greedy
+from bayes_safe.state import StateError
+
+F64 = torch.float64
+
+
+def _model(d=3, sd=1.0, noise=0.5):
+    return BayesianLinear(dist.Normal(torch.zeros(d, dtype=F64), sd).to_event(1), noise_std=noise, batch_shape=[1])
+
+
+# ---------------------------------------------------------------------------------- propensities
+def test_two_arm_probabilities_match_the_closed_form():
+    model = _model(2)
+    g = torch.Generator().manual_seed(0)
+    X = torch.eye(2, dtype=F64)[torch.randint(0, 2, (30,), generator=g)]
+    y = X @ torch.tensor([0.3, 0.1], dtype=F64) + 0.5 * torch.randn(30, generator=g, dtype=F64)
+    model.update(X[None], y[None])
+    mean, cov = model.posterior_mean[0], model.posterior_covariance[0]
+    z = (mean[0] - mean[1]) / (cov[0, 0] + cov[1, 1] - 2 * cov[0, 1]).sqrt()
+    exact = float(torch.special.ndtr(z))
+    probs, se = ThompsonSampling(model).action_probabilities(np.eye(2), num_draws=20_000, seed=1)
+    assert probs.shape == (1, 2) and math.isclose(float(probs.sum()), 1.0)
+    assert abs(float(probs[0, 0]) - exact) < 4 * float(se[0, 0]) and 0.2 < exact < 0.98
+
+
+def test_ts_asc_probabilities_agree_with_repeated_single_decisions():
+    policy = TSASC(_model(), [_model()], alpha=0.1)
+    feats = torch.tensor(np.random.default_rng(0).normal(size=(1, 4, 3)))
+    probs, se = policy.action_probabilities(feats, baseline=0, num_draws=8000, seed=2)
+    g = torch.Generator().manual_seed(3)
+    counts = np.bincount([int(policy.select(feats, torch.tensor([0]), generator=g)[0]) for _ in range(3000)], minlength=4)
+    freq = counts / 3000
+    assert np.all(np.abs(freq - probs[0].numpy()) < 4 * np.sqrt(probs[0].numpy() * (1 - probs[0].numpy()) / 3000) + 1e-3)
+
+
+def test_a_deterministic_policy_has_propensity_one_and_bad_draw_counts_are_refused():
+    probs, se = Greedy(_model()).action_probabilities(np.eye(3), num_draws=10)
+    assert probs.sum() == 1 and probs.max() == 1 and se.max() == 0
+    with pytest.raises(ValueError, match="num_draws"):
+        ThompsonSampling(_model()).action_probabilities(np.eye(3), num_draws=0)
+
+
+# ---------------------------------------------------------------------------------- the loop
+RATES = np.array([0.30, 0.36, 0.33])
+
+
+def _click(action, rng):
+    return float(rng.random() < RATES[action])
+
+
+def test_ips_from_the_decision_log_recovers_a_target_policys_value(tmp_path):
+    """Serve TS on a 3-arm click problem; the logged propensities make IPS of the uniform policy unbiased."""
+    decider = Decider(ThompsonSampling(_model(3, sd=0.5)), update_every=25, num_draws=400, seed=4,
+                      log=tmp_path / "log.sqlite")
+    rng = np.random.default_rng(5)
+    for _ in range(2500):
+        d = decider.decide(np.eye(3))
+        decider.feedback(d.decision_id, _click(d.action, rng))
+    logged = decider.log.to_logged_data()
+    w = (1 / 3) / logged.propensities.numpy()
+    r = logged.rewards.numpy().astype(np.float64)
+    ips, se = float(np.mean(w * r)), float(np.std(w * r) / np.sqrt(len(r)))
+    assert abs(ips - RATES.mean()) < 3 * se
+    # obp's dictionary carries the same rows
+    fb = decider.log.to_obp()
+    assert fb["n_rounds"] == 2500 and np.allclose(fb["pscore"], logged.propensities.numpy())
+
+
+def test_delayed_out_of_order_duplicate_and_unknown_feedback():
+    decider = Decider(ThompsonSampling(_model(3)), update_every=4, seed=0)
+    decisions = [decider.decide([[1, 0, 0], [0, 1, 0], [0, 0, 1]]) for _ in range(6)]
+    assert [d.decision_id for d in decisions] == [str(i) for i in range(6)]
+    for d in reversed(decisions[2:]):  # out of order, two never arrive
+        assert decider.feedback(d.decision_id, 1.0) is True
+    assert decider.model_version == 1 and sorted(decider.pending) == ["0", "1"]
+    assert decider.feedback(decisions[3].decision_id, 0.0) is False  # duplicate: ignored
+    with pytest.raises(ValueError, match="decision_id: unknown"):
+        decider.feedback("nope", 1.0)
+    assert decider.feedback(decisions[0].decision_id, 1.0) is True and len(decider.queued) == 1
+
+
+def test_every_everyday_input_gives_the_same_decision():
+    X = np.random.default_rng(1).normal(size=(4, 3))
+    names = ["age", "price", "hour"]
+    inputs = [X, X.tolist(), torch.tensor(X, dtype=torch.float32).double(), pd.DataFrame(X, columns=names),
+              pd.DataFrame(X, columns=names)[["hour", "age", "price"]],
+              [dict(zip(names, row)) for row in X]]
+    actions = []
+    for x in inputs:
+        decider = Decider(ThompsonSampling(_model()), feature_names=names, seed=3)
+        actions.append(decider.decide(x).action)
+    assert len(set(actions)) == 1
+
+
+@pytest.mark.parametrize("features, match", [
+    ({"age": 1.0, "price": 2.0}, r"missing feature\(s\) \['hour'\]"),
+    ({"age": 1.0, "price": 2.0, "hour": 3.0, "zip": 1.0}, r"unexpected feature\(s\) \['zip'\]"),
+    (np.array([[1.0, np.nan, 0.0]]), "NaN"),
+    ("abc", "features"),
+])
+def test_bad_contexts_are_refused_by_name(features, match):
+    from bayes_safe.models import PerArmLinear
+
+    per_arm = PerArmLinear(dist.Normal(torch.zeros(3, dtype=F64), 1.0).to_event(1), num_arms=2, noise_std=0.5,
+                           batch_shape=[1])
+    decider = Decider(ThompsonSampling(per_arm), feature_names=["age", "price", "hour"])
+    with pytest.raises((ValueError, TypeError), match=match):
+        decider.decide(features)
+
+
+def test_a_per_arm_policy_decides_from_one_named_context():
+    from bayes_safe.models import PerArmLinear
+
+    per_arm = PerArmLinear(dist.Normal(torch.zeros(2, dtype=F64), 1.0).to_event(1), num_arms=3, noise_std=0.5,
+                           batch_shape=[1])
+    decider = Decider(ThompsonSampling(per_arm), feature_names=["x", "y"], update_every=1)
+    d = decider.decide(pd.Series({"y": 0.5, "x": 1.0}))
+    assert 0 <= d.action < 3 and math.isclose(sum(d.probabilities), 1.0)
+    decider.feedback(d.decision_id, 1.0)
+    assert decider.model_version == 1
+
+
+def test_restart_keeps_the_posterior_and_accepts_feedback_for_earlier_decisions(tmp_path):
+    policy = TSASC(_model(), [_model()], alpha=0.05)
+    decider = Decider(policy, update_every=3, seed=7, log=tmp_path / "log.sqlite")
+    rng = np.random.default_rng(0)
+    ds = [decider.decide(rng.normal(size=(4, 3)), baseline=0) for _ in range(8)]
+    for d in ds[:5]:
+        decider.feedback(d.decision_id, 1.0, [0.0])
+    decider.save(tmp_path / "state")
+    back = Decider.load(tmp_path / "state", log=decider.log)
+    assert back.next_id == 8 and sorted(back.pending) == ["5", "6", "7"] and len(back.queued) == 2
+    assert torch.equal(back.policy.reward_model.posterior_mean, policy.reward_model.posterior_mean)
+    assert back.feedback("6", 0.0, [1.0]) is True       # decided before the restart
+    assert back.feedback("0", 1.0, [0.0]) is False      # applied before the restart: the log knows
+    x = rng.normal(size=(4, 3))
+    assert decider.decide(x, baseline=0).action == Decider.load(tmp_path / "state").decide(x, baseline=0).action
+
+
+def test_a_tampered_or_foreign_state_is_refused_without_running_anything(tmp_path):
+    Decider(ThompsonSampling(_model())).save(tmp_path / "s")
+    meta = json.loads((tmp_path / "s" / "decider.json").read_text())
+    (tmp_path / "s" / "decider.json").write_text(json.dumps(meta | {"version": 99}))
+    with pytest.raises(StateError, match="format version 99"):
+        Decider.load(tmp_path / "s")
+    (tmp_path / "s" / "decider.json").write_text(json.dumps(meta | {"pending": {"1": {"features": "x"}}}))
+    with pytest.raises(StateError, match="malformed"):
+        Decider.load(tmp_path / "s")
+    (tmp_path / "s" / "decider.json").write_text("{not json")
+    with pytest.raises(StateError, match="not JSON"):
+        Decider.load(tmp_path / "s")
+
+
+def test_concurrent_feedback_for_one_decision_counts_once(tmp_path):
+    decider = Decider(ThompsonSampling(_model()), log=DecisionLog(tmp_path / "log.sqlite"), update_every=1)
+    d = decider.decide(np.eye(3))
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(decider.feedback(d.decision_id, 1.0))) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(results) == [False] * 7 + [True]
+    assert decider.model_version == 1
+    assert len(decider.log.to_dataframe(with_feedback_only=True)) == 1
+
+
+def test_decider_refuses_batched_models_and_bad_settings():
+    with pytest.raises(ValueError, match="batch_shape=\\[1\\]"):
+        Decider(ThompsonSampling(BayesianLinear(dist.Normal(torch.zeros(3, dtype=F64), 1.0).to_event(1),
+                                                noise_std=0.5, batch_shape=[4])))
+    with pytest.raises(ValueError, match="num_draws"):
+        Decider(ThompsonSampling(_model()), num_draws=1)
+    with pytest.raises(ValueError, match="update_every"):
+        Decider(ThompsonSampling(_model()), update_every=0)
