@@ -193,3 +193,42 @@ def test_decider_refuses_batched_models_and_bad_settings():
         Decider(ThompsonSampling(_model()), num_draws=1)
     with pytest.raises(ValueError, match="update_every"):
         Decider(ThompsonSampling(_model()), update_every=0)
+
+
+def _bcts():
+    from bayes_safe.policies.bcts import BCTS
+
+    policy = BCTS(0.5, 4, 3, batch_shape=[1])
+    g = torch.Generator().manual_seed(0)
+
+    def teacher(step, generator):  # arm 2 is never allowed
+        x = torch.randn(1, 3, generator=g, dtype=F64)
+        return x[:, None, :].expand(1, 4, 3), torch.tensor([[True, True, False, True]])
+
+    policy.learn_constraints(teacher, 200, torch.Generator().manual_seed(1))
+    return policy, {}
+
+
+def _probit_ts_asc():
+    from bayes_safe.models import ProbitGP, ScaledOutcome, SuccessProbability
+
+    g = torch.Generator().manual_seed(0)
+    X = torch.randn(200, 3, generator=g, dtype=F64)
+    y = (0.3 * X[:, 0] + torch.randn(200, generator=g, dtype=F64) > 0).double()
+    gp = ProbitGP(3, hidden=(8, 3), refit_every=None, nn_epochs=2, nn_min_steps=30, gp_epochs=1, seed=0)
+    gp.update(X, y)
+    gp.fit()
+    return TSASC(ScaledOutcome(gp, [1.0, 1.02, 1.04, 1.06]), SuccessProbability(gp), alpha=0.2), {"baseline": 0}
+
+
+@pytest.mark.parametrize("build", [_bcts, _probit_ts_asc], ids=["bcts", "probit-gp-ts-asc"])
+def test_probabilities_of_other_thompson_policies_agree_with_their_decisions(build):
+    policy, kw = build()
+    feats = torch.tensor(np.random.default_rng(2).normal(size=(1, 4, 3)))
+    probs, se = policy.action_probabilities(feats, num_draws=4000, seed=3, **kw)
+    assert math.isclose(float(probs.sum()), 1.0)
+    g = torch.Generator().manual_seed(4)
+    base = {"baseline": torch.tensor([kw["baseline"]])} if kw else {}
+    counts = np.bincount([int(policy.select(feats, generator=g, **base)[0]) for _ in range(1500)], minlength=4)
+    p = probs[0].numpy()
+    assert np.all(np.abs(counts / 1500 - p) < 4 * np.sqrt(p * (1 - p) / 1500 + p * (1 - p) / 4000) + 2e-3)
