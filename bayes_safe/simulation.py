@@ -223,7 +223,23 @@ def _run(policy, problem, T: int, seed, *, progress: bool, callback, generator=N
     checked = not getattr(problem, "_trusted_outputs", False)
     rows = torch.arange(R)
     # per-step records; appending (no copy) is cheaper than writing into preallocated rows
-    actions, baseline, observed, judged = [], [], [], []
+    actions, baseline, observed = [], [], []
+    # Regret and violations are gathered from the mean table in blocks: the steps judged by one
+    # table (fixed arms: every step) are gathered in one call when the table changes or the run
+    # ends, so a step costs no indexing for them and only the current table is kept.
+    parts: list[tuple] = []
+    block: list[torch.Tensor] = []
+    judged = None  # (means, baseline, valid, satisfied, base_means, best) of the current table
+
+    def flush():
+        if block:
+            A = torch.stack(block)  # [n, R]
+            means, _, _, satisfied, base_means, best = judged
+            n = A.shape[0]
+            parts.append((means[rows, A], ~satisfied[rows, A], base_means.expand(n, *base_means.shape),
+                          best.expand(n, *best.shape)))
+            block.clear()
+
     available = True
     steps = range(T)
     if progress:
@@ -237,16 +253,16 @@ def _run(policy, problem, T: int, seed, *, progress: bool, callback, generator=N
     no_autograd = all(getattr(m, "conjugate", False) for m in models.values())
     grad_mode = torch.inference_mode() if no_autograd else contextlib.nullcontext()
     user = (lambda: torch.inference_mode(False)) if no_autograd and checked else contextlib.nullcontext
-    last = (None, None, None, None)  # (means, baseline, valid) of the last judgement and its result
-    with single_thread(), grad_mode:
+    # what reaches the policy is checked here first (user problems) or made by the library:
+    # the policy's own scans of the values are skipped
+    with single_thread(), grad_mode, trusted_inputs():
         for t in steps:
             with user():
                 raw = problem.draw(R, rng if shared_streams else _step_generator(seeds, t))
                 units = _check_units(raw, R, t) if checked else raw
             K = units.features.shape[1]
             try:
-                with trusted_inputs():
-                    a = policy.select(units.features, units.baseline, generator=rng, valid=units.valid)
+                a = policy.select(units.features, units.baseline, generator=rng, valid=units.valid)
             except ValueError as exc:
                 if not checked or not str(exc).startswith("features"):
                     raise
@@ -264,25 +280,24 @@ def _run(policy, problem, T: int, seed, *, progress: bool, callback, generator=N
                     available = False
                 elif means is not None and checked:
                     means = _as_float64(means, "problem.expected", t, (R, K, M), names)
-            with trusted_inputs():
-                policy.update(units.features[rows, a], obs[:, 0], obs[:, 1:] if M > 1 else None, actions=a)
+            policy.update(units.features[rows, a], obs[:, 0], obs[:, 1:] if M > 1 else None, actions=a)
             if means is not None:
-                # fixed arms give the same table every step: judge it once
-                if not (means is last[0] and units.baseline is last[1] and units.valid is last[2]):
-                    last = (means, units.baseline, units.valid, _judge(means, units, declared, index, rows))
-                satisfied, base_means, best = last[3]
-                # keep only what the trace needs of the table: [R, M] and [R] per step
-                judged.append((means[rows, a], ~satisfied[rows, a], base_means, best))
+                # fixed arms give the same table every step: judged once, gathered at the end
+                if judged is None or not (means is judged[0] and units.baseline is judged[1] and units.valid is judged[2]):
+                    flush()
+                    judged = (means, units.baseline, units.valid, *_judge(means, units, declared, index, rows))
+                block.append(a)
             actions.append(a)
             baseline.append(units.baseline)
             observed.append(obs)
             if callback is not None:
-                mean = judged[-1][0] if means is not None else torch.full((R, M), float("nan"), dtype=torch.float64)
+                mean = means[rows, a] if means is not None else torch.full((R, M), float("nan"), dtype=torch.float64)
                 callback(t, {"actions": a, "expected": mean, "observed": obs, "policy": policy, "units": units})
+        flush()
     elapsed = time.perf_counter() - start
     actions, baseline, observed = (torch.stack(x) for x in (actions, baseline, observed))
     if available:
-        expected, violation, base_exp, optimal = (torch.stack(x) for x in zip(*judged))
+        expected, violation, base_exp, optimal = (torch.cat(x) for x in zip(*parts))
     else:
         expected = torch.full((T, R, M), float("nan"), dtype=torch.float64)
         base_exp = expected.clone()
