@@ -20,6 +20,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 import zlib
 from collections.abc import Sequence
 
@@ -61,6 +62,10 @@ def replication_seeds(seed: int | Sequence[int], replications: int | None = None
     return seeds
 
 
+#: the most numbers one stream draws per refill (2 MiB of float64)
+_BLOCK_NUMBERS = 1 << 18
+
+
 class _Stream:
     """One named stream: a numpy ``Generator`` (PCG64) per replication, drawn ``block`` steps at a time.
 
@@ -74,6 +79,11 @@ class _Stream:
     def __init__(self, seeds: list[int], key: str, shape: tuple[int, ...], kind: str, block: int, dtype):
         salt = zlib.crc32(key.encode())
         self.gens = [np.random.Generator(np.random.PCG64([s, salt])) for s in seeds]
+        # at most _BLOCK_NUMBERS numbers per refill: the buffer (and the start-up stall of the first
+        # refill) no longer grows with R x d beyond one step's draws. numpy fills a request in
+        # order, so the numbers drawn do not depend on the block size (tested)
+        per_step = len(seeds) * max(1, math.prod(shape))
+        block = max(1, min(int(block), _BLOCK_NUMBERS // per_step))
         self.shape, self.kind, self.block, self.dtype = shape, kind, block, dtype
         self.buffer: torch.Tensor | None = None
         self.pos = block
