@@ -12,6 +12,7 @@ Policies depend only on the posterior interface of their models (``update``, ``p
 from __future__ import annotations
 
 import numbers
+import weakref
 
 import torch
 
@@ -37,12 +38,30 @@ def check_step_inputs(features: torch.Tensor, baseline: torch.Tensor | None, dim
     check_select_inputs(features, baseline, None, dim=dim)
 
 
+#: ``_model_dims`` per model object: a model's shape does not change after construction, and
+#: the lookup runs twice per decision
+_DIMS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def _model_dims(model) -> tuple[int | None, int | None, int | None]:
     """``(replications, num_arms, dim)`` a model expects of ``features [R, K, d]`` (None: any).
 
     Read from the model's ``batch_shape`` (``[R]``: one model per replication), ``num_arms``
     (per-arm models) and ``dim`` / ``input_dim``; wrappers (``model.model``) are unwrapped.
     """
+    try:
+        return _DIMS[model]
+    except (KeyError, TypeError):
+        pass
+    out = _read_model_dims(model)
+    try:
+        _DIMS[model] = out
+    except TypeError:  # not weakly referenceable: read every time
+        pass
+    return out
+
+
+def _read_model_dims(model) -> tuple[int | None, int | None, int | None]:
     m, seen = model, 0
     while m is not None and seen < 4:
         dim = getattr(m, "dim", None)
