@@ -3,6 +3,7 @@
     bayes-safe simulate --problem daulton2019 --policy ts --replications 100 --horizon 2000 --seed 0 --out DIR
     bayes-safe diagnose DIR
     bayes-safe study list | run NAME --out DIR
+    bayes-safe serve STATE_DIR [--host 127.0.0.1] [--port 8080] [--log PATH] [--snapshot-every SECONDS]
     bayes-safe tune ...            (bayes_safe.tuning.cli)
 
 Building the parser imports nothing heavy (no torch, no Ax): ``bayes-safe --help`` and
@@ -69,6 +70,17 @@ def _problem_arg(text: str) -> str:
     return import_path(text)
 
 
+def _port(text: str) -> int:
+    """``--port``: a TCP port in [0, 65535] (0: any free port)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number in [0, 65535], got {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port number in [0, 65535], got {text!r}")
+    return value
+
+
 def _build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="bayes-safe", description="Safe decision-making with Bayesian posteriors.")
     parser.add_argument("--debug", action="store_true", help=_DEBUG_HELP)
@@ -110,6 +122,17 @@ def _build_parser() -> argparse.ArgumentParser:
     run.add_argument("--quick", action="store_true", help="a small version for smoke tests (< 2 minutes)")
     run.add_argument("--seed", type=int, default=0)
     _add_debug(run)
+
+    srv = sub.add_parser("serve", help="serve a saved Decider over HTTP (needs pip install 'bayes-safe[serve]')")
+    srv.add_argument("state_dir", type=existing_dir, metavar="STATE_DIR",
+                     help="a directory written by Decider.save; snapshots replace it")
+    srv.add_argument("--host", default="127.0.0.1", help="the address to listen on (default 127.0.0.1)")
+    srv.add_argument("--port", type=_port, default=8080, help="the TCP port (default 8080; 0: a free one, printed)")
+    srv.add_argument("--log", default=None, metavar="PATH",
+                     help="the decision log (SQLite; default STATE_DIR.log.sqlite beside STATE_DIR)")
+    srv.add_argument("--snapshot-every", type=positive_float, default=60.0, metavar="SECONDS",
+                     help="save the Decider to STATE_DIR this often when it changed (default 60), and on shutdown")
+    _add_debug(srv)
 
     try:
         from bayes_safe.tuning.cli import add_tune_parser
@@ -330,6 +353,10 @@ def _run(args) -> int:
             report = diagnose_run(args.run_dir, num_draws=args.draws, allow_imports=args.allow_imports)
         print(f"wrote {report} and one NetCDF per model")
         return 0
+    if args.command == "serve":
+        from .online.serve import serve
+
+        return serve(args.state_dir, host=args.host, port=args.port, log=args.log, snapshot_every=args.snapshot_every)
     raise AssertionError(f"unknown command {args.command!r}")  # pragma: no cover - argparse requires one
 
 

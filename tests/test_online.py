@@ -232,3 +232,13 @@ def test_probabilities_of_other_thompson_policies_agree_with_their_decisions(bui
     counts = np.bincount([int(policy.select(feats, generator=g, **base)[0]) for _ in range(1500)], minlength=4)
     p = probs[0].numpy()
     assert np.all(np.abs(counts / 1500 - p) < 4 * np.sqrt(p * (1 - p) / 1500 + p * (1 - p) / 4000) + 2e-3)
+
+
+def test_the_log_reads_back_when_only_some_feedback_has_constraints(tmp_path):
+    log = DecisionLog(tmp_path / "log.sqlite")
+    for i in range(3):
+        log.write_decision(str(i), 0, 0.5, 0.01, 0, [1.0, 2.0], [0.5, 0.5])
+    log.write_feedback("0", 1.0, [0.0])
+    log.write_feedback("1", 0.0)
+    frame = log.to_dataframe()
+    assert frame["constraints"].tolist()[:2] == [[0.0], None] and frame["constraints"].iloc[2] is None

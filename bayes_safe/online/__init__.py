@@ -2,9 +2,19 @@
 
 ``Decider`` wraps any policy (``R = 1``); ``DecisionLog`` records decisions and feedback in
 SQLite and reads back as ``bayes_safe.offline.LoggedData`` or obp's ``bandit_feedback``.
+``bayes_safe.online.serve`` (``bayes-safe serve STATE_DIR``) puts a saved Decider behind HTTP
+(FastAPI, the ``serve`` extra); it is imported on first use, so importing this package stays cheap.
 """
 
 from .decider import Decider, Decision
 from .log import DecisionLog
 
 __all__ = ["Decider", "Decision", "DecisionLog"]
+
+
+def __getattr__(name: str):
+    if name == "serve":  # the HTTP service module, loaded on first use (its FastAPI import is lazier still)
+        import importlib
+
+        return importlib.import_module(".serve", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -102,7 +102,7 @@ class DecisionLog:
             frame = pd.read_sql_query(query, self._db)
         for col in ("context", "probabilities"):
             frame[col] = frame[col].map(json.loads)
-        frame["constraints"] = frame["constraints"].map(lambda s: None if s is None else json.loads(s))
+        frame["constraints"] = frame["constraints"].map(lambda s: None if s is None or pd.isna(s) else json.loads(s))
         return frame
 
     def to_logged_data(self):
