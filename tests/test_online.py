@@ -46,7 +46,7 @@ def test_two_arm_probabilities_match_the_closed_form():
 def test_ts_asc_probabilities_agree_with_repeated_single_decisions():
     policy = TSASC(_model(), [_model()], alpha=0.1)
     feats = torch.tensor(np.random.default_rng(0).normal(size=(1, 4, 3)))
-    probs, se = policy.action_probabilities(feats, baseline=0, num_draws=8000, seed=2)
+    probs, _ = policy.action_probabilities(feats, baseline=0, num_draws=8000, seed=2)
     g = torch.Generator().manual_seed(3)
     counts = np.bincount([int(policy.select(feats, torch.tensor([0]), generator=g)[0]) for _ in range(3000)], minlength=4)
     freq = counts / 3000
@@ -225,7 +225,7 @@ def _probit_ts_asc():
 def test_probabilities_of_other_thompson_policies_agree_with_their_decisions(build):
     policy, kw = build()
     feats = torch.tensor(np.random.default_rng(2).normal(size=(1, 4, 3)))
-    probs, se = policy.action_probabilities(feats, num_draws=4000, seed=3, **kw)
+    probs, _ = policy.action_probabilities(feats, num_draws=4000, seed=3, **kw)
     assert math.isclose(float(probs.sum()), 1.0)
     g = torch.Generator().manual_seed(4)
     base = {"baseline": torch.tensor([kw["baseline"]])} if kw else {}
@@ -242,3 +242,25 @@ def test_the_log_reads_back_when_only_some_feedback_has_constraints(tmp_path):
     log.write_feedback("1", 0.0)
     frame = log.to_dataframe()
     assert frame["constraints"].tolist()[:2] == [[0.0], None] and frame["constraints"].iloc[2] is None
+
+
+def test_the_decision_log_is_a_source_of_the_logged_data_tuning(tmp_path):
+    from bayes_safe.tuning.logged import LoggedDataProblem
+
+    decider = Decider(ThompsonSampling(_model(3, sd=0.5)), update_every=20, num_draws=200, seed=1,
+                      log=tmp_path / "log.sqlite")
+    rng = np.random.default_rng(2)
+    for _ in range(400):
+        d = decider.decide(np.eye(3))
+        decider.feedback(d.decision_id, _click(d.action, rng))
+    decider.log.close()
+    problem = LoggedDataProblem(source=str(tmp_path / "log.sqlite"), method="ips", benchmark=None, epochs=2, n_boot=20)
+    metrics = problem.estimate({"lr": 1e-3}, seed=0)
+    assert 0.0 <= metrics["reward"][0] <= 1.0 and metrics["reward"][1] > 0
+    with pytest.raises(ValueError, match="options: a decision log"):
+        LoggedDataProblem(source=str(tmp_path / "log.sqlite"), options={"context_columns": ["x"]}, method="ips",
+                          benchmark=None)
+    (tmp_path / "other.sqlite").write_bytes(b"not a database at all, just text")
+    with pytest.raises(ValueError, match="not a decision log"):
+        LoggedDataProblem(source=str(tmp_path / "other.sqlite"), method="ips", benchmark=None)
+    assert (tmp_path / "other.sqlite").read_bytes() == b"not a database at all, just text"  # untouched

@@ -69,6 +69,14 @@ def _load(source: str, options: Mapping):
             data = skill_routing_logs(n=int(opts.pop("n", 50_000)), seed=int(opts.pop("seed", 0)), **opts)
         elif source == "open-bandit":
             data = load_open_bandit(**opts)
+        elif is_decision_log(source):
+            from bayes_safe.online import DecisionLog
+
+            log = DecisionLog(source, read_only=True)
+            try:
+                data = log.to_logged_data()
+            finally:
+                log.close()
         elif str(source).lower().endswith(".parquet"):
             data = LoggedData.from_parquet(source, **opts)
         else:
@@ -82,6 +90,28 @@ def _load(source: str, options: Mapping):
 def _one_line(exc: BaseException) -> str:
     text = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
     return " ".join(str(text).replace(":\n  - ", ": ").replace("\n  - ", "; ").split()) or type(exc).__name__
+
+
+#: suffixes of a decision log (``bayes_safe.online.DecisionLog``, SQLite)
+_LOG_SUFFIXES = (".sqlite", ".sqlite3", ".db")
+
+
+def is_decision_log(source) -> bool:
+    """Whether ``source`` names a decision log written by ``bayes_safe.online`` (an SQLite file)."""
+    return str(source).lower().endswith(_LOG_SUFFIXES)
+
+
+def _check_decision_log(path: str, options: Mapping, benchmark) -> None:
+    if options:
+        raise ValueError(f"options: a decision log ({path}) has its own columns; drop the column arguments "
+                         f"({sorted(options)})")
+    if benchmark is not None:
+        raise ValueError(f"benchmark: a decision log ({path}) has one domain ('all'); replication-constraint "
+                         "benchmarks need domains: use --benchmark none")
+    try:
+        _load(path, {})
+    except (ValueError, FileNotFoundError) as exc:
+        raise ValueError(f"source: {path}: {_one_line(exc)}") from None
 
 
 def check_file_source(source, options: Mapping, benchmark=None) -> None:
@@ -100,6 +130,9 @@ def check_file_source(source, options: Mapping, benchmark=None) -> None:
     from bayes_safe.offline import LoggedData, ReplicationConstraints
 
     path = str(source)
+    if is_decision_log(path):
+        _check_decision_log(path, options, benchmark)
+        return
     accepted = [k for k in inspect.signature(LoggedData.from_dataframe).parameters if k not in ("cls", "df")]
     unknown = sorted(set(options) - set(accepted))
     if unknown:
@@ -174,7 +207,9 @@ class LoggedDataProblem(ABProblem):
     Args:
         source: ``"synthetic"`` (the skill-routing generator of
             ``bayes_safe.offline.synthetic``), ``"open-bandit"`` (the Open Bandit sample,
-            ``make data`` fetches it) or the path of a ``.csv`` / ``.parquet`` file of logs.
+            ``make data`` fetches it), the path of a ``.csv`` / ``.parquet`` file of logs, or a
+            decision log (``.sqlite``) written by ``bayes_safe.online.Decider`` (its decisions with
+            feedback, one domain; no column arguments).
         options: keyword arguments of the source: ``n``, ``seed`` for ``"synthetic"``;
             ``behavior``, ``campaigns`` for ``"open-bandit"``; the column names of
             ``from_dataframe`` for a file.
@@ -233,8 +268,9 @@ class LoggedDataProblem(ABProblem):
             raise TypeError(f"source: expected 'synthetic', 'open-bandit' or a file path, got {self.source!r}")
         elif str(self.source) not in _SOURCES:
             path = Path(self.source)
-            if path.suffix.lower() not in (".csv", ".parquet"):
-                raise ValueError(f"source: expected 'synthetic', 'open-bandit' or a .csv / .parquet file, got {str(self.source)!r}")
+            if path.suffix.lower() not in (".csv", ".parquet", *_LOG_SUFFIXES):
+                raise ValueError(f"source: expected 'synthetic', 'open-bandit' or a .csv / .parquet file (or a decision "
+                                 f"log .sqlite of bayes_safe.online.DecisionLog), got {str(self.source)!r}")
             if not path.is_file():
                 raise FileNotFoundError(f"source: no such file {str(path)!r}")
             # stored resolved: a study resumed from another directory reads the same file

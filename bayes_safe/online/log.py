@@ -46,14 +46,29 @@ class DecisionLog:
 
     Args:
         path: the database file (created with its parent directory if missing).
+        read_only: open an existing log for reading only (nothing is created or changed; a
+            file that is not a decision log raises ``ValueError``).
     """
 
-    def __init__(self, path):
+    def __init__(self, path, *, read_only: bool = False):
         self.path = Path(path)
         if self.path.exists() and not self.path.is_file():
             raise ValueError(f"path: expected a database file, got the directory {self.path}")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
+        if read_only:
+            if not self.path.is_file():
+                raise FileNotFoundError(f"path: no such decision log {str(self.path)!r}")
+            self._db = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True, check_same_thread=False)
+            try:
+                tables = {r[0] for r in self._db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+            except sqlite3.DatabaseError as exc:
+                self._db.close()
+                raise ValueError(f"path: {self.path} is not a decision log (SQLite: {exc})") from None
+            if not {"decisions", "feedback"} <= tables:
+                self._db.close()
+                raise ValueError(f"path: {self.path} is not a decision log (no 'decisions' and 'feedback' tables)")
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         try:
             self._db.execute("PRAGMA journal_mode=WAL")
