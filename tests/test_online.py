@@ -264,3 +264,27 @@ def test_the_decision_log_is_a_source_of_the_logged_data_tuning(tmp_path):
     with pytest.raises(ValueError, match="not a decision log"):
         LoggedDataProblem(source=str(tmp_path / "other.sqlite"), method="ips", benchmark=None)
     assert (tmp_path / "other.sqlite").read_bytes() == b"not a database at all, just text"  # untouched
+
+
+def test_another_alpha_is_evaluated_off_policy_from_the_log(tmp_path):
+    """Serve TS-ASC(alpha = 0.3), then estimate TS-ASC(alpha = 0) on the learned posterior from the log."""
+    from bayes_safe.offline import ips, snips
+
+    mu_reward = np.array([0.30, 0.50, 0.45])
+    mu_safe = np.array([0.80, 0.60, 0.78])  # arm 1 pays most but is less safe than the baseline arm 0
+    logging = TSASC(_model(3, sd=0.5), [_model(3, sd=0.5)], alpha=0.3)
+    decider = Decider(logging, update_every=50, num_draws=300, seed=6, log=tmp_path / "log.sqlite")
+    rng = np.random.default_rng(7)
+    for _ in range(1500):
+        d = decider.decide(np.eye(3), baseline=0)
+        decider.feedback(d.decision_id, float(rng.random() < mu_reward[d.action]),
+                         [float(rng.random() < mu_safe[d.action])])
+    data = decider.log.to_logged_data()
+    target = TSASC(logging.reward_model, logging.constraint_models, alpha=0.0)  # the same posterior, stricter
+    probs = decider.log.target_probabilities(target, num_draws=300, seed=1)
+    assert probs.shape == (1500, 3) and torch.allclose(probs.sum(-1), torch.ones(1500, dtype=F64))
+    truth = float(probs.mean(0) @ torch.tensor(mu_reward))  # fixed candidates: the value of the target's mix
+    estimate = snips(probs, data)
+    w = (probs[torch.arange(1500), data.actions] / data.propensities).numpy()
+    se = float(np.std(w * data.rewards.numpy()) / np.sqrt(1500))
+    assert abs(estimate - truth) < 3 * se + 0.01 and abs(ips(probs, data) - truth) < 3 * se + 0.01

@@ -138,6 +138,32 @@ class DecisionLog:
                                        domain_names=["all"], n_actions=K, logging_probs=probs,
                                        row_labels=frame["decision_id"].to_numpy())
 
+    def target_probabilities(self, policy, *, num_draws: int = 500, seed: int = 0):
+        """Another policy's probability of every action at each logged decision with feedback, ``[N, K]``.
+
+        The rows are those of ``to_logged_data()``, so ``bayes_safe.offline.ips(probs, data)``
+        (or ``snips``, ``doubly_robust``, ``estimate_value``) estimates that policy's value from
+        the log: e.g. TS-ASC with another ``alpha`` on the same posterior. The logged contexts
+        must be the decisions' candidate features (what ``Decider`` logs when it is given
+        candidates ``[K, d]``); each decision's logged baseline is passed on.
+        """
+        import torch
+
+        frame = self.to_dataframe(with_feedback_only=True)
+        if frame.empty:
+            raise ValueError(f"log: {self.path} has no decision with feedback yet")
+        generator = torch.Generator().manual_seed(int(seed))
+        out = []
+        for ctx, K, base in zip(frame["context"], frame["num_actions"], frame["baseline"]):
+            if len(ctx) % int(K):
+                raise ValueError(f"log: a logged context of length {len(ctx)} is not the candidate features of "
+                                 f"{K} actions (the Decider logged a context vector, not candidates)")
+            cand = torch.tensor(ctx, dtype=torch.float64).reshape(1, int(K), -1)
+            b = None if base is None or pd.isna(base) else torch.tensor([int(base)])
+            probs, _ = policy.action_probabilities(cand, b, num_draws=num_draws, generator=generator)
+            out.append(probs[0])
+        return torch.stack(out)
+
     def to_obp(self) -> dict:
         """obp's ``bandit_feedback`` dictionary (``n_rounds``, ``n_actions``, ``action``, ``reward``,
         ``pscore``, ``context``, ``position``) of the decisions with feedback."""
