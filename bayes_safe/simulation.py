@@ -248,9 +248,11 @@ def _run(policy, problem, T: int, seed, *, progress: bool, callback, generator=N
         steps = tqdm(steps, desc=f"simulate {name}", unit="step", mininterval=0.5)
     start = time.perf_counter()
     # Inference mode trims per-op bookkeeping (measured: +17% decisions/s at R = 1). It is
-    # used only when every model of the policy is an exact conjugate posterior: models that
-    # train by gradient (NUTS, SVI, the probit GP) need autograd inside ``update``.
-    no_autograd = all(getattr(m, "conjugate", False) for m in models.values())
+    # used only when every model of the policy is an exact conjugate posterior or samples without
+    # gradients (the Gibbs engine: ``needs_autograd = False``): models that train by gradient
+    # (NUTS, SVI, the probit GP) need autograd inside ``update``.
+    no_autograd = all(getattr(m, "conjugate", False) or getattr(m, "needs_autograd", True) is False
+                      for m in models.values())
     grad_mode = torch.inference_mode() if no_autograd else contextlib.nullcontext()
     user = (lambda: torch.inference_mode(False)) if no_autograd and checked else contextlib.nullcontext
     # what reaches the policy is checked here first (user problems) or made by the library:

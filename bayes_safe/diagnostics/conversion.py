@@ -110,7 +110,15 @@ def _linear_inference_data(model, X, y, num_draws, feature_names, seed):
     gen = torch.Generator().manual_seed(int(seed))
     posterior: dict[str, np.ndarray] = {}
     sample_stats: dict[str, np.ndarray] = {}
-    if model.conjugate:
+    if not model.conjugate and getattr(model, "engine_name", None) == "gibbs":
+        # consecutive sweeps of a copy of the chain (one chain; the model's own chain is not moved)
+        import copy
+
+        chain = copy.deepcopy(model)
+        draws = torch.stack([chain.sample(gen) for _ in range(int(num_draws))])  # [S, *batch, d]
+        posterior["w"] = _np(draws)[None]
+        w_flat = draws
+    elif model.conjugate:
         draws = torch.stack([model.sample(gen) for _ in range(int(num_draws))])  # [S, *batch, d]
         posterior["w"] = _np(draws)[None]
         if model.noise_prior is not None:
@@ -168,7 +176,7 @@ def _linear_inference_data(model, X, y, num_draws, feature_names, seed):
         obs_dims = [f"obs_batch{i}" for i in range(y.dim() - 1)] + ["obs"]
         dims["y"] = obs_dims
     attrs = {"model": "PerArmLinear" if arms is not None else "BayesianLinear",
-             "inference": "conjugate" if model.conjugate else model.engine.method}
+             "inference": getattr(model, "engine_name", None) or ("conjugate" if model.conjugate else model.engine.method)}
     return az.from_dict(**groups, coords=coords, dims={k: v for k, v in dims.items() if _used(k, groups)},
                         attrs=attrs)
 

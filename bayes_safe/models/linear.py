@@ -17,10 +17,17 @@ bandit problems one batched LAPACK call beats ``d`` Python-level rotation steps 
 d = 4, batched ``cholesky`` of 1,000 4x4 matrices takes ~30 us, a vectorised rank-one
 update with a Python loop over ``d`` ~60 us).
 
-Any other prior (Laplace, Student-t, a horseshoe written as a Pyro model, ...) is fitted
-with Pyro (NUTS by default, SVI with an ``AutoMultivariateNormal`` guide on request) by
-``PyroLinearPosterior``; Thompson draws then come
-from the stored posterior draws, refreshed at every refit.
+Gaussian scale-mixture priors (``Laplace``, ``StudentT``, ``Cauchy`` ``.expand([d]).to_event(1)``
+and a horseshoe written as a Pyro model) are sampled by the warm-started Gibbs engine of
+``gibbs.py`` (``engine_name == "gibbs"``): each Thompson draw advances the chain by a sweep
+from its last state, so a decision costs a small multiple of a conjugate one. The same
+engine handles 0/1 outcomes (``likelihood="probit"``: Albert & Chib 1993;
+``likelihood="logistic"``: Polson, Scott & Windle 2013).
+
+Any other prior is fitted with Pyro (NUTS by default, SVI with an ``AutoMultivariateNormal``
+guide on request) by ``PyroLinearPosterior``; Thompson draws then come from the stored
+posterior draws, refreshed at every refit. ``inference="nuts"`` / ``"svi"`` select this path
+for the Gibbs priors too.
 
 Example:
     >>> import torch, pyro.distributions as dist
@@ -166,18 +173,39 @@ class BayesianLinear:
             read as ``V0`` in ``w | s2 ~ N(m0, s2 V0)``.
         batch_shape: shape of a batch of independent models (replications, or arms for disjoint
             per-arm models). All tensors then carry these leading dimensions.
-        inference: ``"auto"`` (conjugate when recognised, else NUTS), ``"conjugate"``
-            (error if the prior is not conjugate), ``"nuts"`` or ``"svi"``.
+        inference: ``"auto"`` (conjugate when recognised; else Gibbs for a Laplace, Student-t,
+            Cauchy or horseshoe prior, unless ``inference_options`` holds NUTS/SVI options;
+            else NUTS), ``"conjugate"`` (error if the prior is not conjugate), ``"gibbs"``
+            (error if the Gibbs engine cannot sample the prior; runs for a Gaussian prior
+            too), ``"nuts"`` or ``"svi"``. ``engine_name`` reports the choice.
         dim: the weight dimension; inferred from a distribution prior, required for a callable.
         refit_every: non-conjugate only: refit automatically after this many new observations
             (``None``: only when ``fit`` is called).
         inference_options: non-conjugate only: keyword arguments for
             ``PyroLinearPosterior`` (``num_samples``,
-            ``warmup_steps``, ``svi_steps``, ``seed``, ...).
+            ``warmup_steps``, ``svi_steps``, ``seed``, ...), or for the Gibbs engine
+            (``sweeps``: sweeps per Thompson draw, default 1; ``burn_in``, default 20;
+            ``predict_sweeps``, default 200; ``pg_terms``, default 20; ``seed``).
+        likelihood: ``"gaussian"`` (default), or ``"probit"`` / ``"logistic"`` for 0/1
+            outcomes (Gibbs engine; give neither ``noise_std`` nor ``noise_prior``). Then
+            ``update`` rejects outcomes outside {0, 1} (NaN too), and ``sample_at`` /
+            ``predict`` answer for the success probability ``Phi(x^T w)`` / ``sigmoid(x^T w)``.
+
+    Attributes:
+        engine_name: ``"conjugate"``, ``"gibbs"``, ``"nuts"`` or ``"svi"``.
+        engine: the ``GibbsLinearPosterior`` or ``PyroLinearPosterior`` (non-conjugate only).
+        needs_autograd: False for the conjugate and Gibbs engines (they may run under
+            ``torch.inference_mode``), True for NUTS and SVI.
 
     Shapes: ``update(X: [*batch, n, d] or [*batch, d], y: [*batch, n] or [*batch])``,
     ``predict(X: [*batch, k, d]) -> ([*batch, k], [*batch, k])``, ``sample() -> [*batch, d]``.
     """
+
+    @property
+    def needs_autograd(self) -> bool:
+        """Whether ``update`` / ``fit`` need autograd (NUTS and SVI); the conjugate and Gibbs
+        engines do not, so a simulation loop may run them under ``torch.inference_mode``."""
+        return self.engine_name in ("nuts", "svi")
 
     def __init__(
         self,
@@ -190,9 +218,19 @@ class BayesianLinear:
         dim: int | None = None,
         refit_every: int | None = None,
         inference_options: dict | None = None,
+        likelihood: str = "gaussian",
     ):
+        from .gibbs import LIKELIHOODS
+
+        if not isinstance(likelihood, str) or likelihood not in LIKELIHOODS:
+            raise ValueError(f"likelihood: expected 'gaussian', 'probit' or 'logistic', got {likelihood!r}")
+        self.likelihood = likelihood
         self.batch_shape = check_batch_shape(batch_shape, "batch_shape")
-        if (noise_std is None) == (noise_prior is None):
+        if likelihood != "gaussian":
+            if noise_std is not None or noise_prior is not None:
+                raise ValueError(f"noise_std / noise_prior: likelihood={likelihood!r} models 0/1 outcomes through a latent "
+                                 "variable of fixed scale; give neither")
+        elif (noise_std is None) == (noise_prior is None):
             raise ValueError("noise_std / noise_prior: give exactly one (a known noise_std > 0, or an InverseGamma noise_prior)")
         if noise_std is not None:
             noise_std = check_std(noise_std, "noise_std")
@@ -205,8 +243,11 @@ class BayesianLinear:
         if inference_options is not None and not isinstance(inference_options, dict):
             raise TypeError(f"inference_options: expected a dict of PyroLinearPosterior keyword arguments, "
                             f"got {type(inference_options).__name__}")
-        if not isinstance(inference, str) or inference not in ("auto", "conjugate", "nuts", "svi"):
-            raise ValueError(f"inference: expected 'auto', 'conjugate', 'nuts' or 'svi', got {inference!r}")
+        if not isinstance(inference, str) or inference not in ("auto", "conjugate", "gibbs", "nuts", "svi"):
+            raise ValueError(f"inference: expected 'auto', 'conjugate', 'gibbs', 'nuts' or 'svi', got {inference!r}")
+        if likelihood != "gaussian" and inference in ("conjugate", "nuts", "svi"):
+            raise ValueError(f"inference: likelihood={likelihood!r} is sampled by the Gibbs engine; use inference='auto' "
+                             f"or 'gibbs', got {inference!r}")
         self.prior = prior
         self.noise_std = noise_std
         self.noise_prior = noise_prior
@@ -244,7 +285,23 @@ class BayesianLinear:
 
         if inference == "conjugate" and gaussian is None:
             raise ValueError("inference='conjugate' needs a Gaussian prior (MultivariateNormal or Normal(...).to_event(1))")
-        self.conjugate = gaussian is not None and inference in ("auto", "conjugate")
+        self.conjugate = gaussian is not None and inference in ("auto", "conjugate") and likelihood == "gaussian"
+        mixture = None
+        if not self.conjugate and inference in ("auto", "gibbs"):
+            from .gibbs import GIBBS_OPTIONS, recognise_prior
+
+            pyro_keys = sorted(set(inference_options or {}) - set(GIBBS_OPTIONS))
+            if inference == "gibbs" and pyro_keys:
+                raise ValueError(f"inference_options: the Gibbs engine takes {list(GIBBS_OPTIONS)}, got {pyro_keys}")
+            if not pyro_keys:  # NUTS / SVI options with inference='auto' keep the Pyro engine (as before)
+                mixture = recognise_prior(prior, d, self.batch_shape)
+            if mixture is None and (inference == "gibbs" or likelihood != "gaussian"):
+                raise ValueError(
+                    "prior: the Gibbs engine (needed for inference='gibbs' and for 0/1 likelihoods) samples Gaussian, "
+                    "Laplace, StudentT and Cauchy priors (.expand([d]).to_event(1)) and a horseshoe Pyro model; "
+                    f"got {type(prior).__name__}")
+        self.engine_name = "conjugate" if self.conjugate else "gibbs" if mixture is not None else (
+            "svi" if inference == "svi" else "nuts")
         self._count = 0  # observations given to every batch element
         self._masked_count: torch.Tensor | None = None  # per-element counts of masked (per-arm) updates
 
@@ -267,6 +324,14 @@ class BayesianLinear:
             # batch elements whose precision changed since the factor was computed (None: none,
             # or the whole factor is stale); masked updates refactor only these
             self._dirty: torch.Tensor | None = None
+        elif mixture is not None:
+            from .gibbs import GibbsLinearPosterior
+
+            self.engine = GibbsLinearPosterior(
+                mixture, d, self.batch_shape, likelihood=likelihood, noise_std=noise_std, noise_prior=noise_prior,
+                **_gibbs_options(inference_options),
+            )
+            self.refit_every = None  # the chain follows the data at every draw: nothing to refit
         else:
             from .pyro_inference import PyroLinearPosterior
 
@@ -347,6 +412,15 @@ class BayesianLinear:
             raise ValueError("masked updates need a conjugate model")
         if single:
             X, y = X[..., None, :], y[..., None]
+        if self.engine_name == "gibbs":
+            if self.likelihood != "gaussian":
+                bad = (y != 0) & (y != 1)  # NaN too
+                if bool(bad.any()):
+                    self._count -= n
+                    raise ValueError(f"y: likelihood={self.likelihood!r} needs outcomes in {{0, 1}}, got "
+                                     f"{y[bad].reshape(-1)[:3].tolist()}")
+            self.engine.add(X, y)
+            return
         self._X.append(X.expand(*self.batch_shape, *X.shape[-2:]))
         self._y.append(y.expand(*self.batch_shape, y.shape[-1]))
         self._since_fit += n
@@ -376,8 +450,12 @@ class BayesianLinear:
         self._invalidate(count > 0)
 
     def fit(self) -> None:
-        """Refit a non-conjugate posterior on all data so far (conjugate models are always exact)."""
+        """Refit a non-conjugate posterior on all data so far (conjugate models are always exact;
+        the Gibbs engine runs ``burn_in`` sweeps from its current state)."""
         if self.conjugate:
+            return
+        if self.engine_name == "gibbs":
+            self.engine.fit()
             return
         if not self._X:
             raise ValueError("fit: no observations yet; call update(X, y) first")
@@ -443,6 +521,8 @@ class BayesianLinear:
     @property
     def posterior_mean(self) -> torch.Tensor:
         """Posterior mean of ``w``, ``[*batch, d]``."""
+        if self.engine_name == "gibbs":
+            return self.engine.summary(None)[0]
         if not self.conjugate:
             return self._draws.mean(0)
         return torch.cholesky_solve(self.eta[..., None], self.factor)[..., 0]
@@ -499,6 +579,9 @@ class BayesianLinear:
                 a, b = self._noise_posterior()
                 scale = torch.where(a > 1, b / (a - 1), torch.full_like(a, float("inf")))
                 var = var * scale[..., None]
+        elif self.engine_name == "gibbs":
+            Xk = Xk.expand(*self.batch_shape, *Xk.shape[-2:])
+            _, mean, var = self.engine.summary(Xk, link=_LINKS.get(self.likelihood))
         else:
             f = Xk @ self._draws[..., None]  # [S, *b, k, 1]
             f = f[..., 0]
@@ -522,6 +605,8 @@ class BayesianLinear:
                 s2 = b / standard_gamma(a, generator, key=key + "/noise")
                 z = z * s2.sqrt()[..., None, None]
             return torch.linalg.solve_triangular(self._factor.mT, self._u + z, upper=True)[..., 0]
+        if self.engine_name == "gibbs":
+            return self.engine.draw(generator, key)
         shape = self._sample_shape
         S = self._draws.shape[0]
         idx = (standard_uniform(self.batch_shape, generator, key=key) * S).long().clamp_max(S - 1)
@@ -536,11 +621,31 @@ class BayesianLinear:
         if features.dim() < 2 or features.shape[-1] != self.dim:
             raise ValueError(f"features: expected shape [*batch_shape, k, {self.dim}], got {list(features.shape)}")
         w = self.sample(generator, key=key)
-        return (w[..., None, :] @ _transposed(features))[..., 0, :]
+        f = (w[..., None, :] @ _transposed(features))[..., 0, :]
+        if self.likelihood == "gaussian":
+            return f
+        from .gibbs import lanewise
+
+        return lanewise(_LINKS[self.likelihood], f)
 
     def __repr__(self) -> str:
-        kind = "conjugate" if self.conjugate else self.engine.method
         noise = f"noise_std={self.noise_std}" if self.noise_std is not None else "noise_prior=InverseGamma"
-        return f"BayesianLinear(dim={self.dim}, {noise}, batch_shape={list(self.batch_shape)}, inference={kind!r})"
+        if self.likelihood != "gaussian":
+            noise = f"likelihood={self.likelihood!r}"
+        return f"BayesianLinear(dim={self.dim}, {noise}, batch_shape={list(self.batch_shape)}, inference={self.engine_name!r})"
+
+
+_LINKS = {"probit": torch.special.ndtr, "logistic": torch.sigmoid}
+
+
+def _gibbs_options(options: dict | None) -> dict:
+    """Checked keyword arguments of ``GibbsLinearPosterior`` from ``inference_options``."""
+    out = {}
+    for name, value in (options or {}).items():
+        low = 1 if name in ("sweeps", "predict_sweeps", "pg_terms") else 0
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"inference_options: {name!r} must be an int >= {low}, got {value!r}")
+        out[name] = value
+    return out
 
 

@@ -7,9 +7,11 @@
 where ``prior`` is any Pyro distribution over ``R^d`` or any Pyro model that samples its own
 hyperparameters and returns ``w``, and ``sigma`` is either known or has a prior on
 ``sigma^2``. It is the fallback engine of ``BayesianLinear``
-when the prior is not conjugate: every ``PyroLinearPosterior.fit`` refits from scratch on
-all the data, so it is far slower than a conjugate update and is meant for problems of modest
-size.
+when the prior is neither conjugate nor a Gaussian scale mixture that the Gibbs engine
+(``gibbs.py``: Laplace, Student-t, Cauchy, horseshoe) samples, and the engine of
+``inference="nuts"`` / ``"svi"``: every ``PyroLinearPosterior.fit`` refits from scratch on
+all the data, so it is far slower than a conjugate update or a Gibbs sweep and is meant for
+problems of modest size (and for validating the Gibbs engine, as its accuracy tests do).
 
 Example:
     ```python

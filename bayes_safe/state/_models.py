@@ -56,6 +56,10 @@ def _enc_linear(m, enc: Encoder, what: str) -> dict:
             node.update(a=enc.tensor(m._a, f"{what}.a"), b0=enc.tensor(m._b0, f"{what}.b0"), sq=enc.tensor(m._sq, f"{what}.sq"))
         return node
     e = m.engine
+    if getattr(m, "engine_name", None) == "gibbs":
+        raise ValueError(f"{what}: a BayesianLinear sampled by the Gibbs engine ({type(m.prior).__name__} prior) cannot "
+                         "be saved yet (its chain state has no format); save the data and rebuild it, or use a "
+                         "Gaussian prior")
     node.update(
         method=e.method, refit_every=m.refit_every,
         inference_options={"num_samples": e.num_samples, "warmup_steps": e.warmup_steps, "num_chains": e.num_chains,
