@@ -11,6 +11,12 @@ separately from the simulation time per trial (measured inside the worker proces
 
 Run: ``.venv/bin/python benchmarks/tuning.py [--quick]``; ``run(quick)`` returns the rows for
 ``benchmarks/run.py``.
+
+``--calibration [video-upload|logged-data]`` (issue 18): does a trial's SEM cover the noise of
+re-running it? 8 parameterizations drawn from the default search space, each re-run 10 times as
+a trial of 4 replicates (and, from the same single runs, 40 times as a trial of one replicate);
+prints the standard deviation of the replicate-pair z-scores (1 when calibrated) of the
+objective and the constraint metrics. ``--reruns`` / ``--params`` / ``--replicates`` shrink it.
 """
 
 from __future__ import annotations
@@ -57,10 +63,40 @@ def run(quick: bool = False) -> list[dict]:
     return rows
 
 
+def calibration(problem: str = "video-upload", params: int = 8, reruns: int = 10, replicates=(1, 2, 4),
+                quick: bool = False, workers: int = 2) -> dict:
+    """The SEM calibration of ``bayes_safe.tuning.calibration.noise_calibration`` on a named problem."""
+    from bayes_safe.tuning import ABTest, LoggedDataProblem
+    from bayes_safe.tuning.calibration import noise_calibration, random_parameterizations
+
+    if problem == "logged-data":
+        ab = ABTest(LoggedDataProblem(source="synthetic", method="minimax"))
+    else:
+        ab = default_ab_test(problem, quick=quick)
+    prob = ab.problem
+    metrics = [prob.objective.lstrip("-")] + [c.split()[0] for c in prob.outcome_constraints]
+    points = random_parameterizations(prob.parameters, params, seed=0)
+    return noise_calibration(ab, points, reruns=reruns, replicates=replicates, metrics=metrics, seed=1, workers=workers)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--calibration", choices=("video-upload", "logged-data"), default=None)
+    parser.add_argument("--params", type=int, default=8)
+    parser.add_argument("--reruns", type=int, default=10)
+    parser.add_argument("--replicates", default="1,2,4")
+    parser.add_argument("--workers", type=int, default=2)
     args = parser.parse_args(argv)
+    if args.calibration:
+        reps = tuple(int(r) for r in args.replicates.split(","))
+        res = calibration(args.calibration, args.params, args.reruns, reps, args.quick, args.workers)
+        print(f"{args.calibration}{' (quick)' if args.quick else ''}: {args.params} parameterizations, "
+              f"{res['runs']} single A/B tests, {res['seconds_per_run']:.1f} s each")
+        for R, entry in res["by_replicates"].items():
+            cells = ", ".join(f"{m} {v['sd']:.2f} (n={v['n']})" for m, v in entry.items() if m != "all")
+            print(f"  {R} replicate(s) per trial: SD of pair z-scores {entry['all']['sd']:.2f} overall; {cells}")
+        return 0
     for row in run(quick=args.quick):
         ratio = "" if row["ratio"] is None else f"  (ratio {row['ratio']:.2f})"
         value = "n/a" if row["value"] is None else f"{row['value']:.2f}"

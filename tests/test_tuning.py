@@ -32,9 +32,13 @@ def test_ab_test_is_a_pure_function_of_parameters_and_seed():
         mean, sem = a[name]
         assert math.isfinite(mean) and sem >= 0, name
     assert set(a) <= set(ab.metric_names())
-    # the % change is the ratio of the paired levels (common random numbers: same users in both arms)
-    rel, base = a["reliability"][0], a["baseline_reliability"][0]
-    assert a["reliability_change"][0] == pytest.approx(100 * (rel / base - 1))
+    # in one A/B test, the % change is the ratio of the paired levels (common random numbers: same
+    # users in both arms); a trial reports the mean of its replicates' changes (issue 18)
+    one = ab.evaluate_once(PARAMS, seed=3)
+    rel, base = one["reliability"][0], one["baseline_reliability"][0]
+    assert one["reliability_change"][0] == pytest.approx(100 * (rel / base - 1))
+    reps = ab.evaluate_replicates(PARAMS, seed=3)
+    assert a["reliability_change"][0] == pytest.approx(sum(r["reliability_change"][0] for r in reps) / len(reps))
 
 
 def test_ab_test_rejects_bad_configuration():
@@ -170,7 +174,8 @@ def test_cli_tune_and_resume(tmp_path, capsys):
     code = main(["tune", "video-upload", *TINY_CLI, "--trials", "3", "--sobol", "3", "--parallel", "2", "--out", str(out)])
     assert code == 0
     printed = capsys.readouterr().out
-    assert printed.count("] trial ") == 3 and "best feasible" in printed and "Ax " in printed
+    assert printed.count("] trial ") == 3 and "best observed feasible" in printed and "Ax " in printed
+    assert "power (a pilot trial" in printed and "minimum detectable change" in printed
     assert {"study.sqlite", "report.md", "trials.csv", "tradeoff.png", "study.json"} <= {p.name for p in out.iterdir()}
     code = main(["tune", "resume", "--out", str(out), "--trials", "4"])
     assert code == 0

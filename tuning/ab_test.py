@@ -45,7 +45,12 @@ from bayes_safe.envs.problem import Problem
 from bayes_safe.envs.video_upload import VideoUploadProblem, percent_change
 from bayes_safe.threads import single_thread
 
-__all__ = ["PROBLEMS", "ABProblem", "ABTest", "Range", "VideoUploadProblem", "make_problem"]
+__all__ = ["DEFAULT_REPLICATES", "PROBLEMS", "ABProblem", "ABTest", "Range", "VideoUploadProblem", "combine_replicates",
+           "make_problem", "replicate_seed"]
+
+#: independent A/B tests per trial (see ``combine_replicates``); measured in benchmarks/tuning.py
+#: ``--calibration``: with one, the reported SEM understates the spread of re-runs several-fold
+DEFAULT_REPLICATES = 4
 
 
 # ---------------------------------------------------------------------- parameters
@@ -139,6 +144,53 @@ def make_problem(config: Mapping | str) -> ABProblem:
     return problems[name](**cfg)
 
 
+# ---------------------------------------------------------------------- replicates
+def replicate_seed(seed: int, replicate: int) -> int:
+    """The seed of a trial's replicate ``replicate`` (0: ``seed`` itself, so one replicate is the plain A/B test)."""
+    if replicate == 0:
+        return int(seed)
+    state = np.random.SeedSequence([int(seed) & 0xFFFFFFFF, 15_485_863, int(replicate)]).generate_state(1, dtype=np.uint32)
+    return int(state[0]) & 0x7FFFFFFF
+
+
+def combine_replicates(results: list[Mapping]) -> tuple[dict[str, tuple[float, float]], dict[str, dict]]:
+    """One trial's ``{metric: (mean, sem)}`` from its replicates' ``{metric: (mean, within-run sem)}``.
+
+    The mean is the replicates' average. Its SEM must cover two sources of noise: the units
+    (what one run's SEM measures) and the learning (a policy re-run on other units and other
+    Thompson draws learns another posterior; on video-upload two runs of the same parameters
+    differ by several of their own SEMs). The spread of the replicates' means measures both:
+    ``between = sd(means) / sqrt(R)``. With few replicates that estimate is itself noisy, and it
+    cannot be smaller than the unit noise alone, ``within = sqrt(mean(sem_r^2) / R)``, in
+    expectation: the SEM reported is ``max(between, within)``. A metric reported by a single
+    replicate keeps that replicate's SEM.
+
+    Returns ``(metrics, noise)``, ``noise[metric] = {"within": ..., "between": ..., "n": R}``
+    (empty for a single replicate).
+    """
+    if not results:
+        raise ValueError("results: expected at least one replicate")
+    if len(results) == 1:
+        return {k: (float(m), float(s)) for k, (m, s) in results[0].items()}, {}
+    names = list(dict.fromkeys(k for r in results for k in r))
+    metrics: dict[str, tuple[float, float]] = {}
+    noise: dict[str, dict] = {}
+    for name in names:
+        pairs = [r[name] for r in results if name in r]
+        means = np.array([float(m) for m, _ in pairs])
+        sems = np.array([float(s) for _, s in pairs])
+        n = len(pairs)
+        mean = float(means.mean())
+        within = float(math.sqrt(np.mean(sems**2) / n))
+        if n < 2:
+            metrics[name] = (mean, within)
+            continue
+        between = float(means.std(ddof=1) / math.sqrt(n))
+        metrics[name] = (mean, max(between, within))
+        noise[name] = {"within": within, "between": between, "n": n}
+    return metrics, noise
+
+
 # ---------------------------------------------------------------------- the A/B test
 def _prefix(kind: str) -> str:
     return kind.replace("-", "_") + "_"
@@ -170,10 +222,16 @@ class ABTest:
             ``None`` (default) for the problem's own choice (``problem.compare``).
         policy_factory: ``(kind, parameters, env, *, seed, refit_every) -> Policy`` to use
             instead of ``problem.make_policy``.
+        replicates: independent A/B tests per trial (other units, other Thompson draws, other
+            refits; each paired with its own baseline). The trial reports their mean and an SEM
+            that covers the run-to-run variability of the learning policy (``combine_replicates``);
+            with ``replicates=1`` the SEM measures the unit noise of one run only, which
+            understates the noise of re-running a learning policy.
 
     For an offline problem (``problem.offline``: trials estimated from logs, see
     ``bayes_safe.tuning.logged``) ``evaluate`` returns ``problem.estimate(parameters, seed)``;
-    ``n_users``, ``batches``, ``policy`` and ``compare`` do not apply.
+    ``n_users``, ``batches``, ``policy`` and ``compare`` do not apply; ``replicates`` does (each replicate
+    trains and estimates with its own seed).
 
     Otherwise ``evaluate`` returns ``{metric: (mean, sem)}`` with, for each per-unit metric ``m``
     of the problem: ``m_change`` (% change of the tuned arm against the baseline),
@@ -188,6 +246,7 @@ class ABTest:
     policy: str = "ts-asc"
     compare: tuple[str, ...] | None = None
     policy_factory: Callable | None = None
+    replicates: int = DEFAULT_REPLICATES
 
     def __post_init__(self):
         if not isinstance(self.problem, ABProblem):
@@ -199,7 +258,7 @@ class ABTest:
             else:
                 raise TypeError(f"problem: expected a bayes_safe.envs.Problem (draw, outcomes, metric_names) or an "
                                 f"ABProblem, got {type(self.problem).__name__}")
-        for key in ("n_users", "batches"):
+        for key in ("n_users", "batches", "replicates"):
             setattr(self, key, check_positive_int(getattr(self, key), key))
         if self.n_users < 2 * self.batches:
             raise ValueError(f"n_users: expected at least 2 units per batch ({2 * self.batches}), got {self.n_users}")
@@ -242,11 +301,12 @@ class ABTest:
         if problem is None or self.policy_factory is not None:
             return None
         return {"problem": problem, "n_users": self.n_users, "batches": self.batches, "policy": self.policy,
-                "compare": list(self.compare)}
+                "compare": list(self.compare), "replicates": self.replicates}
 
     @classmethod
     def from_config(cls, config: Mapping) -> ABTest:
         cfg = dict(config)
+        cfg.setdefault("replicates", 1)  # a study stored before replicates existed ran one A/B test per trial
         return cls(problem=make_problem(cfg.pop("problem")), **{k: (tuple(v) if k == "compare" else v) for k, v in cfg.items()})
 
     def batch_sizes(self) -> list[int]:
@@ -255,7 +315,28 @@ class ABTest:
 
     # -- the trial
     def evaluate(self, parameters: Mapping, seed: int = 0) -> dict[str, tuple[float, float]]:
-        """Run the A/B test of ``parameters`` with random streams from ``seed``; ``{metric: (mean, sem)}``."""
+        """Run the trial of ``parameters`` (``replicates`` A/B tests, random streams from ``seed``);
+        ``{metric: (mean, sem)}``, the SEM covering the run-to-run variability of the learning policy
+        (``combine_replicates``)."""
+        return self.evaluate_with_noise(parameters, seed)[0]
+
+    def evaluate_with_noise(self, parameters: Mapping, seed: int = 0) -> tuple[dict, dict]:
+        """``evaluate`` and, per metric, its noise components ``{"within": se, "between": se}``
+        (``combine_replicates``; empty for a single replicate)."""
+        return combine_replicates(self.evaluate_replicates(parameters, seed))
+
+    def evaluate_replicates(self, parameters: Mapping, seed: int = 0, replicates: int | None = None) -> list[dict]:
+        """The trial's independent A/B tests (``replicates`` of them, default ``self.replicates``), each
+        ``{metric: (mean, within-run sem)}``; replicate 0 runs with ``seed`` itself, replicate ``r``
+        with ``replicate_seed(seed, r)``."""
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+            raise TypeError(f"seed: expected an int, got {type(seed).__name__}")
+        replicates = self.replicates if replicates is None else check_positive_int(replicates, "replicates")
+        return [self.evaluate_once(parameters, replicate_seed(seed, r)) for r in range(replicates)]
+
+    def evaluate_once(self, parameters: Mapping, seed: int = 0) -> dict[str, tuple[float, float]]:
+        """One A/B test of ``parameters`` with random streams from ``seed``; ``{metric: (mean, sem)}``,
+        the SEM measuring the unit-level noise of this one run only."""
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
             raise TypeError(f"seed: expected an int, got {type(seed).__name__}")
         if not isinstance(parameters, Mapping):
@@ -326,7 +407,9 @@ class ABTest:
         return {k: (float(m), float(s)) for k, (m, s) in result.items() if math.isfinite(m) and math.isfinite(s)}
 
     def timed_evaluate(self, parameters: Mapping, seed: int = 0) -> dict:
-        """``evaluate`` plus its wall time: ``{"metrics": ..., "sim_seconds": ...}``."""
+        """``evaluate`` plus its wall time and noise components:
+        ``{"metrics": ..., "noise": ..., "replicates": R, "sim_seconds": ...}``."""
         start = time.perf_counter()
-        metrics = self.evaluate(parameters, seed)
-        return {"metrics": metrics, "sim_seconds": time.perf_counter() - start}
+        metrics, noise = self.evaluate_with_noise(parameters, seed)
+        return {"metrics": metrics, "noise": noise, "replicates": self.replicates,
+                "sim_seconds": time.perf_counter() - start}

@@ -37,13 +37,18 @@ from bayes_safe._cli_args import (
     probability,
 )
 
-__all__ = ["ACQUISITION_FUNCTIONS", "FULL", "PROBLEM_NAMES", "QUICK", "add_tune_parser", "check_resume_trust",
+__all__ = ["ACQUISITION_FUNCTIONS", "DEFAULT_REPLICATES", "FULL", "PROBLEM_NAMES", "QUICK", "add_tune_parser", "check_resume_trust",
            "check_scheduler", "default_ab_test", "run_tune"]
 
 #: the names of ``bayes_safe.tuning.ab_test.PROBLEMS`` (one ``tune`` subcommand each), without importing torch
 PROBLEM_NAMES = ("video-upload",)
 #: ``bayes_safe.tuning.study.ACQUISITION_FUNCTIONS`` (the first is the default), without importing Ax
 ACQUISITION_FUNCTIONS = ("qLogNoisyExpectedImprovement", "qNoisyExpectedImprovement")
+
+#: ``bayes_safe.tuning.ab_test.DEFAULT_REPLICATES``, without importing torch
+DEFAULT_REPLICATES = 4
+#: Sobol trials of a --quick study (it reaches BoTorch even with --trials 8)
+QUICK_SOBOL = 4
 
 #: the A/B test of a full study (per arm: TS-ASC, vanilla TS, baseline on the same users)
 FULL = {"n_users": 20_000, "batches": 4, "warmup": 4_000, "model": {}}
@@ -71,7 +76,8 @@ def add_tune_parser(subparsers) -> argparse.ArgumentParser:
         _common(p)
         _study_options(p)
         p.add_argument("--quick", action="store_true",
-                       help=f"small A/B tests for a smoke run ({QUICK['n_users']:,} users, {QUICK['batches']} batches)")
+                       help=f"small A/B tests for a smoke run ({QUICK['n_users']:,} users, {QUICK['batches']} batches; "
+                            f"{QUICK_SOBOL} Sobol trials unless --sobol)")
         p.add_argument("--users", type=positive_int, default=None, help=f"users per arm of each A/B test (default {FULL['n_users']:,})")
         p.add_argument("--batches", type=positive_int, default=None, help="batches per A/B test (the policy refits after each)")
         p.add_argument("--warmup", type=positive_int, default=None, help="size of the exploration log of the warm start")
@@ -136,6 +142,13 @@ def _study_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--overwrite", action="store_true",
                    help="replace a study already in OUT/study.sqlite (default storage only) instead of failing")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--replicates", type=positive_int, default=DEFAULT_REPLICATES,
+                   help=f"independent A/B tests per trial (default {DEFAULT_REPLICATES}); the trial's SEM is their spread, "
+                        "which covers re-running the learning policy (1: one run's SEM, which understates it)")
+    p.add_argument("--acq-restarts", type=positive_int, default=None, metavar="N",
+                   help="lower the acquisition optimiser's restarts (default: Ax's, 20)")
+    p.add_argument("--acq-raw-samples", type=positive_int, default=None, metavar="N",
+                   help="lower the acquisition optimiser's raw samples (default: Ax's, 1024)")
 
 
 def _value(mean_se, metric: str, se: bool = True) -> str:
@@ -159,7 +172,9 @@ def _progress_printer(study, total: int):
         if kind == "completed":
             params = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in event["parameters"].items() if k in names)
             best = event.get("best")
-            best_text = (f"best feasible: trial {best['trial']} ({_value(best['metrics'][obj], obj, se=False)})" if best else "best feasible: none yet")
+            # raw observed means: the model's answer (its probability of feasibility) comes at the end
+            best_text = (f"best observed feasible: trial {best['trial']} ({_value(best['metrics'][obj], obj, se=False)})"
+                         if best else "best observed feasible: none yet")
             line = (f"[{event['completed']:>3}/{total}] trial {event['trial']} ({event.get('node') or '?'}) {params} | "
                     + "  ".join(fmt(event["metrics"], m) for m in [obj, *cons])
                     + f" | sim {event['sim_seconds']:.1f} s | {best_text}")
@@ -178,7 +193,7 @@ def _progress_printer(study, total: int):
 
 def default_ab_test(problem: str = "video-upload", quick: bool = False, *, users: int | None = None,
                     batches: int | None = None, warmup: int | None = None, model_epochs: int | None = None,
-                    compare: bool = True, seed: int = 0):
+                    compare: bool = True, seed: int = 0, replicates: int = DEFAULT_REPLICATES):
     """The A/B test ``bayes-safe tune PROBLEM`` runs (``FULL`` or ``QUICK`` sizes, with overrides)."""
     from .ab_test import ABTest, make_problem
 
@@ -189,7 +204,8 @@ def default_ab_test(problem: str = "video-upload", quick: bool = False, *, users
         model["nn_min_steps"] = min(model.get("nn_min_steps", 500), 50 * model_epochs)
     prob = make_problem({"name": problem, "warmup": warmup or base["warmup"], "warmup_seed": seed, "model": model})
     arms = tuple(k for k in prob.policies if k != "ts-asc") if compare else ()
-    return ABTest(problem=prob, n_users=users or base["n_users"], batches=batches or base["batches"], compare=arms)
+    return ABTest(problem=prob, n_users=users or base["n_users"], batches=batches or base["batches"], compare=arms,
+                  replicates=replicates)
 
 
 def _column_options(items) -> dict:
@@ -325,7 +341,8 @@ def _custom_ab_test(args):
         wrapped = SimulatedProblem(problem, ridge=args.ridge, import_path=args.problem, params=params)
     except ValueError as exc:
         raise ValueError(f"--problem: {exc}") from None
-    return ABTest(wrapped, n_users=args.users, batches=args.batches, compare=() if args.no_compare else None)
+    return ABTest(wrapped, n_users=args.users, batches=args.batches, compare=() if args.no_compare else None,
+                  replicates=args.replicates)
 
 
 def _build_ab_test(args):
@@ -349,9 +366,10 @@ def _build_ab_test(args):
                                         max_violation=args.max_violation, epochs=args.epochs, holdout=args.holdout)
         except (ValueError, TypeError, FileNotFoundError) as exc:
             raise ValueError(_as_option(str(exc))) from None
-        return ABTest(problem)
+        return ABTest(problem, replicates=args.replicates)
     return default_ab_test(args.tune_command, args.quick, users=args.users, batches=args.batches, warmup=args.warmup,
-                           model_epochs=args.model_epochs, compare=not args.no_compare, seed=args.seed)
+                           model_epochs=args.model_epochs, compare=not args.no_compare, seed=args.seed,
+                           replicates=args.replicates)
 
 
 def run_tune(args) -> int:
@@ -396,6 +414,11 @@ def run_tune(args) -> int:
         print(f"resuming study {study.name!r} ({storage.display_url(url)}): " + ", ".join(
             f"{v} {k.lower()}" for k, v in sorted(study.counts().items())) + f"; target {trials} completed trials", flush=True)
     else:
+        optimizer = {k: v for k, v in (("num_restarts", args.acq_restarts), ("raw_samples", args.acq_raw_samples))
+                     if v is not None} or None
+        if optimizer and optimizer.get("num_restarts", 20) > optimizer.get("raw_samples", 1024):
+            raise ValueError(f"--acq-restarts: expected at most --acq-raw-samples ({optimizer.get('raw_samples', 1024)}), "
+                             f"got {optimizer['num_restarts']}")
         ab_test = _build_ab_test(args)
         check_scheduler(args.scheduler)
         params = None
@@ -415,10 +438,13 @@ def run_tune(args) -> int:
         created = not args.out.exists()
         if args.storage is None:
             args.out.mkdir(parents=True, exist_ok=True)
+        sobol = args.sobol
+        if sobol is None and getattr(args, "quick", False):
+            sobol = QUICK_SOBOL
         try:
             study = Study(ab_test, name=args.name, storage=url, parameters=params, objective=args.objective,
-                          outcome_constraints=constraints, sobol_trials=args.sobol, seed=args.seed,
-                          acquisition=args.acquisition, verbose=args.verbose)
+                          outcome_constraints=constraints, sobol_trials=sobol, seed=args.seed,
+                          acquisition=args.acquisition, optimizer=optimizer, verbose=args.verbose)
         except BaseException:
             if created and args.out.is_dir() and not any(args.out.iterdir()):
                 args.out.rmdir()  # bad input leaves nothing behind
@@ -427,10 +453,24 @@ def run_tune(args) -> int:
         what = (f"trials estimated from the logs ({ab_test.problem.method} training)" if ab_test.problem.offline else
                 f"A/B tests of {ab_test.n_users:,} users per arm in {ab_test.batches} batches"
                 + (", vanilla TS compared" if ab_test.compare else ""))
+        what += f"; {ab_test.replicates} replicate{'s' if ab_test.replicates > 1 else ''} per trial"
         print(f"study {study.name!r} in {storage.display_url(url)}: {trials} trials, {parallel} in flight, {what}",
               flush=True)
+        n_sobol = study.properties.get("sobol_trials")
+        if n_sobol is not None and n_sobol >= trials:
+            print(f"note: all {trials} trials are Sobol (--sobol {n_sobol}); the study never reaches BoTorch "
+                  "(lower --sobol or raise --trials)", flush=True)
+
+    if args.tune_command == "resume":
+        for row in (study.properties.get("power") or {}).get("constraints", []):
+            if row.get("warn"):
+                print("power: " + row["text"], flush=True)
     progress = None if args.no_progress else _progress_printer(study, trials)
     try:
+        if args.tune_command != "resume" and study.constraints:
+            print("power (a pilot trial at the centre of the search space, before the study):", flush=True)
+            for row in study.check_power()["constraints"]:
+                print("  " + row["text"], flush=True)
         summary = study.run(trials=trials, parallel=parallel, scheduler=args.scheduler, progress=progress)
     except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM, SIGHUP: Study.run raises StudyInterrupted (exit 128 + signal)
         resume = f"bayes-safe tune resume --out {args.out}" + (f" --storage {args.storage}" if args.storage else "")
@@ -456,10 +496,16 @@ def run_tune(args) -> int:
           f"{summary['ax_seconds_per_trial']:.2f} s per trial, simulation {summary['sim_seconds_per_trial']:.1f} s per trial")
     if best is not None:
         obj = study.objective_name
-        print(f"best feasible: trial {best['trial']} " + " ".join(f"{k}={v:.4g}" for k, v in best["parameters"].items())
+        label = "best feasible" if best.get("confident") else "no trial confidently feasible; most likely feasible"
+        chance = (f" | P(feasible) {100 * best['p_feasible']:.0f} %" if study.constraints else "")
+        edge = f" | on a bound: {'; '.join(best['on_bounds'])}" if best.get("on_bounds") else ""
+        print(f"{label} (model): trial {best['trial']} " + " ".join(f"{k}={v:.4g}" for k, v in best["parameters"].items())
               + f" | {obj} predicted {_value(best['predicted'][obj], obj, se=False)}, observed "
-              f"{_value(best['observed'][obj], obj)}")
+              f"{_value(best['observed'][obj], obj)}{chance}{edge}")
     else:
-        print("best feasible: none predicted feasible")
+        print("best point: none (no model; see report.md)")
+    for metric, res in (result.get("cv") or {}).items():
+        if res.get("ok") is False:
+            print(f"model check: {metric}: {res['verdict']}")
     print(f"wrote {args.out}/report.md, " + ", ".join(result["figures"] + ["trials.csv", "best.json", "study.json"]))
     return 0

@@ -138,6 +138,64 @@ def _summary_text(study, rows) -> list[str]:
     return lines + [""]
 
 
+def _noise_text(study, rows) -> list[str]:
+    """What a trial's SEM covers: its replicates, and how much of it is the learning's re-run noise."""
+    reps = getattr(study.ab_test, "replicates", 1)
+    lines = ["## What a trial's standard error covers", ""]
+    if reps <= 1:
+        return lines + [("Each trial is **one** A/B test: its SEM measures the unit-level noise of that run only, not the "
+                         "variability of re-running the learning policy (other units, other Thompson draws, another "
+                         "learned posterior), which is often several times larger. Treat the intervals below as too "
+                         "narrow, and the model as trusting noise; use `--replicates 4` (the default)."), ""]
+    lines.append(f"Each trial runs **{reps} independent A/B tests** (replicates: other units, other Thompson draws, other "
+                 "refits, each paired with its own baseline) and reports their mean; its SEM is the spread of the "
+                 "replicates' means, sd / sqrt(replicates), floored at the unit noise of the mean. It covers the "
+                 "run-to-run variability of the learning policy, which one run's SEM misses (docs/tuning.md).")
+    ratios: dict[str, list[float]] = {}
+    for idx, t in sorted(study.experiment.trials.items()):
+        for m, v in ((t.run_metadata or {}).get("noise") or {}).items():
+            if v.get("within"):
+                ratios.setdefault(m, []).append(v["between"] / v["within"])
+    if ratios:
+        lines += ["", "Replicate spread against one run's unit noise (median over trials; above 1: the learning adds noise):", ""]
+        for m, r in ratios.items():
+            r = sorted(r)
+            lines.append(f"- `{m}`: {r[len(r) // 2]:.2f} x (range {r[0]:.2f} to {r[-1]:.2f}, {len(r)} trials)")
+    return lines + [""]
+
+
+def _power_text(study) -> list[str]:
+    power = study.properties.get("power")
+    if not study.constraints:
+        return []
+    lines = ["## Power", ""]
+    if not isinstance(power, dict):
+        return lines + ["No pilot was run for this study (it was made before the power check existed).", ""]
+    point = ", ".join(f"{k} = {_param(v)}" for k, v in power["point"].items())
+    lines += [(f"Before the first trial, a pilot trial at the centre of the search space ({point}) measured what one "
+              "trial can resolve (minimum detectable change: 80 % power at a 5 % two-sided level, 2.8 trial SEs):"), ""]
+    lines += [f"- {row['text'].replace('WARNING:', '**Warning:**')}" for row in power["constraints"]]
+    return lines + [""]
+
+
+def _cv_text(cv: dict) -> list[str]:
+    if not cv:
+        return []
+    lines = ["## Model check", "",
+             ("Leave-one-out cross-validation: each completed trial predicted by the model fitted without it "
+              "(coverage: held-out trials inside the 95 % interval of prediction and observation; z SD: 1 when "
+              "the intervals are honest)."), "",
+             "| metric | trials | coverage | z SD | rank correlation | verdict |", "|---|---|---|---|---|---|"]
+    for metric, r in cv.items():
+        rank = "n/a" if r["rank_correlation"] != r["rank_correlation"] else f"{r['rank_correlation']:.2f}"
+        lines.append(f"| {metric} | {len(r['points'])} | {100 * r['coverage']:.0f} % | {r['z_sd']:.2f} | {rank} | {r['verdict']} |")
+    bad = [m for m, r in cv.items() if r.get("ok") is False]
+    lines += ["", (f"**The model is not reliable for {', '.join(f'`{m}`' for m in bad)}**: its surfaces and its best "
+                   "point rest on it; more trials (or more replicates per trial) are needed." if bad else
+                   "The model predicts held-out trials; its surfaces and best point can be read with their intervals.")]
+    return lines + [""]
+
+
 def _surface_params(study) -> tuple[str, str] | None:
     from ax.core.parameter import RangeParameter
 
@@ -166,28 +224,46 @@ def _surfaces(study, model, center: dict, out: Path, grid: int) -> str | None:
     metrics = list(dict.fromkeys(m for m in metrics if m in preds[0]))[:2]
     observed = study.observed()
     from matplotlib.colors import TwoSlopeNorm
+    from matplotlib.lines import Line2D
 
-    fig, axes = plt.subplots(1, len(metrics), figsize=(6.2 * len(metrics), 5), squeeze=False)
+    fig, axes = plt.subplots(1, len(metrics), figsize=(6.8 * len(metrics), 5), squeeze=False)
+    fig.subplots_adjust(wspace=0.4)
+    bounds = {next(iter(w)): b for w, _, b in study.constraints if len(w) == 1}
     for ax, metric, label in zip(axes[0], metrics, "ab"):
         z = np.array([p[metric][0] for p in preds]).reshape(grid, grid)
         lo, hi = float(z.min()), float(z.max())
-        ref = _reference(study, metric)
-        if ref is not None and lo < ref < hi:
-            norm = TwoSlopeNorm(vcenter=ref, vmin=lo, vmax=hi)
-            # blue where the metric is better than the reference, red where worse: a lower-is-better
-            # metric (a `<=` constraint, a minimised objective) reverses the colours
+        centre = 0.0 if _is_change(metric) else _reference(study, metric)
+        if centre is not None:
+            # a diverging map centred on no change (0 %), or a level's bound: white is "no change",
+            # blue better, red worse (a lower-is-better metric reverses them), whatever the range
+            half = max(abs(hi - centre), abs(lo - centre), 1e-9)
+            norm = TwoSlopeNorm(vcenter=centre, vmin=centre - half, vmax=centre + half)
             cmap = "RdBu_r" if _lower_is_better(study, metric) else "RdBu"
-            cs = ax.contourf(xs, ys, z, levels=21, cmap=cmap, norm=norm)
-            ax.contour(xs, ys, z, levels=[ref], colors="k", linewidths=1.2)
+            cs = ax.contourf(xs, ys, z, levels=np.linspace(centre - half, centre + half, 22), cmap=cmap, norm=norm)
         else:
             cs = ax.contourf(xs, ys, z, levels=21, cmap="viridis")
         fig.colorbar(cs, ax=ax, label=f"{metric} ({'% vs baseline, ' if _is_change(metric) else ''}model mean)")
+        handles = []
+        if _is_change(metric) and lo < 0 < hi:
+            ax.contour(xs, ys, z, levels=[0.0], colors="0.35", linewidths=1.0, linestyles=":")
+            handles.append(Line2D([], [], color="0.35", ls=":", label="no change (0 %)"))
+        if metric in bounds and lo < bounds[metric] < hi:
+            ax.contour(xs, ys, z, levels=[bounds[metric]], colors="k", linewidths=2.0)
+            handles.append(Line2D([], [], color="k", lw=2, label=f"constraint bound ({bounds[metric]:g})"))
+        elif metric in bounds:
+            op = next(o for w, o, _ in study.constraints if list(w) == [metric])
+            side = "meets" if (lo >= bounds[metric] if op == ">=" else hi <= bounds[metric]) else "misses"
+            handles.append(Line2D([], [], color="k", lw=2, label=f"bound {bounds[metric]:g} not crossed here "
+                                  f"(the whole slice {side} it)"))
         tx = [study.experiment.trials[i].arm.parameters[px] for i in observed]
         ty = [study.experiment.trials[i].arm.parameters[py] for i in observed]
-        ax.scatter(tx, ty, s=18, c="k", marker="x", label="completed trials (projected)")
-        ax.scatter([center[px]], [center[py]], s=90, facecolors="none", edgecolors="gold", linewidths=2, label="best point")
+        handles.append(ax.scatter(tx, ty, s=22, c="k", marker="o", edgecolors="white", linewidths=0.8,
+                                  label="completed trials (projected)"))
+        # a white-filled star with a thick black edge shows on any colour
+        handles.append(ax.scatter([center[px]], [center[py]], s=260, marker="*", facecolors="white", edgecolors="k",
+                                  linewidths=1.6, zorder=5, label="best point"))
         ax.set(xlabel=px, ylabel=py, title=f"({label}) {metric}")
-        ax.legend(fontsize=7, loc="lower left", framealpha=0.6)
+        ax.legend(handles=handles, fontsize=7, loc="lower left", framealpha=0.85)
     others = {k: v for k, v in center.items() if k not in pair}
     fig.suptitle("Modelled response surfaces (BoTorch GP mean); other parameters at the best point: "
                  + ", ".join(f"{k}={_param(v)}" for k, v in others.items()), fontsize=9)
@@ -308,6 +384,46 @@ def _finding_text(trade: dict) -> list[str]:
     return lines + ["", f"**Finding reproduced: {verdict}.**", ""]
 
 
+def _best_json(result) -> dict | None:
+    """``best.json``: the report's best point, and what Ax's ``Client.get_best_parameterization()``
+    answers on the stored study (``ax``), with whether they agree."""
+    best = result["best"]
+    ax_best = result.get("ax_best")
+    if best is None and not ax_best:
+        return None
+    out = dict(best) if best is not None else {"trial": None}
+    if ax_best is not None:
+        out["ax"] = ax_best
+        out["agrees_with_ax"] = best is not None and ax_best.get("trial") == best["trial"]
+    return out
+
+
+def _cv_figure(study, cv: dict, out: Path) -> str:
+    from bayes_safe.plots import plt, save_figure
+
+    fig, axes = plt.subplots(1, len(cv), figsize=(5.6 * len(cv), 4.8), squeeze=False)
+    for ax, (metric, res) in zip(axes[0], cv.items()):
+        pts = res["points"]
+        x = [p["predicted"][0] for p in pts]
+        y = [p["observed"][0] for p in pts]
+        ax.errorbar(x, y, xerr=[1.96 * p["predicted"][1] for p in pts], yerr=[1.96 * p["observed"][1] for p in pts],
+                    fmt="o", ms=4, capsize=2, alpha=0.8, color="tab:blue")
+        lo, hi = min(x + y), max(x + y)
+        ax.plot([lo, hi], [lo, hi], color="k", lw=0.8, label="observed = predicted")
+        for w, op, b in study.constraints:
+            if list(w) == [metric]:
+                ax.axhline(b, color="tab:red", lw=1, ls="--", label=f"bound {op} {b:g}")
+                ax.axvline(b, color="tab:red", lw=1, ls="--")
+        unit = " (%)" if _is_change(metric) else ""
+        ax.set(xlabel=f"predicted without the trial{unit}", ylabel=f"observed{unit}",
+               title=f"{metric}\n{res['verdict'].split(':')[0]}, coverage {100 * res['coverage']:.0f} %")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle("Leave-one-out cross-validation of the model (bars: 95 % intervals)", fontsize=9)
+    save_figure(fig, out / "cv.png")
+    return "cv.png"
+
+
 def write_report(study, out, *, grid: int = 30, title: str | None = None, export: bool = True,
                  note: str | None = None) -> dict:
     """Write the figures, ``report.md``, ``trials.csv``, ``best.json`` and (``export``) ``study.json`` into ``out``.
@@ -319,7 +435,7 @@ def write_report(study, out, *, grid: int = 30, title: str | None = None, export
     """
     out = Path(out)
     rows = trial_rows(study)
-    result: dict = {"figures": [], "best": None, "tradeoff": {}, "notes": []}
+    result: dict = {"figures": [], "best": None, "tradeoff": {}, "notes": [], "cv": {}, "ax_best": None}
     model = None
     n_done = sum(1 for r in rows if r["status"] == "COMPLETED")
     with atomic_output_dir(out) as tmp:
@@ -330,6 +446,12 @@ def write_report(study, out, *, grid: int = 30, title: str | None = None, export
             except Exception as exc:  # noqa: BLE001 - a report is still useful without the model
                 result["notes"].append(f"The BoTorch model could not be fitted ({type(exc).__name__}: {exc}); "
                                        "no response surfaces or model predictions.")
+            if model is not None:
+                try:
+                    result["cv"] = study.cross_validate(model)
+                except Exception as exc:  # noqa: BLE001
+                    result["notes"].append(f"Cross-validation failed: {type(exc).__name__}: {exc}")
+            result["ax_best"] = study.ax_best()
         else:
             result["notes"].append("Fewer than two completed trials: no model, no response surfaces.")
         center = None
@@ -357,8 +479,13 @@ def write_report(study, out, *, grid: int = 30, title: str | None = None, export
         name = _progress(study, rows, tmp)
         if name:
             result["figures"].append(name)
+        if result["cv"]:
+            try:
+                result["figures"].append(_cv_figure(study, result["cv"], tmp))
+            except Exception as exc:  # noqa: BLE001
+                result["notes"].append(f"Cross-validation figure failed: {type(exc).__name__}: {exc}")
         (tmp / "trials.csv").write_text(_csv(study, rows))
-        (tmp / "best.json").write_text(json.dumps(result["best"], indent=2, default=float) + "\n")
+        (tmp / "best.json").write_text(json.dumps(_best_json(result), indent=2, default=float) + "\n")
         if export:
             study.export_json(tmp / "study.json")
         (tmp / "report.md").write_text(_markdown(study, rows, result, title, export, note))
@@ -381,24 +508,35 @@ def _markdown(study, rows, result, title, export=True, note=None) -> str:
         f"- Objective: {'minimise' if study.minimize else 'maximise'} `{obj}`.",
         f"- Outcome constraints: {', '.join(f'`{c}`' for c in cons_text) or 'none'}.",
         (f"- Generation strategy: {props.get('sobol_trials')} Sobol trials, then BoTorch with "
-         f"`{props.get('acquisition')}` (trial SEMs as known noise); seed {props.get('seed')}."),
+         f"`{props.get('acquisition')}` (trial SEMs as known noise; acquisition optimiser "
+         + (f"budget lowered to {props['optimizer']}" if props.get("optimizer") else "with Ax's default budget")
+         + f"); seed {props.get('seed')}."),
         "- Trials: " + ", ".join(f"{v} {k.lower()}" for k, v in sorted(counts.items())) + ".", "",
     ]
     # the paper's comparison belongs to the paper's problem only; any other problem gets its own summary
+    lines += _noise_text(study, rows)
+    lines += _power_text(study)
     lines += _finding_text(result["tradeoff"]) if _paper_finding(problem) else _summary_text(study, rows)
-    lines += ["## Best feasible parameterization", ""]
+    lines += _cv_text(result.get("cv") or {})
+    lines += ["## Best parameterization", ""]
     best = result["best"]
     if best is None:
-        lines += ["No completed trial is predicted feasible (model mean satisfying every outcome constraint)." if not result["notes"]
-                  else "No model-based best point (see the notes below).", ""]
+        lines += ["No model-based best point (see the notes below)." if result["notes"] else "No completed trial yet.", ""]
         bo = study.best_observed()
         if bo is not None:
             lines += [f"Best observed feasible trial: {bo[0]} (`{obj}` {_fmt(*bo[1][obj])} %).", ""]
     else:
         params = ", ".join(f"{k} = {_param(v)}" for k, v in best["parameters"].items())
-        rule = ("Chosen as the completed trial with the highest model-predicted objective among those whose predicted "
-                "constraint metrics satisfy the constraints (Ax's in-sample best-point rule).")
-        lines += [f"Trial {best['trial']}: {params}.", "", rule, "",
+        rule = f"Chosen by the model's posterior: {best['rule']}."
+        prob = best.get("p_feasible")
+        how = ("" if not study.constraints else
+               f"The model gives it a **{100 * prob:.0f} % probability of meeting every outcome constraint**"
+               + ("." if best.get("confident") else
+                  f", below the {100 * best.get('confidence', 0.9):.0f} % asked for: **no completed trial is confidently feasible**."))
+        edge = (f"It sits on a bound of the search space ({'; '.join(best['on_bounds'])}): the optimum may lie beyond "
+                "it; consider widening the range." if best.get("on_bounds") else
+                "It sits inside the search space (no parameter at a bound).")
+        lines += [f"Trial {best['trial']}: {params}.", "", rule, "", *([how, ""] if how else []), edge, "",
                   f"| metric | predicted (model mean ± sd) | observed ({problem.observed_label} ± SE) |",
                   "|---|---|---|"]
         for m in [obj] + [c for w, _, _ in study.constraints for c in w]:
@@ -410,14 +548,26 @@ def _markdown(study, rows, result, title, export=True, note=None) -> str:
         for m in extra:
             lines.append(f"| {m} | | {_fmt(*best['observed'][m])} |")
         lines.append("")
+    ax_best = result.get("ax_best")
+    if ax_best and "trial" in ax_best:
+        if best is not None and ax_best["trial"] == best["trial"]:
+            lines += [f"Ax's `Client.get_best_parameterization()` on the stored study answers the same trial ({ax_best['trial']}).", ""]
+        else:
+            lines += [(f"Ax's `Client.get_best_parameterization()` on the stored study answers trial {ax_best['trial']} "
+                      "(its own rule: the model's best point when the model fits the objective, else the best raw "
+                      "observation; it does not weigh the probability of feasibility). `best.json` records both."), ""]
     if result["figures"]:
         lines += ["## Figures", ""]
         paper = _paper_finding(problem)
         captions = {
-            "surfaces.png": ("Figure 3a/3b: m" if paper else "M") + "odelled objective and constraint metric over the two surface parameters "
-                            "(black line: the constraint's bound, or 0 for a % change), other parameters at the best point.",
+            "surfaces.png": ("Figure 3a/3b: m" if paper else "M") + "odelled objective and constraint metric over the two surface parameters, "
+                            "other parameters at the best point: a diverging map centred on no change (white), "
+                            "the thick black line the constraint's bound, the white star the best point.",
             "tradeoff.png": ("Figure 3c: e" if paper else "E") + "very parameterization's objective against its constraint metric.",
             "progress.png": "Each trial's objective; the line is the best observed feasible value so far.",
+            "cv.png": ("Leave-one-out cross-validation: each completed trial's observation against the model's "
+                       "prediction without it; points on the diagonal, within their bars, mean the model predicts "
+                       "trials it has not seen."),
         }
         for f in result["figures"]:
             # linked to the full-size image: the page scales the figure to the text column

@@ -77,13 +77,16 @@ from bayes_safe.threads import single_thread
 from . import storage as _storage
 from .ab_test import ABTest, Range
 
-__all__ = ["ACQUISITION_FUNCTIONS", "InfrastructureError", "Study", "StudyInterrupted", "make_generation_strategy"]
+__all__ = ["ACQUISITION_FUNCTIONS", "MDC_FACTOR", "InfrastructureError", "Study", "StudyInterrupted", "check_optimizer",
+           "make_generation_strategy"]
 
 PROPERTY_KEY = "bayes_safe_tuning"
 ACQUISITION_FUNCTIONS = ("qLogNoisyExpectedImprovement", "qNoisyExpectedImprovement")
-#: acquisition optimisation (multi-start L-BFGS-B): fewer starts than Ax's defaults (20 restarts
-#: from 1,024 raw samples), ample for 4 parameters; halves BoTorch's generation time here
-OPTIMIZER = {"num_restarts": 8, "raw_samples": 256}
+#: Ax's default budget of the acquisition optimiser (multi-start L-BFGS-B: 20 restarts chosen
+#: from 1,024 raw samples); a study uses it unless the user lowers it (``optimizer=``)
+OPTIMIZER = {"num_restarts": 20, "raw_samples": 1024}
+#: minimum detectable change in standard errors: z(0.975) + z(0.80), 5 % two-sided level, 80 % power
+MDC_FACTOR = 1.959964 + 0.841621
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,100}$")
 _IDENT_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 #: seconds between two checks for a stop signal while trials run
@@ -104,6 +107,41 @@ def _trial_list(indices: Sequence[int]) -> str:
         return "no trial was in flight"
     return (f"trial{'s' if len(indices) > 1 else ''} {', '.join(map(str, indices))} in flight marked abandoned "
             "(re-run on resume)")
+
+
+def _normal_cdf(z: float) -> float:
+    return 0.5 * math.erfc(-z / math.sqrt(2.0))
+
+
+def _num(v) -> str:
+    return f"{float(v):.4g}"
+
+
+def _spearman(x, y) -> float:
+    import numpy as np
+
+    if len(x) < 3:
+        return float("nan")
+    rx = np.argsort(np.argsort(x)).astype(float)
+    ry = np.argsort(np.argsort(y)).astype(float)
+    if rx.std() == 0 or ry.std() == 0:
+        return float("nan")
+    return float(np.corrcoef(rx, ry)[0, 1])
+
+
+def _cv_verdict(metric: str, n: int, coverage: float, rank: float) -> dict:
+    """A verdict in words on a metric's leave-one-out cross-validation."""
+    if n < 5:
+        return {"ok": None, "verdict": f"too few trials ({n}) to judge the model of {metric}"}
+    if coverage < 0.8:
+        return {"ok": False, "verdict": (f"poor: {100 * (1 - coverage):.0f} % of held-out trials fall outside the model's "
+                                         f"95 % intervals; do not trust its surface or predictions of {metric}")}
+    if not (rank >= 0.5):
+        return {"ok": False, "verdict": (f"uninformative: the intervals cover the held-out trials but the model barely "
+                                         f"ranks them (rank correlation {rank:.2f}); it has learned little about {metric} "
+                                         "beyond the noise")}
+    return {"ok": True, "verdict": (f"good: held-out trials fall inside the 95 % intervals ({100 * coverage:.0f} %) and "
+                                    f"the model ranks them (rank correlation {rank:.2f})")}
 
 
 class StudyInterrupted(KeyboardInterrupt):
@@ -196,9 +234,26 @@ def _botorch_kwargs(acquisition: str) -> dict:
     }
 
 
+def check_optimizer(optimizer) -> dict | None:
+    """``None`` (Ax's default budget) or ``{"num_restarts": int, "raw_samples": int}`` (either key)."""
+    if optimizer is None:
+        return None
+    if not isinstance(optimizer, Mapping) or not optimizer or set(optimizer) - set(OPTIMIZER):
+        raise ValueError(f"optimizer: expected a dict with num_restarts and/or raw_samples, got {optimizer!r}")
+    out = {}
+    for key, v in optimizer.items():
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"optimizer: {key} expects a positive int, got {v!r}")
+        out[key] = v
+    if out.get("num_restarts", OPTIMIZER["num_restarts"]) > out.get("raw_samples", OPTIMIZER["raw_samples"]):
+        raise ValueError(f"optimizer: num_restarts cannot exceed raw_samples, got {out}")
+    return out
+
+
 def make_generation_strategy(sobol_trials: int, seed: int | None = 0,
-                             acquisition: str = "qLogNoisyExpectedImprovement"):
-    """Sobol for ``sobol_trials`` trials, then BoTorch with (log) noisy expected improvement."""
+                             acquisition: str = "qLogNoisyExpectedImprovement", optimizer: Mapping | None = None):
+    """Sobol for ``sobol_trials`` trials, then BoTorch with (log) noisy expected improvement; the
+    acquisition optimiser runs with Ax's default budget unless ``optimizer`` lowers it."""
     from ax.adapter.registry import Generators
     from ax.core.trial_status import TrialStatus
     from ax.generation_strategy.generation_strategy import GenerationNode, GenerationStrategy
@@ -207,6 +262,7 @@ def make_generation_strategy(sobol_trials: int, seed: int | None = 0,
 
     if isinstance(sobol_trials, bool) or not isinstance(sobol_trials, int) or sobol_trials < 1:
         raise ValueError(f"sobol_trials: expected a positive int, got {sobol_trials!r}")
+    optimizer = check_optimizer(optimizer)
     bo_name = "BoTorch"
     sobol = GenerationNode(
         name="Sobol",
@@ -222,7 +278,8 @@ def make_generation_strategy(sobol_trials: int, seed: int | None = 0,
     botorch = GenerationNode(
         name=bo_name,
         generator_specs=[GeneratorSpec(generator_enum=Generators.BOTORCH_MODULAR, generator_kwargs=_botorch_kwargs(acquisition),
-                                       generator_gen_kwargs={"model_gen_options": {"optimizer_kwargs": dict(OPTIMIZER)}})],
+                                       generator_gen_kwargs={"model_gen_options": {"optimizer_kwargs": {**OPTIMIZER, **optimizer}}}
+                                       if optimizer else {})],
         should_deduplicate=True,
     )
     return GenerationStrategy(name=f"Sobol+BoTorch({acquisition})", nodes=[sobol, botorch])
@@ -308,6 +365,9 @@ class Study:
         sobol_trials: quasi-random initial trials (default ``max(5, 2 * number of parameters)``).
         seed: seeds Ax (Sobol, BoTorch) and the trials' A/B tests.
         acquisition: ``"qLogNoisyExpectedImprovement"`` (default) or ``"qNoisyExpectedImprovement"``.
+        optimizer: ``None`` (default): the acquisition optimiser has Ax's default budget (20
+            restarts from 1,024 raw samples); ``{"num_restarts": 8, "raw_samples": 256}`` lowers it
+            (faster candidates on a slow machine, possibly worse ones).
 
     Raises:
         ValueError: empty or reversed bounds, an objective or constraint naming a metric the A/B
@@ -322,8 +382,10 @@ class Study:
     def __init__(self, ab_test: ABTest | None = None, *, name: str | None = None, storage=None,
                  parameters: Sequence | None = None, objective: str | None = None,
                  outcome_constraints: Sequence[str] | None = None, sobol_trials: int | None = None,
-                 seed: int = 0, acquisition: str = "qLogNoisyExpectedImprovement", verbose: bool = False):
+                 seed: int = 0, acquisition: str = "qLogNoisyExpectedImprovement", optimizer: Mapping | None = None,
+                 verbose: bool = False):
         _quiet_ax(verbose)
+        optimizer = check_optimizer(optimizer)
         ab_test = ABTest() if ab_test is None else ab_test
         if not isinstance(ab_test, ABTest):
             raise TypeError(f"ab_test: expected an ABTest, got {type(ab_test).__name__}")
@@ -386,12 +448,11 @@ class Study:
                                         description=f"bayes_safe tuning study of problem {problem.name!r}")
             client._experiment._properties[PROPERTY_KEY] = {
                 "version": 1, "seed": seed, "ab_test": ab_test.config(), "sobol_trials": sobol_trials,
-                "acquisition": acquisition, "objective": objective, "outcome_constraints": constraints,
+                "acquisition": acquisition, "optimizer": optimizer, "objective": objective, "outcome_constraints": constraints,
                 "surface": list(problem.surface) if problem.surface else None, "target_trials": None, "sessions": [],
             }
             client.configure_optimization(objective=objective, outcome_constraints=constraints or None)
-            client.configure_tracking_metrics([m for m in ab_test.metric_names() if m not in oc.metric_names])
-            client.set_generation_strategy(make_generation_strategy(sobol_trials, seed, acquisition))
+            client.set_generation_strategy(make_generation_strategy(sobol_trials, seed, acquisition, optimizer))
         self._init(client, ab_test, url)
 
     # ------------------------------------------------------------------ construction
@@ -494,7 +555,11 @@ class Study:
 
         df = self.experiment.lookup_data().df
         out: dict[int, dict] = {}
-        completed = {t.index for t in self.experiment.trials.values() if t.status == TrialStatus.COMPLETED}
+        completed = {t.index: t for t in self.experiment.trials.values() if t.status == TrialStatus.COMPLETED}
+        for idx, t in completed.items():
+            # every metric (kept in the run metadata; a study made before issue 18 kept them in Ax's data)
+            for name, (m, s) in ((t.run_metadata or {}).get("metrics") or {}).items():
+                out.setdefault(idx, {})[name] = (float(m), float(s))
         for row in df.itertuples(index=False):
             if row.trial_index in completed:
                 out.setdefault(int(row.trial_index), {})[row.metric_name] = (float(row.mean), float(row.sem))
@@ -520,6 +585,94 @@ class Study:
             if best is None or value > best[0]:
                 best = (value, idx, metrics)
         return None if best is None else (best[1], best[2])
+
+    # ------------------------------------------------------------------ power
+    def pilot_point(self) -> dict:
+        """The centre of the search space (geometric centre of a log range; first value of a choice)."""
+        from ax.core.parameter import ChoiceParameter, FixedParameter, RangeParameter
+
+        point = {}
+        for name, p in self.experiment.search_space.parameters.items():
+            if isinstance(p, RangeParameter):
+                lo, hi = float(p.lower), float(p.upper)
+                v = math.sqrt(lo * hi) if p.log_scale and lo > 0 else (lo + hi) / 2
+                point[name] = round(v) if p.parameter_type.name == "INT" else v
+            elif isinstance(p, ChoiceParameter):
+                point[name] = p.values[0]
+            elif isinstance(p, FixedParameter):
+                point[name] = p.value
+        return point
+
+    def check_power(self, *, refresh: bool = False) -> dict:
+        """Minimum detectable change of every outcome constraint, from a pilot trial (stored).
+
+        The pilot is one trial (all its replicates, paired with their baselines) at the centre of
+        the search space, run here before the study's trials; its SEM of each constraint metric
+        is what a trial at these units per arm can resolve. The minimum detectable change (MDC)
+        at 80 % power and a 5 % two-sided level is ``2.80 x SEM``. A constraint whose bound lies
+        closer than one MDC to "no change" (0 for a ``*_change`` metric; the baseline's level, or
+        the pilot's value when there is no baseline, for a level) gets a warning: a trial whose
+        true value is near no change cannot be told feasible from infeasible, so the study can
+        confirm the constraint only for policies that move the metric by more than the MDC.
+
+        Returns (and stores in the study's properties, ``power``) ``{"point", "seed", "units_per_arm",
+        "replicates", "seconds", "constraints": [{"metric", "op", "bound", "reference", "se", "mdc",
+        "slack", "warn", "units_needed", "text"}]}``.
+        """
+        if not refresh and isinstance(self.properties.get("power"), dict):
+            return self.properties["power"]
+        point = self.pilot_point()
+        seed = (self.seed * 100_003 + 99_989) % (2**31 - 1)
+        start = time.perf_counter()
+        metrics, _ = self.ab_test.evaluate_with_noise(point, seed)
+        seconds = time.perf_counter() - start
+        ab = self.ab_test
+        offline = bool(getattr(ab.problem, "offline", False))
+        units = None if offline else ab.n_users
+        rows = []
+        for weights, op, bound in self.constraints:
+            if len(weights) != 1:
+                continue
+            (metric, w), = weights.items()
+            if metric not in metrics:
+                rows.append({"metric": metric, "op": op, "bound": bound, "se": None, "mdc": None, "warn": False,
+                             "text": f"`{metric} {op} {bound:g}`: the pilot did not report {metric}; no power estimate."})
+                continue
+            value, se = metrics[metric]
+            se = abs(w) * se
+            bound_m = bound / w
+            if metric.endswith("_change"):
+                reference, ref_text, unit = 0.0, "no change", " %"
+            elif f"baseline_{metric}" in metrics:
+                reference, ref_text, unit = metrics[f"baseline_{metric}"][0], "the baseline's level", ""
+            else:
+                reference, ref_text, unit = value, "the pilot's value", ""
+            mdc = MDC_FACTOR * se
+            slack = abs(bound_m - reference)
+            warn = slack < mdc
+            needed = None
+            if warn and units and slack > 0:
+                needed = math.ceil(units * (mdc / slack) ** 2)
+            where = (f"{units:,} units per arm, " if units else "") + f"{ab.replicates} replicate(s) per trial"
+            text = (f"`{metric} {op} {bound:g}`: minimum detectable change {mdc:.3g}{unit} (80 % power, 5 % two-sided; "
+                    f"trial SE {se:.3g}{unit} from the pilot, {where}); the bound is {slack:.3g}{unit} from {ref_text}.")
+            if warn:
+                confirm = bound_m - 1.96 * se if op == "<=" else bound_m + 1.96 * se
+                text += (f" WARNING: the bound is closer to {ref_text} than the minimum detectable change: a trial near "
+                         f"{ref_text} cannot be told feasible from infeasible; a trial is confirmed feasible (95 % "
+                         f"interval inside the bound) only when its observed value is {'below' if op == '<=' else 'above'} "
+                         f"{confirm:.3g}{unit}.")
+                if needed:
+                    text += f" About {needed:,} units per arm would make the bound's distance one MDC."
+                elif units:
+                    text += " More units do not help a bound at no change: only policies that move the metric can confirm it."
+            rows.append({"metric": metric, "op": op, "bound": bound_m, "reference": reference, "se": se, "mdc": mdc,
+                         "slack": slack, "warn": warn, "units_needed": needed, "text": text})
+        power = {"point": point, "seed": seed, "units_per_arm": units, "replicates": ab.replicates, "seconds": seconds,
+                 "constraints": rows}
+        self.properties["power"] = power
+        self._save_properties()
+        return power
 
     # ------------------------------------------------------------------ running
     def _save_properties(self) -> None:
@@ -620,6 +773,8 @@ class Study:
         failures = 0
         stop = _StopSignals()
         with lock, stop:
+            if self.constraints and "power" not in self.properties and not self.experiment.trials:
+                self.check_power()  # a new study: the pilot before its first trial
             recovered = self.recover()
             rerun = list(recovered["rerun"])
             if recovered["completed"] or recovered["abandoned"] or rerun:
@@ -742,10 +897,17 @@ class Study:
     def _complete(self, idx: int, out: dict) -> None:
         t = time.perf_counter()
         trial = self.experiment.trials[idx]
-        trial.update_run_metadata({"sim_seconds": out.get("sim_seconds"), "worker": out.get("worker")})
+        modelled = set(self.experiment.optimization_config.metric_names)
+        noise = {m: v for m, v in (out.get("noise") or {}).items() if m in modelled}
+        trial.update_run_metadata({"sim_seconds": out.get("sim_seconds"), "worker": out.get("worker"),
+                                   "replicates": out.get("replicates", 1), "noise": noise})
         metrics = {k: (float(m), float(s)) for k, (m, s) in out["metrics"].items()}
+        # Ax gets the modelled metrics (objective, constraints) only: an unmodelled metric in the
+        # experiment's data breaks Ax's own analyses (compute_analyses, cross-validation); every
+        # metric is kept in the trial's run metadata for the report
+        trial.update_run_metadata({"metrics": {k: [m, s] for k, (m, s) in metrics.items()}})
         with _ax_context(self.url):
-            self.client.complete_trial(idx, raw_data=metrics)
+            self.client.complete_trial(idx, raw_data={k: v for k, v in metrics.items() if k in modelled})
         self.timings["complete"].append(time.perf_counter() - t)
         if out.get("sim_seconds") is not None:
             self.timings["sim"].append(float(out["sim_seconds"]))
@@ -791,13 +953,46 @@ class Study:
             mean, cov = model.predict([ObservationFeatures(parameters=dict(p)) for p in points])
         return [{m: (float(mean[m][i]), float(math.sqrt(max(cov[m][m][i], 0.0)))) for m in mean} for i in range(len(points))]
 
-    def best(self, model=None) -> dict | None:
-        """The best feasible parameterization among completed trials, by the model's posterior mean.
+    def feasibility_probability(self, predicted: Mapping[str, tuple[float, float]]) -> float:
+        """The model's posterior probability that every outcome constraint holds at a point
+        (``predicted``: ``{metric: (mean, sd)}``; constraints treated as independent)."""
+        prob = 1.0
+        for weights, op, bound in self.constraints:
+            if any(m not in predicted for m in weights):
+                return float("nan")
+            mean = sum(w * predicted[m][0] for m, w in weights.items())
+            sd = math.sqrt(sum((w * predicted[m][1]) ** 2 for m, w in weights.items()))
+            z = (mean - bound) / sd if sd > 0 else (math.inf if mean >= bound else -math.inf)
+            prob *= _normal_cdf(z if op == ">=" else -z)
+        return prob
 
-        Feasible: the model's mean satisfies every outcome constraint; best: the highest model
-        mean of the objective among those (Ax's in-sample "best point" rule). Returns the
-        trial, parameters, predicted and observed metrics, or ``None`` if no completed trial
-        is predicted feasible.
+    def on_bounds(self, parameters: Mapping, tolerance: float = 0.02) -> list[str]:
+        """The range parameters of ``parameters`` within ``tolerance`` of the range's width (on its
+        own scale) from a bound of the search space: ``["alpha at its upper bound 0.06", ...]``."""
+        from ax.core.parameter import RangeParameter
+
+        out = []
+        for name, p in self.experiment.search_space.parameters.items():
+            if not isinstance(p, RangeParameter) or name not in parameters:
+                continue
+            lo, hi, v = float(p.lower), float(p.upper), float(parameters[name])
+            if p.log_scale and lo > 0 and v > 0:
+                lo, hi, v = math.log(lo), math.log(hi), math.log(v)
+            if v - lo <= tolerance * (hi - lo):
+                out.append(f"{name} at its lower bound {_num(p.lower)}")
+            elif hi - v <= tolerance * (hi - lo):
+                out.append(f"{name} at its upper bound {_num(p.upper)}")
+        return out
+
+    def best(self, model=None, confidence: float = 0.9) -> dict | None:
+        """The best parameterization among completed trials, chosen with the model's posterior.
+
+        Each completed trial's arm gets the model's posterior probability of meeting every outcome
+        constraint (``feasibility_probability``). The best is the highest model mean of the
+        objective among arms feasible with probability at least ``confidence``; when none is,
+        the arm most likely feasible (``"confident": False``). Returns the trial, parameters,
+        predicted and observed metrics, ``p_feasible``, ``confident``, ``on_bounds`` (the
+        parameters at a bound of the search space) and ``rule``; ``None`` without completed trials.
         """
         observed = self.observed()
         if not observed:
@@ -806,14 +1001,78 @@ class Study:
         indices = list(observed)
         params = [dict(self.experiment.trials[i].arm.parameters) for i in indices]
         preds = self.predict(params, model=model)
-        best = None
+        sign = -1 if self.minimize else 1
+        cands = []
         for i, p, pred in zip(indices, params, preds):
-            if self.objective_name not in pred or not self.is_feasible(pred):
+            if self.objective_name not in pred:
                 continue
-            value = pred[self.objective_name][0] * (-1 if self.minimize else 1)
-            if best is None or value > best[0]:
-                best = (value, {"trial": i, "parameters": p, "predicted": pred, "observed": observed[i]})
-        return None if best is None else best[1]
+            prob = self.feasibility_probability(pred) if self.constraints else 1.0
+            if math.isnan(prob):
+                continue
+            cands.append((i, p, pred, prob))
+        if not cands:
+            return None
+        confident = [c for c in cands if c[3] >= confidence]
+        if confident:
+            i, p, pred, prob = max(confident, key=lambda c: sign * c[2][self.objective_name][0])
+        else:
+            i, p, pred, prob = max(cands, key=lambda c: (c[3], sign * c[2][self.objective_name][0]))
+        rule = (f"the completed trial with the best model-predicted {self.objective_name} among those the model "
+                f"predicts feasible with probability at least {confidence:g}" if confident else
+                f"no completed trial is predicted feasible with probability {confidence:g}: the trial most likely feasible")
+        return {"trial": i, "parameters": p, "predicted": pred, "observed": observed[i], "p_feasible": prob,
+                "confident": bool(confident), "confidence": confidence, "on_bounds": self.on_bounds(p), "rule": rule}
+
+    def cross_validate(self, model=None) -> dict:
+        """Leave-one-out cross-validation of the model (Ax's ``cross_validate``): every completed
+        trial predicted by the model fitted without it, for the objective and each constraint.
+
+        Returns ``{metric: {"points": [{"trial", "observed": (mean, sem), "predicted": (mean, sd)}],
+        "coverage", "z_sd", "rank_correlation", "verdict", "ok"}}``: ``coverage`` is the share of
+        held-out trials inside the 95 % interval of prediction and observation
+        (``1.96 sqrt(sd^2 + sem^2)``), ``z_sd`` the standard deviation of the standardized errors
+        (1 when the intervals are honest), ``rank_correlation`` Spearman's between predictions
+        and observations (does the model rank the trials?).
+        """
+        import numpy as np
+        from ax.adapter.cross_validation import cross_validate
+
+        model = self.fit_model() if model is None else model
+        with _ax_context():
+            results = cross_validate(model, folds=-1)
+        metrics = [self.objective_name] + [m for w, _, _ in self.constraints for m in w]
+        out = {}
+        for metric in dict.fromkeys(metrics):
+            pts = []
+            for r in results:
+                obs, pred = r.observed.data, r.predicted
+                if metric not in obs.metric_signatures or metric not in pred.metric_signatures:
+                    continue
+                j, k = obs.metric_signatures.index(metric), pred.metric_signatures.index(metric)
+                pts.append({"trial": r.observed.features.trial_index,
+                            "observed": (float(obs.means[j]), float(math.sqrt(max(obs.covariance[j][j], 0.0)))),
+                            "predicted": (float(pred.means[k]), float(math.sqrt(max(pred.covariance[k][k], 0.0))))})
+            if not pts:
+                continue
+            z = np.array([(p["observed"][0] - p["predicted"][0]) / max(1e-12, math.hypot(p["observed"][1], p["predicted"][1]))
+                          for p in pts])
+            coverage = float(np.mean(np.abs(z) <= 1.96))
+            rank = _spearman([p["predicted"][0] for p in pts], [p["observed"][0] for p in pts])
+            out[metric] = {"points": pts, "coverage": coverage, "z_sd": float(np.sqrt(np.mean(z**2))),
+                           "rank_correlation": rank, **_cv_verdict(metric, len(pts), coverage, rank)}
+        return out
+
+    def ax_best(self) -> dict | None:
+        """What Ax answers on this study: ``Client.get_best_parameterization()`` (its own rule: the
+        model's best point when the model fits the objective, else the best raw observation)."""
+        with _ax_context():
+            try:
+                params, prediction, trial, arm = self.client.get_best_parameterization()
+            except Exception as exc:  # noqa: BLE001 - e.g. no completed trial
+                return {"error": f"{type(exc).__name__}: {exc}"}
+        return {"trial": int(trial), "arm": arm, "parameters": dict(params),
+                "prediction": {k: [float(v) if v is not None else None for v in (val if isinstance(val, tuple) else (val,))]
+                               for k, val in (prediction or {}).items()}}
 
     def export_json(self, path) -> None:
         """Write the whole study (experiment, data, generation strategy) as Ax's JSON snapshot.
