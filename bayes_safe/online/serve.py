@@ -404,21 +404,21 @@ def create_app(service: Service, snapshot_every: float | None = 60.0):
     def _error(exc: BadRequest):
         return JSONResponse({"detail": str(exc)}, status_code=exc.status)
 
-    @app.post("/decide")
-    async def decide(request: Request):
+    async def _answer(handler, request: Request):
+        """``handler(body)`` on the thread pool (the Decider's work), a ``BadRequest`` as its status."""
         body = await request.body()
         try:
-            return JSONResponse(await run_in_threadpool(service.decide, body))
+            return JSONResponse(await run_in_threadpool(handler, body))
         except BadRequest as exc:
             return _error(exc)
 
+    @app.post("/decide")
+    async def decide(request: Request):
+        return await _answer(service.decide, request)
+
     @app.post("/feedback")
     async def feedback(request: Request):
-        body = await request.body()
-        try:
-            return JSONResponse(await run_in_threadpool(service.feedback, body))
-        except BadRequest as exc:
-            return _error(exc)
+        return await _answer(service.feedback, request)
 
     @app.get("/health")
     async def health():

@@ -284,10 +284,9 @@ class Policy:
         """
         from ..random import DrawBatch
 
-        draws = DrawBatch(num_draws, 1, generator, seed)  # validates num_draws before any work
         features, baseline, valid = check_select_inputs(features, baseline, valid, models=tuple(self.models().values()))
         R, K = int(features.shape[0]), int(features.shape[1])
-        draws = DrawBatch(num_draws, R, draws.generator)
+        draws = DrawBatch(num_draws, R, generator, seed)  # validates num_draws and generator before any draw
         actions = self.select(features, baseline, generator=draws, valid=valid)
         if tuple(actions.shape) == (R,):  # no randomness reached the decision: deterministic
             probs = torch.nn.functional.one_hot(actions, K).to(torch.float64)
