@@ -45,7 +45,7 @@ from pyro.optim import Adam
 
 from .linear import check_real_support
 
-__all__ = ["PyroLinearPosterior"]
+__all__ = ["PyroLinearPosterior", "check_prior_model"]
 
 _DTYPE = torch.float64
 # Site names the engine itself uses; a callable prior must not sample sites with these names.
@@ -111,6 +111,75 @@ def _positive_int(name: str, value, minimum: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
         raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
     return int(value)
+
+
+def check_prior_model(prior, dim: int, seed: int = 0):
+    """Check a prior on ``w`` (a Pyro distribution with event shape ``[dim]`` or a callable Pyro
+    model returning ``w [dim]``) and return ``(distribution or None, callable or None)``.
+
+    Raises ``TypeError`` / ``ValueError`` naming ``prior`` for every rule of
+    ``PyroLinearPosterior``'s ``prior`` argument (shape, support, reserved site names).
+    """
+    expected = [dim]
+    if isinstance(prior, torch.distributions.Distribution) and not isinstance(
+        prior, TorchDistributionMixin
+    ):
+        raise TypeError(
+            f"prior must be a Pyro distribution (pyro.distributions), not the plain "
+            f"torch.distributions.{type(prior).__name__}, which pyro.sample cannot use"
+        )
+    if isinstance(prior, TorchDistributionMixin):
+        if tuple(prior.event_shape) != (dim,):
+            raise ValueError(
+                f"prior must have event_shape {expected} (one event = the weight vector), "
+                f"got event_shape {list(prior.event_shape)}; for independent weights use "
+                f"e.g. dist.Laplace(0., 1.).expand({expected}).to_event(1)"
+            )
+        if prior.batch_shape != ():
+            raise ValueError(
+                f"prior must have batch_shape [] (problems in a batch share the prior), "
+                f"got batch_shape {list(prior.batch_shape)}"
+            )
+        check_real_support(prior, "prior")
+        with _seeded(_child_seed(seed, _CHECK_STREAM)):
+            return _as_float64_distribution(prior), None
+    if not callable(prior):
+        raise TypeError(
+            "prior must be a Pyro distribution with event_shape "
+            f"{expected} or a callable Pyro model returning w of shape {expected}; "
+            f"got {type(prior).__name__}"
+        )
+    with _seeded(_child_seed(seed, _CHECK_STREAM)), torch.no_grad():
+        try:
+            trace = poutine.trace(prior).get_trace()
+        except Exception as err:
+            raise ValueError(
+                f"prior: calling the prior model with no arguments failed: {err!r}"
+            ) from err
+    w = trace.nodes["_RETURN"]["value"]
+    if not torch.is_tensor(w) or tuple(w.shape) != (dim,):
+        got = list(w.shape) if torch.is_tensor(w) else type(w).__name__
+        raise ValueError(
+            f"prior: a callable prior must return the weights as a tensor of shape "
+            f"{expected}, got {got}"
+        )
+    for name, node in trace.nodes.items():
+        if node["type"] != "sample":
+            continue
+        if name in (_NOISE_SITE, _OBS_SITE):
+            raise ValueError(
+                f"prior: the site name {name!r} is reserved for the likelihood; rename "
+                "that site in the prior model"
+            )
+        if name == _WEIGHT_SITE and not torch.equal(node["value"].to(_DTYPE), w.to(_DTYPE)):
+            raise ValueError(
+                f"prior: the site name {_WEIGHT_SITE!r} is reserved for the returned "
+                "weights; rename the site or return its value"
+            )
+        if node["value"] is w or name == _WEIGHT_SITE:
+            # the weights are this site's draw: its distribution must cover R^d
+            check_real_support(node["fn"], f"prior (site {name!r}, the returned weights)")
+    return None, prior
 
 
 class PyroLinearPosterior:
@@ -265,66 +334,7 @@ class PyroLinearPosterior:
             return None, _as_float64_distribution(noise_prior)
 
     def _check_prior(self, prior):
-        expected = [self.dim]
-        if isinstance(prior, torch.distributions.Distribution) and not isinstance(
-            prior, TorchDistributionMixin
-        ):
-            raise TypeError(
-                f"prior must be a Pyro distribution (pyro.distributions), not the plain "
-                f"torch.distributions.{type(prior).__name__}, which pyro.sample cannot use"
-            )
-        if isinstance(prior, TorchDistributionMixin):
-            if tuple(prior.event_shape) != (self.dim,):
-                raise ValueError(
-                    f"prior must have event_shape {expected} (one event = the weight vector), "
-                    f"got event_shape {list(prior.event_shape)}; for independent weights use "
-                    f"e.g. dist.Laplace(0., 1.).expand({expected}).to_event(1)"
-                )
-            if prior.batch_shape != ():
-                raise ValueError(
-                    f"prior must have batch_shape [] (problems in a batch share the prior), "
-                    f"got batch_shape {list(prior.batch_shape)}"
-                )
-            check_real_support(prior, "prior")
-            with _seeded(_child_seed(self.seed, _CHECK_STREAM)):
-                return _as_float64_distribution(prior), None
-        if not callable(prior):
-            raise TypeError(
-                "prior must be a Pyro distribution with event_shape "
-                f"{expected} or a callable Pyro model returning w of shape {expected}; "
-                f"got {type(prior).__name__}"
-            )
-        with _seeded(_child_seed(self.seed, _CHECK_STREAM)), torch.no_grad():
-            try:
-                trace = poutine.trace(prior).get_trace()
-            except Exception as err:
-                raise ValueError(
-                    f"prior: calling the prior model with no arguments failed: {err!r}"
-                ) from err
-        w = trace.nodes["_RETURN"]["value"]
-        if not torch.is_tensor(w) or tuple(w.shape) != (self.dim,):
-            got = list(w.shape) if torch.is_tensor(w) else type(w).__name__
-            raise ValueError(
-                f"prior: a callable prior must return the weights as a tensor of shape "
-                f"{expected}, got {got}"
-            )
-        for name, node in trace.nodes.items():
-            if node["type"] != "sample":
-                continue
-            if name in (_NOISE_SITE, _OBS_SITE):
-                raise ValueError(
-                    f"prior: the site name {name!r} is reserved for the likelihood; rename "
-                    "that site in the prior model"
-                )
-            if name == _WEIGHT_SITE and not torch.equal(node["value"].to(_DTYPE), w.to(_DTYPE)):
-                raise ValueError(
-                    f"prior: the site name {_WEIGHT_SITE!r} is reserved for the returned "
-                    "weights; rename the site or return its value"
-                )
-            if node["value"] is w or name == _WEIGHT_SITE:
-                # the weights are this site's draw: its distribution must cover R^d
-                check_real_support(node["fn"], f"prior (site {name!r}, the returned weights)")
-        return None, prior
+        return check_prior_model(prior, self.dim, self.seed)
 
     # ------------------------------------------------------------------ the model
     def _sample_weights(self) -> torch.Tensor:
