@@ -6,6 +6,7 @@ import math
 import numbers
 import sys
 
+import numpy as np
 import torch
 
 __all__ = ["as_tensor", "check_batch_shape", "check_distribution_parameters", "check_finite", "check_in_range",
@@ -36,6 +37,8 @@ def trusted_inputs():
 
 def as_tensor(value, name: str, dtype=torch.float64) -> torch.Tensor:
     """Convert ``value`` to a tensor of ``dtype``; raise TypeError naming ``name`` if impossible."""
+    if isinstance(value, np.ndarray) and not value.flags.writeable:
+        value = np.array(value)  # a read-only view (np.broadcast_to, a memory map): torch would warn, then share it
     try:
         t = torch.as_tensor(value, dtype=dtype)
     except (TypeError, ValueError, RuntimeError) as exc:  # pragma: no cover - message path

@@ -34,6 +34,18 @@ from bayes_safe.random import standard_uniform
 TARGET_R1 = 0.35
 TARGET_R1000 = 0.4
 TARGET_PROBIT = 0.2
+TARGET_LANGEVIN = 0.1
+
+
+def hierarchical_prior(d: int):
+    """A callable Pyro prior no closed-form engine knows: a log-normal scale shared by the weights."""
+    import pyro
+
+    def prior():
+        scale = pyro.sample("scale", dist.LogNormal(0.0, 1.0))
+        return pyro.sample("w", dist.Normal(0.0, scale).expand([d]).to_event(1))
+
+    return prior
 
 
 class BinaryArms(Problem):
@@ -69,6 +81,10 @@ def _rate(kind: str, R: int, d: int, steps: int, seed: int) -> float:
         env = kazerouni2017_neurips(replications=R, seed=seed, dim=d)
         prior = (dist.Laplace if kind == "laplace" else dist.Normal)(0.0, 1.0).expand([d]).to_event(1)
         model = BayesianLinear(prior, noise_std=1.0, batch_shape=[R])
+    elif kind == "langevin":
+        env = kazerouni2017_neurips(replications=R, seed=seed, dim=d)
+        model = BayesianLinear(hierarchical_prior(d), dim=d, noise_std=1.0, batch_shape=[R])
+        assert model.engine_name == "langevin"
     else:
         env = BinaryArms(R, d, seed)
         prior = dist.Normal(0.0, 1.0).expand([d]).to_event(1)
@@ -99,13 +115,17 @@ def run(quick: bool = False, repeats: int = 5) -> list[dict]:
         ("laplace", "conjugate", 1000, 16, 20 if quick else 100, TARGET_R1000),
         ("probit", "conjugate-binary", 1, 4, 300 if quick else 1000, TARGET_PROBIT),
         ("probit", "conjugate-binary", 1000, 4, 20 if quick else 100, TARGET_PROBIT),
+        ("langevin", "conjugate", 1, 4, 200 if quick else 1000, TARGET_LANGEVIN),
+        ("langevin", "conjugate", 1, 16, 200 if quick else 1000, TARGET_LANGEVIN),
+        ("langevin", "conjugate", 1000, 4, 20 if quick else 100, TARGET_LANGEVIN),
     ]
     rows = []
     for kind, ref, R, d, steps, target in cases:
         ours, base = _pair(kind, ref, R, d, steps, repeats)
         ratio = ours / base
         label = f"TS custom prior, 100 arms d={d}, R={R}, {steps} steps"
-        prior = "Laplace prior, Gibbs" if kind == "laplace" else "probit likelihood, Gibbs"
+        prior = {"laplace": "Laplace prior, Gibbs", "probit": "probit likelihood, Gibbs",
+                 "langevin": "hierarchical callable prior, Langevin"}[kind]
         rows.append({"benchmark": f"{label}: {prior} vs conjugate", "value": ratio, "unit": "x conjugate decisions/s",
                      "target": f">= {target}", "ratio": ratio / target, "gibbs": ours, "conjugate": base})
     load = os.getloadavg()[0]

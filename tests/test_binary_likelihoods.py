@@ -177,7 +177,7 @@ def test_bad_likelihood_settings_name_the_argument():
         BayesianLinear(PRIOR, noise_std=1.0, likelihood="probit")
     with pytest.raises(ValueError, match=r"^noise_std / noise_prior: likelihood='logistic'"):
         BayesianLinear(PRIOR, noise_prior=dist.InverseGamma(2.0, 1.0), likelihood="logistic")
-    with pytest.raises(ValueError, match=r"^inference: likelihood='probit' is sampled by the Gibbs engine"):
+    with pytest.raises(ValueError, match=r"^inference: likelihood='probit' is sampled by the Gibbs or Langevin engine"):
         BayesianLinear(PRIOR, likelihood="probit", inference="nuts")
     with pytest.raises(ValueError, match=r"^inference: "):
         BayesianLinear(PRIOR, likelihood="logistic", inference="conjugate")
@@ -188,8 +188,13 @@ def test_priors_the_binary_engine_cannot_use_are_rejected():
         BayesianLinear(dist.Gamma(2.0, 1.0).expand([2]).to_event(1), likelihood="probit")
     with pytest.raises(ValueError, match=r"^prior: its support is"):
         BayesianLinear(dist.HalfCauchy(1.0).expand([2]).to_event(1), likelihood="logistic")
+    # a prior that is no scale mixture goes to the Langevin engine, which takes any likelihood
+    low_rank = BayesianLinear(dist.LowRankMultivariateNormal(torch.zeros(2), torch.ones(2, 1), torch.ones(2)),
+                              likelihood="probit")
+    assert low_rank.engine_name == "langevin"
     with pytest.raises(ValueError, match=r"^prior: the Gibbs engine"):
-        BayesianLinear(dist.LowRankMultivariateNormal(torch.zeros(2), torch.ones(2, 1), torch.ones(2)), likelihood="probit")
+        BayesianLinear(dist.LowRankMultivariateNormal(torch.zeros(2), torch.ones(2, 1), torch.ones(2)),
+                       likelihood="probit", inference="gibbs")
 
 
 # ------------------------------------------------------------------------------ slow: NUTS reference

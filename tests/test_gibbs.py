@@ -89,12 +89,13 @@ def test_engine_is_chosen_from_the_prior():
                        inference_options={"num_samples": 10, "warmup_steps": 10})
     assert m.engine_name == "nuts"
 
-    def other():  # a callable that is not a horseshoe falls back to NUTS
+    def other():  # a callable that is not a horseshoe goes to the Langevin engine
         s = pyro.sample("s", dist.HalfCauchy(1.0))
         return pyro.sample("w", dist.Normal(0.0, s).expand([d]).to_event(1))
 
     assert recognise_prior(other, d, ()) is None
-    assert BayesianLinear(other, dim=d, noise_std=1.0).engine_name == "nuts"
+    assert BayesianLinear(other, dim=d, noise_std=1.0).engine_name == "langevin"
+    assert BayesianLinear(other, dim=d, noise_std=1.0, inference="nuts").engine_name == "nuts"
     with pytest.raises(ValueError, match="prior: the Gibbs engine"):
         BayesianLinear(other, dim=d, noise_std=1.0, inference="gibbs")
     with pytest.raises(ValueError, match="inference_options"):

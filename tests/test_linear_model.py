@@ -129,9 +129,28 @@ def test_refit_every_refits_automatically():
                        refit_every=10, inference_options={"svi_steps": 200, "num_samples": 50})
     prior_draws = m._draws.clone()
     m.update(X[:9], y[:9])
+    m.sample(torch.Generator().manual_seed(0))
+    assert torch.equal(m._draws, prior_draws) and m.unfitted_observations == 9
+    assert "unfitted_observations=9" in repr(m)
+    m.update(X[9:], y[9:])  # 12 >= refit_every: the refit runs at the next query, not inside update
     assert torch.equal(m._draws, prior_draws)
-    m.update(X[9:], y[9:])
+    m.sample(torch.Generator().manual_seed(0))
     assert not torch.equal(m._draws, prior_draws)
+    assert m.unfitted_observations == 0 and "unfitted" not in repr(m)
+
+
+def test_a_nuts_or_svi_model_learns_by_default_at_doubling_data():
+    X, y, _ = _data(n=12, d=2)
+    m = BayesianLinear(dist.Laplace(0.0, 1.0).expand([2]).to_event(1), noise_std=0.3, inference="svi",
+                       inference_options={"svi_steps": 50, "num_samples": 20})
+    fits = []
+    original = m.engine.fit
+    m.engine.fit = lambda X, y: (fits.append(X.shape[-2]), original(X, y))[1]
+    for i in range(12):
+        m.update(X[i], y[i])
+        m.sample(torch.Generator().manual_seed(i))
+    assert fits == [1, 2, 4, 8]  # log2(n) refits: the data doubled since the last one
+    assert m.unfitted_observations == 4 and "unfitted_observations=4" in repr(m)
 
 
 def test_per_arm_updates_only_the_played_arm():

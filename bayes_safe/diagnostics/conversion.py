@@ -110,7 +110,18 @@ def _linear_inference_data(model, X, y, num_draws, feature_names, seed):
     gen = torch.Generator().manual_seed(int(seed))
     posterior: dict[str, np.ndarray] = {}
     sample_stats: dict[str, np.ndarray] = {}
-    if not model.conjugate and getattr(model, "engine_name", None) == "gibbs":
+    if not model.conjugate and getattr(model, "engine_name", None) == "langevin":
+        # consecutive MALA steps of a copy of the chains: every latent site of the prior, and w
+        import copy
+
+        chain = copy.deepcopy(model.engine)
+        chain.fit(gen)  # burn-in on the copy after the latest data (the model's own chain is not moved)
+        states = chain.run(int(num_draws), gen)  # [S, *batch, P]
+        for name, value in chain.site_values(states).items():
+            posterior[name] = _np(value)[None]
+        posterior["w"] = _np(chain.weights(states))[None]
+        w_flat = torch.as_tensor(posterior["w"][0])
+    elif not model.conjugate and getattr(model, "engine_name", None) == "gibbs":
         # consecutive sweeps of a copy of the chain (one chain; the model's own chain is not moved)
         import copy
 
@@ -138,9 +149,14 @@ def _linear_inference_data(model, X, y, num_draws, feature_names, seed):
                 posterior[name] = _np(value)
             sample_stats = {k: _np(v) for k, v in engine.sample_stats.items()}
         else:  # SVI guide draws, or prior draws before any fit
-            posterior["w"] = _np(model._draws)[None]
-            if engine.noise_draws is not None:
-                posterior["noise_var"] = _np(engine.noise_draws)[None]
+            svi_draws = getattr(engine, "svi_draws", None) or {}  # older engines lack it
+            if svi_draws:  # every latent site (hyperparameters too), as one chain
+                for name, value in svi_draws.items():
+                    posterior[name] = _np(value)[None]
+            else:
+                posterior["w"] = _np(model._draws)[None]
+                if engine.noise_draws is not None:
+                    posterior["noise_var"] = _np(engine.noise_draws)[None]
         w_flat = torch.as_tensor(posterior["w"]).reshape(-1, *batch, d)
         if X is None and model._X:
             X, y = torch.cat(model._X, -2), torch.cat(model._y, -1)

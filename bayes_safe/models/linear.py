@@ -24,10 +24,13 @@ from its last state, so a decision costs a small multiple of a conjugate one. Th
 engine handles 0/1 outcomes (``likelihood="probit"``: Albert & Chib 1993;
 ``likelihood="logistic"``: Polson, Scott & Windle 2013).
 
-Any other prior is fitted with Pyro (NUTS by default, SVI with an ``AutoMultivariateNormal``
-guide on request) by ``PyroLinearPosterior``; Thompson draws then come from the stored
-posterior draws, refreshed at every refit. ``inference="nuts"`` / ``"svi"`` select this path
-for the Gibbs priors too.
+Any other prior (a Pyro distribution on ``R^d``, or a callable Pyro model with continuous
+hyperparameters) is sampled by the warm-started Langevin engine of ``langevin.py``
+(``engine_name == "langevin"``): each Thompson draw advances a preconditioned MALA chain by a
+step, with any likelihood. ``inference="nuts"`` / ``"svi"`` select Pyro's NUTS or SVI
+(``PyroLinearPosterior``, Gaussian likelihood) as the exact reference and the fast
+approximation: Thompson draws then come from stored posterior draws, refitted from scratch
+when the data have doubled since the last fit (or every ``refit_every`` observations).
 
 Example:
     >>> import torch, pyro.distributions as dist
@@ -174,28 +177,38 @@ class BayesianLinear:
         batch_shape: shape of a batch of independent models (replications, or arms for disjoint
             per-arm models). All tensors then carry these leading dimensions.
         inference: ``"auto"`` (conjugate when recognised; else Gibbs for a Laplace, Student-t,
-            Cauchy or horseshoe prior, unless ``inference_options`` holds NUTS/SVI options;
-            else NUTS), ``"conjugate"`` (error if the prior is not conjugate), ``"gibbs"``
-            (error if the Gibbs engine cannot sample the prior; runs for a Gaussian prior
-            too), ``"nuts"`` or ``"svi"``. ``engine_name`` reports the choice.
+            Cauchy or horseshoe prior; else Langevin; ``inference_options`` holding NUTS/SVI
+            options select NUTS, as before), ``"conjugate"`` (error if the prior is not
+            conjugate), ``"gibbs"`` (error if the Gibbs engine cannot sample the prior; runs
+            for a Gaussian prior too), ``"langevin"`` (any prior on ``R^d``), ``"nuts"`` or
+            ``"svi"``. ``engine_name`` reports the choice; the user guide's "Which engine"
+            table says why.
         dim: the weight dimension; inferred from a distribution prior, required for a callable.
-        refit_every: non-conjugate only: refit automatically after this many new observations
-            (``None``: only when ``fit`` is called).
+        refit_every: NUTS / SVI only: refit after this many new observations. ``None``
+            (default): refit when the observations have doubled since the last fit (1, 2, 4,
+            ... observations: the posterior learns at ``log2(n)`` refits). The refit runs lazily,
+            at the next ``sample`` / ``predict``. The Gibbs and Langevin engines follow the
+            data at every draw and ignore it.
         inference_options: non-conjugate only: keyword arguments for
             ``PyroLinearPosterior`` (``num_samples``,
             ``warmup_steps``, ``svi_steps``, ``seed``, ...), or for the Gibbs engine
             (``sweeps``: sweeps per Thompson draw, default 1; ``burn_in``, default 20;
-            ``predict_sweeps``, default 200; ``pg_terms``, default 20; ``seed``).
+            ``predict_sweeps``, default 200; ``pg_terms``, default 20; ``seed``), or for the
+            Langevin engine (``steps``: MALA steps per Thompson draw, default 1; ``burn_in``,
+            default 50; ``predict_steps``, default 200; ``seed``).
         likelihood: ``"gaussian"`` (default), or ``"probit"`` / ``"logistic"`` for 0/1
-            outcomes (Gibbs engine; give neither ``noise_std`` nor ``noise_prior``). Then
+            outcomes (Gibbs or Langevin engine; give neither ``noise_std`` nor ``noise_prior``). Then
             ``update`` rejects outcomes outside {0, 1} (NaN too), and ``sample_at`` /
             ``predict`` answer for the success probability ``Phi(x^T w)`` / ``sigmoid(x^T w)``.
 
     Attributes:
-        engine_name: ``"conjugate"``, ``"gibbs"``, ``"nuts"`` or ``"svi"``.
-        engine: the ``GibbsLinearPosterior`` or ``PyroLinearPosterior`` (non-conjugate only).
+        engine_name: ``"conjugate"``, ``"gibbs"``, ``"langevin"``, ``"nuts"`` or ``"svi"``.
+        engine: the ``GibbsLinearPosterior``, ``LangevinLinearPosterior`` or
+            ``PyroLinearPosterior`` (non-conjugate only).
         needs_autograd: False for the conjugate and Gibbs engines (they may run under
-            ``torch.inference_mode``), True for NUTS and SVI.
+            ``torch.inference_mode``), True for Langevin, NUTS and SVI.
+        unfitted_observations: NUTS / SVI: observations given to ``update`` that the stored
+            draws do not reflect yet (0 for the other engines); ``repr`` shows it.
 
     Shapes: ``update(X: [*batch, n, d] or [*batch, d], y: [*batch, n] or [*batch])``,
     ``predict(X: [*batch, k, d]) -> ([*batch, k], [*batch, k])``, ``sample() -> [*batch, d]``.
@@ -203,9 +216,15 @@ class BayesianLinear:
 
     @property
     def needs_autograd(self) -> bool:
-        """Whether ``update`` / ``fit`` need autograd (NUTS and SVI); the conjugate and Gibbs
-        engines do not, so a simulation loop may run them under ``torch.inference_mode``."""
-        return self.engine_name in ("nuts", "svi")
+        """Whether ``update`` / ``fit`` / ``sample`` need autograd (Langevin, NUTS and SVI); the
+        conjugate and Gibbs engines do not, so a simulation loop may run them under
+        ``torch.inference_mode``."""
+        return self.engine_name in ("langevin", "nuts", "svi")
+
+    @property
+    def _chain_engine(self) -> bool:
+        """Whether a warm-started chain (Gibbs or Langevin) holds the posterior."""
+        return self.engine_name in ("gibbs", "langevin")
 
     def __init__(
         self,
@@ -243,11 +262,12 @@ class BayesianLinear:
         if inference_options is not None and not isinstance(inference_options, dict):
             raise TypeError(f"inference_options: expected a dict of PyroLinearPosterior keyword arguments, "
                             f"got {type(inference_options).__name__}")
-        if not isinstance(inference, str) or inference not in ("auto", "conjugate", "gibbs", "nuts", "svi"):
-            raise ValueError(f"inference: expected 'auto', 'conjugate', 'gibbs', 'nuts' or 'svi', got {inference!r}")
+        engines = ("auto", "conjugate", "gibbs", "langevin", "nuts", "svi")
+        if not isinstance(inference, str) or inference not in engines:
+            raise ValueError(f"inference: expected one of {list(engines)}, got {inference!r}")
         if likelihood != "gaussian" and inference in ("conjugate", "nuts", "svi"):
-            raise ValueError(f"inference: likelihood={likelihood!r} is sampled by the Gibbs engine; use inference='auto' "
-                             f"or 'gibbs', got {inference!r}")
+            raise ValueError(f"inference: likelihood={likelihood!r} is sampled by the Gibbs or Langevin engine; use "
+                             f"inference='auto', 'gibbs' or 'langevin', got {inference!r}")
         self.prior = prior
         self.noise_std = noise_std
         self.noise_prior = noise_prior
@@ -287,21 +307,26 @@ class BayesianLinear:
             raise ValueError("inference='conjugate' needs a Gaussian prior (MultivariateNormal or Normal(...).to_event(1))")
         self.conjugate = gaussian is not None and inference in ("auto", "conjugate") and likelihood == "gaussian"
         mixture = None
+        langevin = inference == "langevin"
         if not self.conjugate and inference in ("auto", "gibbs"):
             from .gibbs import GIBBS_OPTIONS, recognise_prior
+            from .langevin import LANGEVIN_OPTIONS
 
-            pyro_keys = sorted(set(inference_options or {}) - set(GIBBS_OPTIONS))
-            if inference == "gibbs" and pyro_keys:
-                raise ValueError(f"inference_options: the Gibbs engine takes {list(GIBBS_OPTIONS)}, got {pyro_keys}")
+            pyro_keys = sorted(set(inference_options or {}) - set(GIBBS_OPTIONS) - set(LANGEVIN_OPTIONS))
+            gibbs_only = sorted(set(inference_options or {}) - set(GIBBS_OPTIONS))
+            if inference == "gibbs" and gibbs_only:
+                raise ValueError(f"inference_options: the Gibbs engine takes {list(GIBBS_OPTIONS)}, got {gibbs_only}")
             if not pyro_keys:  # NUTS / SVI options with inference='auto' keep the Pyro engine (as before)
-                mixture = recognise_prior(prior, d, self.batch_shape)
-            if mixture is None and (inference == "gibbs" or likelihood != "gaussian"):
+                if not (set(inference_options or {}) - set(GIBBS_OPTIONS)):
+                    mixture = recognise_prior(prior, d, self.batch_shape)
+                langevin = mixture is None and inference == "auto"
+            if mixture is None and inference == "gibbs":
                 raise ValueError(
-                    "prior: the Gibbs engine (needed for inference='gibbs' and for 0/1 likelihoods) samples Gaussian, "
-                    "Laplace, StudentT and Cauchy priors (.expand([d]).to_event(1)) and a horseshoe Pyro model; "
-                    f"got {type(prior).__name__}")
+                    "prior: the Gibbs engine (inference='gibbs') samples Gaussian, Laplace, StudentT and Cauchy priors "
+                    "(.expand([d]).to_event(1)) and a horseshoe Pyro model; use inference='langevin' (or 'auto') for "
+                    f"any other prior, got {type(prior).__name__}")
         self.engine_name = "conjugate" if self.conjugate else "gibbs" if mixture is not None else (
-            "svi" if inference == "svi" else "nuts")
+            "langevin" if langevin else "svi" if inference == "svi" else "nuts")
         self._count = 0  # observations given to every batch element
         self._masked_count: torch.Tensor | None = None  # per-element counts of masked (per-arm) updates
 
@@ -329,9 +354,24 @@ class BayesianLinear:
 
             self.engine = GibbsLinearPosterior(
                 mixture, d, self.batch_shape, likelihood=likelihood, noise_std=noise_std, noise_prior=noise_prior,
-                **_gibbs_options(inference_options),
+                **_chain_options(inference_options),
             )
             self.refit_every = None  # the chain follows the data at every draw: nothing to refit
+        elif self.engine_name == "langevin":
+            from .langevin import LANGEVIN_OPTIONS, LangevinLinearPosterior
+
+            if isinstance(prior, tdist.Distribution) and prior.batch_shape != ():
+                raise ValueError(f"prior: the Langevin engine needs a prior with batch shape [] (one prior shared by the "
+                                 f"batch), got {list(prior.batch_shape)}")
+            options = _chain_options(inference_options)
+            unknown = sorted(set(options) - set(LANGEVIN_OPTIONS))
+            if unknown:
+                raise ValueError(f"inference_options: the Langevin engine takes {list(LANGEVIN_OPTIONS)}, got {unknown}")
+            self.engine = LangevinLinearPosterior(
+                prior, d, self.batch_shape, likelihood=likelihood, noise_std=noise_std, noise_prior=noise_prior,
+                **options,
+            )
+            self.refit_every = None
         else:
             from .pyro_inference import PyroLinearPosterior
 
@@ -344,6 +384,7 @@ class BayesianLinear:
             self._X: list[torch.Tensor] = []
             self._y: list[torch.Tensor] = []
             self._since_fit = 0
+            self._fitted_count = 0  # observations in the stored draws
             self._draws = self.engine.prior_draws(self.engine.num_samples)
 
     # ------------------------------------------------------------------ input handling
@@ -412,7 +453,7 @@ class BayesianLinear:
             raise ValueError("masked updates need a conjugate model")
         if single:
             X, y = X[..., None, :], y[..., None]
-        if self.engine_name == "gibbs":
+        if self._chain_engine:
             if self.likelihood != "gaussian":
                 bad = (y != 0) & (y != 1)  # NaN too
                 if bool(bad.any()):
@@ -424,8 +465,6 @@ class BayesianLinear:
         self._X.append(X.expand(*self.batch_shape, *X.shape[-2:]))
         self._y.append(y.expand(*self.batch_shape, y.shape[-1]))
         self._since_fit += n
-        if self.refit_every is not None and self._since_fit >= self.refit_every:
-            self.fit()
 
     def _update_elements(self, index: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> None:
         """Trusted conjugate update of some batch elements only: element ``index[i]`` (a flat
@@ -454,8 +493,9 @@ class BayesianLinear:
         the Gibbs engine runs ``burn_in`` sweeps from its current state)."""
         if self.conjugate:
             return
-        if self.engine_name == "gibbs":
-            self.engine.fit()
+        if self._chain_engine:
+            with single_thread():
+                self.engine.fit()
             return
         if not self._X:
             raise ValueError("fit: no observations yet; call update(X, y) first")
@@ -466,6 +506,22 @@ class BayesianLinear:
             self.engine.fit(X, y)
         self._draws = self.engine.draws
         self._since_fit = 0
+        self._fitted_count = X.shape[-2]
+
+    @property
+    def unfitted_observations(self) -> int:
+        """NUTS / SVI: observations not yet reflected in the stored draws (0 for other engines)."""
+        if self.conjugate or self._chain_engine:
+            return 0
+        return self._since_fit
+
+    def _refit_due(self) -> bool:
+        """NUTS / SVI: whether the lazy refit schedule calls for a refit before the next query."""
+        if self._since_fit == 0:
+            return False
+        if self.refit_every is not None:
+            return self._since_fit >= self.refit_every
+        return self._since_fit >= max(self._fitted_count, 1)  # the data doubled since the last fit
 
     # ------------------------------------------------------------------ conjugate state
     def _invalidate(self, changed: torch.Tensor | None) -> None:
@@ -508,6 +564,31 @@ class BayesianLinear:
             self._factorize()
         return self._u
 
+    def _thompson_choice(self, features_t: torch.Tensor, generator: Generator, key: str,
+                         valid: torch.Tensor | None) -> torch.Tensor:
+        """Conjugate, known noise: one Thompson decision fused into the fewest tensor operations.
+
+        Args:
+            features_t: the candidates transposed, ``[*batch, d, K]`` contiguous (see ``_transposed``).
+            generator, key: as for ``sample``.
+            valid: ``None`` or a bool mask ``[*batch, K]``.
+
+        Returns:
+            ``[*batch]`` long: the argmax over ``K`` of the scores ``x^T w`` of one posterior draw
+            ``w``. The same operations as ``sample`` then ``sample_at`` then the policies'
+            ``masked_argmax`` (so the same numbers), without their checks and views: the draw
+            stays a column ``[*batch, d, 1]`` and is scored as ``w^T X^T``. Used by ``simulate``'s
+            lean Thompson path.
+        """
+        z = standard_normal(self._column_shape, generator, key=key)  # [*batch, d, 1]
+        if self._stale():
+            self._factorize()
+        w = torch.linalg.solve_triangular(self._factor.mT, self._u + z, upper=True)
+        scores = (w.mT @ features_t)[..., 0, :]  # [*batch, K]
+        if valid is not None:
+            scores = scores.masked_fill(~valid, float("-inf"))
+        return scores.max(-1).indices
+
     def _noise_posterior(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``(a_n, b_n)`` of the Inverse-Gamma posterior on the noise variance (NIG only)."""
         u = self._whitened_mean()[..., 0]
@@ -521,9 +602,10 @@ class BayesianLinear:
     @property
     def posterior_mean(self) -> torch.Tensor:
         """Posterior mean of ``w``, ``[*batch, d]``."""
-        if self.engine_name == "gibbs":
+        if self._chain_engine:
             return self.engine.summary(None)[0]
         if not self.conjugate:
+            self._refit_if_due()
             return self._draws.mean(0)
         return torch.cholesky_solve(self.eta[..., None], self.factor)[..., 0]
 
@@ -579,10 +661,11 @@ class BayesianLinear:
                 a, b = self._noise_posterior()
                 scale = torch.where(a > 1, b / (a - 1), torch.full_like(a, float("inf")))
                 var = var * scale[..., None]
-        elif self.engine_name == "gibbs":
+        elif self._chain_engine:
             Xk = Xk.expand(*self.batch_shape, *Xk.shape[-2:])
             _, mean, var = self.engine.summary(Xk, link=_LINKS.get(self.likelihood))
         else:
+            self._refit_if_due()
             f = Xk @ self._draws[..., None]  # [S, *b, k, 1]
             f = f[..., 0]
             mean, var = f.mean(0), f.var(0)
@@ -605,8 +688,9 @@ class BayesianLinear:
                 s2 = b / standard_gamma(a, generator, key=key + "/noise")
                 z = z * s2.sqrt()[..., None, None]
             return torch.linalg.solve_triangular(self._factor.mT, self._u + z, upper=True)[..., 0]
-        if self.engine_name == "gibbs":
+        if self._chain_engine:
             return self.engine.draw(generator, key)
+        self._refit_if_due()
         shape = self._sample_shape
         S = self._draws.shape[0]
         idx = (standard_uniform(self.batch_shape, generator, key=key) * S).long().clamp_max(S - 1)
@@ -628,21 +712,30 @@ class BayesianLinear:
 
         return lanewise(_LINKS[self.likelihood], f)
 
+    def _refit_if_due(self) -> None:
+        if self._refit_due():
+            self.fit()
+
     def __repr__(self) -> str:
         noise = f"noise_std={self.noise_std}" if self.noise_std is not None else "noise_prior=InverseGamma"
         if self.likelihood != "gaussian":
             noise = f"likelihood={self.likelihood!r}"
-        return f"BayesianLinear(dim={self.dim}, {noise}, batch_shape={list(self.batch_shape)}, inference={self.engine_name!r})"
+        stale = ""
+        if self.unfitted_observations:
+            stale = f", unfitted_observations={self.unfitted_observations} (refit at the next draw or fit())"
+        return (f"BayesianLinear(dim={self.dim}, {noise}, batch_shape={list(self.batch_shape)}, "
+                f"inference={self.engine_name!r}{stale})")
 
 
 _LINKS = {"probit": torch.special.ndtr, "logistic": torch.sigmoid}
 
 
-def _gibbs_options(options: dict | None) -> dict:
-    """Checked keyword arguments of ``GibbsLinearPosterior`` from ``inference_options``."""
+def _chain_options(options: dict | None) -> dict:
+    """Checked keyword arguments of ``GibbsLinearPosterior`` / ``LangevinLinearPosterior`` from
+    ``inference_options`` (all non-negative ints; counts of sweeps or steps at least 1)."""
     out = {}
     for name, value in (options or {}).items():
-        low = 1 if name in ("sweeps", "predict_sweeps", "pg_terms") else 0
+        low = 1 if name in ("sweeps", "predict_sweeps", "pg_terms", "steps", "predict_steps") else 0
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise ValueError(f"inference_options: {name!r} must be an int >= {low}, got {value!r}")
         out[name] = value

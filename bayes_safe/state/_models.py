@@ -56,20 +56,23 @@ def _enc_linear(m, enc: Encoder, what: str) -> dict:
             node.update(a=enc.tensor(m._a, f"{what}.a"), b0=enc.tensor(m._b0, f"{what}.b0"), sq=enc.tensor(m._sq, f"{what}.sq"))
         return node
     e = m.engine
-    if getattr(m, "engine_name", None) == "gibbs":
-        raise ValueError(f"{what}: a BayesianLinear sampled by the Gibbs engine ({type(m.prior).__name__} prior) cannot "
+    if getattr(m, "engine_name", None) in ("gibbs", "langevin"):
+        raise ValueError(f"{what}: a BayesianLinear sampled by the {m.engine_name.capitalize()} engine ({type(m.prior).__name__} prior) cannot "
                          "be saved yet (its chain state has no format); save the data and rebuild it, or use a "
                          "Gaussian prior")
     node.update(
         method=e.method, refit_every=m.refit_every,
         inference_options={"num_samples": e.num_samples, "warmup_steps": e.warmup_steps, "num_chains": e.num_chains,
-                           "svi_steps": e.svi_steps, "svi_lr": e.svi_lr, "seed": e.seed},
+                           "svi_steps": e.svi_steps, "svi_lr": e.svi_lr, "seed": e.seed,
+                           "svi_particles": e.svi_particles, "svi_tol": e.svi_tol},
         X=enc.optional(_cat(m._X, -2), f"{what}.X"), y=enc.optional(_cat(m._y, -1), f"{what}.y"),
         since_fit=int(m._since_fit), draws=enc.tensor(m._draws, f"{what}.draws"),
         engine={"fitted": bool(e.fitted), "fit_seconds": float(e.fit_seconds),
                 "draws": enc.optional(e._draws, f"{what}.engine.draws"),
                 "noise_draws": enc.optional(e._noise_draws, f"{what}.engine.noise_draws"),
                 "svi_losses": enc.optional(e.svi_losses, f"{what}.engine.svi_losses"),
+                "svi_converged": enc.optional(e.svi_converged, f"{what}.engine.svi_converged"),
+                "svi_draws": {k: enc.tensor(v, f"{what}.svi_draws.{k}") for k, v in e._svi_draws.items()},
                 "chains": {k: enc.tensor(v, f"{what}.chains.{k}") for k, v in e._chains.items()},
                 "sample_stats": {k: enc.tensor(v, f"{what}.sample_stats.{k}") for k, v in e._sample_stats.items()}},
     )
@@ -107,8 +110,11 @@ def _dec_linear(node: dict, dec: Decoder, where: str):
             dec.fail(f"{where}: field 'method' must be 'nuts' or 'svi', got {method!r}")
         opts = dec.field(node, "inference_options", dict, where)
         keys = {"num_samples", "warmup_steps", "num_chains", "svi_steps", "svi_lr", "seed"}
-        if set(opts) != keys or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in opts.values()):
-            dec.fail(f"{where}: field 'inference_options' must hold numbers for exactly {sorted(keys)}")
+        newer = {"svi_particles", "svi_tol"}  # absent from states saved before they existed
+        if not keys <= set(opts) <= keys | newer or not all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) for v in opts.values()):
+            dec.fail(f"{where}: field 'inference_options' must hold numbers for {sorted(keys)} "
+                     f"(and optionally {sorted(newer)})")
         refit = dec.int_field(node, "refit_every", where, minimum=1, allow_none=True)
         m = build(dec, where, lambda: BayesianLinear(prior, noise_std, noise_prior, batch_shape=b, inference=method, dim=d,
                                                      refit_every=refit, inference_options=opts))
@@ -122,6 +128,7 @@ def _dec_linear(node: dict, dec: Decoder, where: str):
                 dec.fail(f"{where}: X {list(X.shape)} and y {list(y.shape)} must have shapes [*{list(b)}, n, {d}] and [*{list(b)}, n]")
             m._X, m._y = [X.clone()], [y.clone()]
         m._since_fit = dec.int_field(node, "since_fit", where)
+        m._fitted_count = max((0 if X is None else X.shape[-2]) - m._since_fit, 0)
         S = e.num_draws
         m._draws = dec.tensor(node.get("draws"), f"{where}.draws", shape=(S, *b, d), dtype=_F64, finite=True).clone()
         eng = dec.field(node, "engine", dict, where)
@@ -131,6 +138,12 @@ def _dec_linear(node: dict, dec: Decoder, where: str):
         e._noise_draws = dec.tensor(eng.get("noise_draws"), f"{where}.engine.noise_draws", shape=(S, *b), dtype=_F64,
                                     finite=True, optional=True)
         e.svi_losses = dec.tensor(eng.get("svi_losses"), f"{where}.engine.svi_losses", dtype=_F64, optional=True)
+        e.svi_converged = dec.tensor(eng.get("svi_converged"), f"{where}.engine.svi_converged", shape=b,
+                                     dtype=torch.bool, optional=True)
+        refs = eng.get("svi_draws") or {}  # absent from older states
+        if not isinstance(refs, dict):
+            dec.fail(f"{where}: field 'engine.svi_draws' must be a mapping of site names to tensors")
+        e._svi_draws = {k: dec.tensor(v, f"{where}.svi_draws.{k}", dtype=_F64) for k, v in refs.items()}
         for name in ("chains", "sample_stats"):
             refs = dec.field(eng, name, dict, where)
             setattr(e, f"_{name}", {k: dec.tensor(v, f"{where}.{name}.{k}") for k, v in refs.items()})
