@@ -210,3 +210,76 @@ def test_bad_priors_and_outcomes_are_refused_by_name():
     with pytest.raises(ValueError, match=r"y: expected finite values"):
         model.update(np.ones((2, 2)), np.array([1.0, float("nan")]))
     assert model.engine.n == 0
+
+
+# ------------------------------------------------------------------------------ slow: long NUTS references
+def _prior(kind: str, d: int):
+    if kind == "laplace":
+        return dist.Laplace(torch.tensor(0.0, dtype=F64), torch.tensor(0.5, dtype=F64)).expand([d]).to_event(1)
+    if kind == "student":
+        return dist.StudentT(torch.tensor(3.0, dtype=F64), 0.0, torch.tensor(0.7, dtype=F64)).expand([d]).to_event(1)
+    if kind == "horseshoe":
+        def horseshoe():
+            tau = pyro.sample("tau", dist.HalfCauchy(torch.tensor(1.0, dtype=F64)))
+            lam = pyro.sample("lam", dist.HalfCauchy(torch.ones(d, dtype=F64)).to_event(1))
+            return pyro.sample("w", dist.Normal(torch.zeros(d, dtype=F64), tau * lam).to_event(1))
+
+        return horseshoe
+
+    def hierarchical():
+        s = pyro.sample("s", dist.LogNormal(torch.tensor(0.0, dtype=F64), 0.5))
+        return pyro.sample("w", dist.Normal(torch.zeros(d, dtype=F64), s).expand([d]).to_event(1))
+
+    return hierarchical
+
+
+def _nuts_reference(prior, X, y, likelihood, seed=0, samples=3000):
+    from pyro.infer import MCMC, NUTS
+
+    X, y = torch.as_tensor(X), torch.as_tensor(y)
+
+    def model():
+        w = pyro.sample("w", prior) if isinstance(prior, dist.Distribution) else prior()
+        f = X @ w
+        if likelihood == "gaussian":
+            pyro.sample("y", dist.Normal(f, 0.5).to_event(1), obs=y)
+        elif likelihood == "probit":
+            pyro.sample("y", dist.Bernoulli(probs=torch.special.ndtr(f).clamp(1e-12, 1 - 1e-12)).to_event(1), obs=y)
+        else:
+            pyro.sample("y", dist.Bernoulli(logits=f).to_event(1), obs=y)
+
+    pyro.set_rng_seed(seed)
+    mcmc = MCMC(NUTS(model, target_accept_prob=0.9), num_samples=samples, warmup_steps=1000, disable_progbar=True)
+    mcmc.run()
+    return mcmc.get_samples()["w"].to(F64)  # every prior here samples the weights as the site "w"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind, likelihood, d", [
+    ("laplace", "gaussian", 4), ("student", "logistic", 4), ("horseshoe", "probit", 4), ("hierarchical", "logistic", 16),
+])
+def test_stationary_moments_match_a_long_nuts_run(kind, likelihood, d):
+    """n = 200: stationary means within 0.1 NUTS posterior sd, sds within 10 %, R-hat < 1.01 across 8 chains."""
+    rng = np.random.default_rng(7)
+    w_true = np.zeros(d)
+    w_true[:3] = [1.0, -0.5, 0.25]
+    if likelihood == "gaussian":
+        X, y = _gaussian_data(200, w_true, 0.5, seed=7)
+    else:
+        X, y = _binary_data(200, w_true, seed=7, link=likelihood)
+    del rng
+    prior = _prior(kind, d)
+    reference = _nuts_reference(prior, X, y, likelihood)
+    options = {"noise_std": 0.5} if likelihood == "gaussian" else {"likelihood": likelihood}
+    model = BayesianLinear(prior, dim=d, batch_shape=[8], inference="langevin", **options)
+    model.update(np.broadcast_to(X, (8, *X.shape)), np.broadcast_to(y, (8, 200)))
+    g = torch.Generator().manual_seed(1)
+    model.engine.fit(g)
+    steps = 12000 if kind == "horseshoe" else 4000  # MALA crosses the horseshoe's funnel slowly (Gibbs is its default)
+    model.engine.run(1000, g)
+    w = model.engine.weights(model.engine.run(steps, g))  # [S, 8, d]
+    sd = reference.std(0)
+    assert ((w.reshape(-1, d).mean(0) - reference.mean(0)).abs() / sd).max() < 0.1
+    assert ((w.reshape(-1, d).std(0) / sd) - 1).abs().max() < 0.1
+    rhat = az.rhat(az.convert_to_dataset({"w": w.permute(1, 0, 2).numpy()}))["w"].values
+    assert rhat.max() < 1.01

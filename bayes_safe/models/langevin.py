@@ -74,6 +74,7 @@ __all__ = ["LANGEVIN_OPTIONS", "LangevinLinearPosterior"]
 _DTYPE = torch.float64
 _NOISE_SITE = "noise_var"
 _TARGET_ACCEPT = 0.574
+_NAN_LIMIT = 10  # NaN proposals in a row of one chain that mean a broken prior, not a far-out proposal
 # keyword options of the engine (BayesianLinear's inference_options) and their minimum values
 LANGEVIN_OPTIONS = {"steps": 1, "burn_in": 0, "predict_steps": 1, "seed": 0}
 
@@ -176,6 +177,8 @@ class LangevinLinearPosterior:
         self._cache = None
         self._stale_cache = None
         self.accept_rate = torch.zeros(b, dtype=_DTYPE)  # mean acceptance probability since the last refresh
+        self.rejected_non_finite = torch.zeros(b, dtype=torch.long)  # proposals rejected for a non-finite density
+        self._nan_run = torch.zeros(b, dtype=torch.long)  # consecutive NaN proposals per chain
 
     def __getstate__(self) -> dict:
         """Copies (``copy.deepcopy``, pickling) drop the cached autograd graph; it is rebuilt on use."""
@@ -418,19 +421,32 @@ class LangevinLinearPosterior:
 
         proposal = theta + 0.5 * h[..., None] * drift(grad) + h.sqrt()[..., None] * (L @ xi[..., None])[..., 0]
         value_p, grad_p, w_p, graph_p = self._evaluate(proposal)
-        if bool(torch.isnan(value_p).any()) or bool(torch.isnan(grad_p).any()):
-            bad = torch.isnan(value_p) | torch.isnan(grad_p).any(-1)
-            where = bad.nonzero()[0].tolist()
-            raise FloatingPointError(
-                f"prior {_describe(self.prior)}: Langevin step {step_index} produced NaN in the log density or its "
-                f"gradient at the proposal (replication {where}, {self.n} observations); the model's state is left as "
-                "it was. Check the prior for operations undefined on part of its support, or use inference='nuts'")
+        # a proposal whose density or gradient is not finite (a scale under- or overflowing far out in
+        # a tail) is rejected, as Stan rejects a divergent one; NaN at the chain's own state, or NaN at
+        # _NAN_LIMIT proposals in a row of one chain, is a broken prior: an error
+        bad = ~(torch.isfinite(value_p) & torch.isfinite(grad_p).all(-1))
+        if bool(bad.any()):
+            self.rejected_non_finite = self.rejected_non_finite + bad.long()
+            nan = torch.isnan(value_p) | torch.isnan(grad_p).any(-1)
+            self._nan_run = torch.where(nan, self._nan_run + 1, torch.zeros_like(self._nan_run))
+            if bool((self._nan_run >= _NAN_LIMIT).any()):
+                where = (self._nan_run >= _NAN_LIMIT).reshape(-1).nonzero()[:, 0].tolist()
+                self._nan_run = torch.zeros_like(self._nan_run)
+                raise FloatingPointError(
+                    f"prior {_describe(self.prior)}: Langevin step {step_index} produced NaN in the log density or its "
+                    f"gradient at {_NAN_LIMIT} proposals in a row (replication {where[:5]}, {self.n} observations); "
+                    "the model's state is left as it was. Check the prior for operations undefined on part of its "
+                    "support, or use inference='nuts'")
+            value_p = torch.where(bad, torch.full_like(value_p, -math.inf), value_p)
+            grad_p = torch.where(bad[..., None], torch.zeros_like(grad_p), grad_p)
+        elif self._nan_run.any():
+            self._nan_run = torch.zeros_like(self._nan_run)
         back = theta - proposal - 0.5 * h[..., None] * drift(grad_p)
         back = torch.linalg.solve_triangular(L, back[..., None], upper=False)[..., 0]
         log_q_back = -0.5 * (back * back).sum(-1) / h
         log_q_fwd = -0.5 * (xi * xi).sum(-1)
         log_alpha = value_p - value + log_q_back - log_q_fwd
-        log_alpha = torch.where(torch.isfinite(value_p), log_alpha, torch.full_like(log_alpha, -math.inf))
+        log_alpha = torch.where(bad, torch.full_like(log_alpha, -math.inf), log_alpha)
         accept = torch.log(u) < log_alpha
         alpha = log_alpha.clamp(max=0.0).exp()
         theta = torch.where(accept[..., None], proposal, theta)
@@ -478,6 +494,15 @@ class LangevinLinearPosterior:
         else:
             self._cache = self._evaluate(self.theta)
         self._stale_cache = None
+        value, grad = self._cache[0], self._cache[1]
+        bad = torch.isnan(value) | torch.isnan(grad).any(-1)
+        if bool(bad.any()):
+            self._cache = None
+            where = bad.reshape(-1).nonzero()[:, 0].tolist()
+            raise FloatingPointError(
+                f"prior {_describe(self.prior)}: Langevin step 0 produced NaN in the log density or its gradient at the "
+                f"chain's current state (replication {where[:5]}, {self.n} observations); the model's state is left as "
+                "it was. Check the prior for operations undefined on part of its support, or use inference='nuts'")
         return self._cache
 
     def weights(self, theta: torch.Tensor | None = None) -> torch.Tensor:
