@@ -6,6 +6,8 @@ runs in well under a minute; tolerances are set from the posterior's own spread.
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pyro
 import pyro.distributions as dist
@@ -109,14 +111,18 @@ def test_svi_gaussian_matches_closed_form_mean(gaussian_problem):
     post.fit(X, y)
     assert post.draws.shape == (500, 3)
     assert post.chains == {} and post.sample_stats == {}
-    assert post.svi_losses.shape == (1000,)
+    # the convergence check stops the run before its budget: W = 50-step windows, then
+    # A = 250 averaging steps
+    steps = post.svi_losses.shape[0]
+    assert post.svi_converged.shape == () and bool(post.svi_converged)
+    assert 350 <= steps < 1000 and torch.isfinite(post.svi_losses).all()
     assert post.svi_losses[-100:].mean() < post.svi_losses[:100].mean()
     sd = cov.diagonal().sqrt()
-    # SVI's answer jitters with the last optimiser steps: across seeds the mean was within
-    # 0.1-0.45 posterior sd of the truth.
-    assert ((post.draws.mean(0) - mean).abs() / sd).max() < 0.75
+    # The posterior is Gaussian, so the guide can be exact: only Monte-Carlo error of the
+    # 500 draws (about 0.045 sd for a mean, 3 % for an sd) and of the averaged fit remain.
+    assert ((post.draws.mean(0) - mean).abs() / sd).max() < 0.2
     ratio = post.draws.std(0) / sd
-    assert ((ratio > 0.7) & (ratio < 1.4)).all()
+    assert ((ratio > 0.88) & (ratio < 1.12)).all()
 
 
 def test_horseshoe_callable_prior_shrinks_irrelevant_weights():
@@ -211,7 +217,12 @@ def test_batch_of_problems_fitted_separately():
     )
     post2.fit(X[:, None], y[:, None])
     assert post2.draws.shape == (50, 2, 1, 3)
-    assert post2.svi_losses.shape == (2, 1, 300)
+    assert post2.svi_losses.shape[:2] == (2, 1) and post2.svi_losses.shape[2] <= 300
+    assert post2.svi_converged.shape == (2, 1)
+    # a problem that stopped before the longest one is padded with NaN after its last step
+    steps = (~post2.svi_losses.isnan()).sum(-1)
+    assert steps.max() == post2.svi_losses.shape[2]
+    assert set(post2.svi_draws) == {"w"} and post2.svi_draws["w"].shape == (50, 2, 1, 3)
 
 
 @pytest.mark.parametrize("method", ["nuts", "svi"])
@@ -321,6 +332,17 @@ GOOD_PRIOR = dist.Normal(0.0, 1.0).expand([3]).to_event(1)
         ({"method": "mh"}, ValueError, "method"),
         ({"num_samples": 0}, ValueError, "num_samples"),
         ({"seed": -1}, ValueError, "seed"),
+        ({"progress": "yes"}, ValueError, "progress must be 'auto', True or False"),
+        ({"progress": 1}, ValueError, "progress must be 'auto', True or False"),
+        ({"parallel_chains": "sometimes"}, ValueError, "parallel_chains must be 'auto', True"),
+        ({"parallel_chains": None}, ValueError, "parallel_chains must be 'auto', True"),
+        ({"svi_particles": 0}, ValueError, "svi_particles must be an int >= 1"),
+        ({"svi_particles": 2.5}, ValueError, "svi_particles must be an int >= 1"),
+        ({"svi_tol": 0.0}, ValueError, r"svi_tol must be a number in \(0, 1\)"),
+        ({"svi_tol": 1.5}, ValueError, r"svi_tol must be a number in \(0, 1\)"),
+        ({"svi_tol": float("nan")}, ValueError, r"svi_tol must be a number in \(0, 1\)"),
+        ({"svi_tol": "1e-3"}, ValueError, r"svi_tol must be a number in \(0, 1\)"),
+        ({"svi_lr": -0.1}, ValueError, "svi_lr must be a positive finite number"),
     ],
 )
 def test_bad_construction(kwargs, error, match):
@@ -342,3 +364,209 @@ def test_bad_fit_shapes():
         post.fit(X, torch.zeros(2, 6))
     with pytest.raises(ValueError, match="finite"):
         post.fit(X, torch.full((2, 5), float("nan")))
+
+
+# ---------------------------------------------------------------------- NUTS: energy, progress, parallel chains
+def test_energy_is_the_hamiltonian_and_feeds_bfmi_and_plot_energy():
+    import arviz as az
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from bayes_safe.diagnostics import to_inference_data
+    from bayes_safe.models import BayesianLinear
+
+    X, y = simulate([1.0, -0.5, 0.0], 60, 0.5, seed=11)
+    m = BayesianLinear(dist.Laplace(0.0, 1.0).expand([3]).to_event(1), noise_std=0.5,
+                       inference="nuts",
+                       inference_options={"num_samples": 150, "warmup_steps": 100, "num_chains": 2,
+                                          "seed": 2, "parallel_chains": False})
+    m.update(X, y)
+    m.fit()
+    stats = m.engine.sample_stats
+    assert stats["energy"].shape == (2, 150) and stats["energy"].dtype == F64
+    # energy = U + K with U = -lp and K = |p|^2 / 2 >= 0. At stationarity the returned
+    # (q, p) follow exp(-H), so K ~ Gamma(D / 2, 1): mean D / 2 = 1.5 for D = 3 latent
+    # coordinates (sd 1.22; the mean of 300 autocorrelated draws is within about 0.15).
+    kinetic = stats["energy"] + stats["lp"]
+    assert (kinetic >= 0).all()
+    assert abs(kinetic.mean().item() - 1.5) < 0.45
+    assert kinetic.std().item() > 0.5  # a fresh momentum at every draw, not a constant
+
+    idata = to_inference_data(m)
+    assert idata.sample_stats["energy"].shape == (2, 150)
+    bfmi = az.bfmi(idata)
+    assert bfmi.shape == (2,) and (bfmi > 0.3).all()  # a well-behaved posterior: no warning
+    ax = az.plot_energy(idata)
+    assert ax is not None
+    plt.close("all")
+
+
+def _nuts(**kwargs):
+    X, y = simulate([0.5, -1.0], 30, 0.3, seed=5)
+    options = {"noise_std": 0.3, "num_samples": 40, "warmup_steps": 40, "seed": 9, **kwargs}
+    post = PyroLinearPosterior(dist.Laplace(0.0, 1.0).expand([2]).to_event(1), 2, **options)
+    post.fit(X, y)
+    return post
+
+
+def test_parallel_chains_give_the_sequential_draws():
+    from bayes_safe.models.pyro_inference import _usable_cores
+
+    if _usable_cores() < 2:
+        pytest.skip("one usable core: parallel_chains=True falls back to sequential")
+    # two problems x two chains = four chains, run in two worker processes
+    X, y = simulate([0.5, -1.0], 30, 0.3, seed=5)
+    X2, y2 = torch.stack([X, X[:, [1, 0]]]), torch.stack([y, y])
+    runs = {}
+    for parallel in (False, True):
+        post = PyroLinearPosterior(
+            dist.Laplace(0.0, 1.0).expand([2]).to_event(1), 2, noise_std=0.3, batch_shape=(2,),
+            num_samples=30, warmup_steps=30, num_chains=2, seed=9, parallel_chains=parallel,
+        )
+        post.fit(X2, y2)
+        runs[parallel] = post
+    assert runs[False].nuts_workers == 1 and runs[True].nuts_workers == 2
+    seq, par = runs[False], runs[True]
+    assert torch.equal(seq.draws, par.draws)
+    assert seq.chains.keys() == par.chains.keys() and seq.sample_stats.keys() == par.sample_stats.keys()
+    for k in seq.chains:
+        assert torch.equal(seq.chains[k], par.chains[k])
+    for k in seq.sample_stats:
+        assert torch.equal(seq.sample_stats[k], par.sample_stats[k])
+    # the chains differ from each other (own seeds), and the problems were not mixed up
+    assert not torch.equal(seq.chains["w"][0], seq.chains["w"][1])
+    assert (seq.draws.mean(0)[0] - seq.draws.mean(0)[1].flip(-1)).abs().max() < 0.2
+
+
+def test_parallel_chains_auto_and_fallbacks():
+    small = _nuts(num_chains=2)  # "auto": 160 iterations are far too few to pay for workers
+    assert small.nuts_workers == 1
+    # a prior that cannot be pickled falls back to sequential chains, with a warning
+    X, y = simulate([0.5, -1.0], 30, 0.3, seed=5)
+    post = PyroLinearPosterior(
+        lambda: pyro.sample("w", dist.Normal(torch.zeros(2), 1.0).to_event(1)), 2, noise_std=0.3,
+        num_samples=20, warmup_steps=20, num_chains=2, parallel_chains=True,
+    )
+    from bayes_safe.models.pyro_inference import _usable_cores
+
+    if _usable_cores() > 1:
+        with pytest.warns(RuntimeWarning, match="parallel_chains=True: .*cannot be pickled"):
+            post.fit(X, y)
+        assert post.nuts_workers == 1
+    # "auto" after a slow fit: the previous fit's time per iteration predicts this one's
+    post = _nuts(num_chains=2)
+    post._seconds_per_iteration = 1.0
+    workers, _ = post._plan(2)
+    assert workers == min(2, _usable_cores())
+
+
+def test_progress_bar_option(capsys, monkeypatch):
+    _nuts(progress=False)
+    assert capsys.readouterr().err == ""
+    _nuts(progress=True)
+    assert "Sample" in capsys.readouterr().err  # Pyro's tqdm bar: "Warmup" then "Sample"
+    _nuts()  # "auto": stderr is not a terminal here
+    assert capsys.readouterr().err == ""
+
+    post = _nuts()
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
+    post._seconds_per_iteration = 1e-4  # 80 iterations of 0.1 ms: no bar
+    assert post._plan(1)[1] is False
+    post._seconds_per_iteration = 0.1  # 8 s expected: bar
+    assert post._plan(1)[1] is True
+
+
+# ---------------------------------------------------------------------- SVI: sites, budget, state
+def test_svi_inference_data_keeps_every_latent_site():
+    from bayes_safe.diagnostics import to_inference_data
+    from bayes_safe.models import BayesianLinear
+
+    d = 3
+
+    def horseshoe():  # broadcasts over a leading dimension: vectorized particles
+        tau = pyro.sample("tau", dist.HalfCauchy(1.0))
+        lam = pyro.sample("lam", dist.HalfCauchy(torch.ones(d)).to_event(1))
+        return pyro.sample("w", dist.Normal(0.0, tau[..., None] * lam).to_event(1))
+
+    def horseshoe_scalar_code():  # tau * lam: [k] * [k, d] fails, particles one by one
+        tau = pyro.sample("tau", dist.HalfCauchy(1.0))
+        lam = pyro.sample("lam", dist.HalfCauchy(torch.ones(d)).to_event(1))
+        return pyro.sample("w", dist.Normal(0.0, tau * lam).to_event(1))
+
+    probe = PyroLinearPosterior(horseshoe_scalar_code, d, noise_std=1.0, method="svi")
+    assert probe._broadcasts() is False
+    assert PyroLinearPosterior(horseshoe, d, noise_std=1.0, method="svi")._broadcasts() is True
+
+    X, y = simulate([1.5, 0.0, 0.0], 40, 0.5, seed=4)
+    m = BayesianLinear(horseshoe, noise_prior=dist.InverseGamma(3.0, 1.0), dim=d, inference="svi",
+                       inference_options={"svi_steps": 160, "num_samples": 100, "seed": 1})
+    m.update(X, y)
+    m.fit()
+    draws = m.engine.svi_draws
+    assert set(draws) == {"tau", "lam", "w", "noise_var"}
+    assert draws["tau"].shape == (100,) and (draws["tau"] > 0).all()
+    assert draws["lam"].shape == (100, d) and (draws["lam"] > 0).all()
+    assert torch.equal(draws["w"], m.engine.draws)
+
+    idata = to_inference_data(m)
+    post = idata.posterior
+    assert {"tau", "lam", "w", "noise_var"} <= set(post.data_vars)
+    assert post["tau"].shape == (1, 100) and post["lam"].shape == (1, 100, d)
+    assert post["w"].shape == (1, 100, d)
+    np.testing.assert_array_equal(post["tau"].values[0], draws["tau"].numpy())
+
+
+def test_svi_budget_exhausted_is_recorded():
+    X, y = simulate([0.3, -0.7], 30, 0.2, seed=1)
+    prior = dist.Laplace(0.0, 1.0).expand([2]).to_event(1)
+    # 30 steps: W = 10-step windows and A = 20 averaging steps leave no room for the search
+    post = PyroLinearPosterior(prior, 2, noise_std=0.2, method="svi", svi_steps=30, num_samples=20)
+    post.fit(X, y)
+    assert post.svi_losses.shape == (30,) and not bool(post.svi_converged)
+    # a generous budget converges and stops early (W = 30, A = 150)
+    post = PyroLinearPosterior(prior, 2, noise_std=0.2, method="svi", svi_steps=600, num_samples=20)
+    post.fit(X, y)
+    assert bool(post.svi_converged) and 210 <= post.svi_losses.shape[0] < 600
+
+
+def test_svi_state_round_trip_and_older_states(tmp_path):
+    import json
+
+    from bayes_safe.diagnostics import to_inference_data
+    from bayes_safe.models import BayesianLinear
+    from bayes_safe.state import load_state, save_state
+
+    X, y = simulate([0.3, -0.7], 30, 0.2, seed=1)
+    m = BayesianLinear(dist.Laplace(0.0, 1.0).expand([2]).to_event(1), noise_prior=dist.InverseGamma(3.0, 1.0),
+                       inference="svi",
+                       inference_options={"svi_steps": 200, "svi_particles": 3, "svi_tol": 2e-3,
+                                          "num_samples": 30, "seed": 2})
+    m.update(X, y)
+    m.fit()
+    path = save_state(m, tmp_path / "svi")
+    back = load_state(path)
+    e, b = m.engine, back.engine
+    assert (b.svi_particles, b.svi_tol) == (3, 2e-3)
+    assert torch.equal(b.svi_converged, e.svi_converged)
+    assert b.svi_draws.keys() == e.svi_draws.keys() == {"w", "noise_var"}
+    for k in e.svi_draws:
+        assert torch.equal(b.svi_draws[k], e.svi_draws[k])
+
+    # a state saved before these fields existed still loads (defaults for the new options)
+    e._svi_draws, e.svi_converged = {}, None  # so that no tensor file entry refers to them
+    path = save_state(m, tmp_path / "old")
+    node = json.loads(path.read_text())
+    obj = node["object"]
+    for key in ("svi_particles", "svi_tol"):
+        del obj["inference_options"][key]
+    for key in ("svi_converged", "svi_draws"):
+        del obj["engine"][key]
+    path.write_text(json.dumps(node))
+    old = load_state(path)
+    assert old.engine.svi_particles == 8 and old.engine.svi_converged is None
+    assert old.engine.svi_draws == {}
+    assert torch.equal(old.engine.draws, e.draws)
+    idata = to_inference_data(old)  # falls back to the stored w and noise draws
+    assert set(idata.posterior.data_vars) == {"w", "noise_var"}
