@@ -404,7 +404,7 @@ def test_gibbs_models_run_under_inference_mode_and_after_it():
     assert not BayesianLinear(dist.Normal(0.0, 1.0).expand([2]).to_event(1), noise_std=0.5).needs_autograd
 
 
-def test_a_gibbs_model_learns_inside_simulate_shows_in_arviz_and_refuses_saving_by_name(tmp_path):
+def test_a_gibbs_model_learns_inside_simulate_shows_in_arviz_and_saves(tmp_path):
     from bayes_safe import ThompsonSampling
     from bayes_safe.diagnostics import to_inference_data
     from bayes_safe.envs import daulton2019
@@ -420,5 +420,7 @@ def test_a_gibbs_model_learns_inside_simulate_shows_in_arviz_and_refuses_saving_
     idata = to_inference_data(model, num_draws=50)
     assert idata.posterior["w"].shape[:2] == (1, 50)
     assert torch.equal(model.posterior_mean, before)  # the diagnostics ran on a copy of the chain
-    with pytest.raises(ValueError, match="Gibbs engine .* cannot be saved"):
-        save_state(model, tmp_path / "m")
+    from bayes_safe.state import load_state
+
+    save_state(model, tmp_path / "m")  # the chain resumes exactly: tests/test_chain_state.py
+    assert load_state(tmp_path / "m").engine_name == "gibbs"

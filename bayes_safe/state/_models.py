@@ -19,7 +19,7 @@ from ._priors import decode_distribution, decode_prior, encode_distribution, enc
 _F64 = torch.float64
 _LONG = torch.long
 
-SAVEABLE_MODELS = ("BayesianLinear (conjugate, Normal-Inverse-Gamma, NUTS, SVI), PerArmLinear, CTSPosterior, ProbitGP "
+SAVEABLE_MODELS = ("BayesianLinear (conjugate, Normal-Inverse-Gamma, Gibbs, Langevin, NUTS, SVI), PerArmLinear, CTSPosterior, ProbitGP "
                    "and its views SuccessProbability / ScaledOutcome, RidgeRewardModel, LogisticRewardModel, and "
                    "torch.nn modules built from Sequential, Linear and standard activations")
 
@@ -57,9 +57,8 @@ def _enc_linear(m, enc: Encoder, what: str) -> dict:
         return node
     e = m.engine
     if getattr(m, "engine_name", None) in ("gibbs", "langevin"):
-        raise ValueError(f"{what}: a BayesianLinear sampled by the {m.engine_name.capitalize()} engine ({type(m.prior).__name__} prior) cannot "
-                         "be saved yet (its chain state has no format); save the data and rebuild it, or use a "
-                         "Gaussian prior")
+        node.update(engine=m.engine_name, likelihood=m.likelihood, chain=_enc_chain(e, enc, f"{what}.chain"))
+        return node
     node.update(
         method=e.method, refit_every=m.refit_every,
         inference_options={"num_samples": e.num_samples, "warmup_steps": e.warmup_steps, "num_chains": e.num_chains,
@@ -77,6 +76,86 @@ def _enc_linear(m, enc: Encoder, what: str) -> dict:
                 "sample_stats": {k: enc.tensor(v, f"{what}.sample_stats.{k}") for k, v in e._sample_stats.items()}},
     )
     return node
+
+
+# the numbers of a Gibbs or Langevin chain: the data it has seen and its current state
+_CHAIN_COUNTERS = {"gibbs": ("n", "_n_at_draw"),
+                   "langevin": ("n", "_n_at_draw", "_n_at_refresh", "_adapt_count")}
+_CHAIN_OPTIONS = {"gibbs": ("sweeps", "burn_in", "predict_sweeps", "pg_terms", "seed"),
+                  "langevin": ("steps", "burn_in", "predict_steps", "seed")}
+
+
+def _chain_tensors(e, kind: str) -> dict:
+    """name -> tensor (or None) of a chain engine's state; the rows only up to ``n`` (0/1 likelihoods)."""
+    out = {"xtx": e._xtx, "xty": e._xty, "yty": e._yty,
+           "X": e._X[..., : e.n, :] if e.likelihood != "gaussian" else None,
+           "y": e._y[..., : e.n] if e.likelihood != "gaussian" else None}
+    if kind == "gibbs":
+        st = e.state
+        out.update(w=st.w, v=st.v, inv=st.inv, s2=st.s2, **{f"aux.{k}": v for k, v in st.aux.items()})
+    else:
+        out.update(theta=e.theta, log_step=e.log_step, factor=e.factor, accept_rate=e.accept_rate,
+                   rejected_non_finite=e.rejected_non_finite)
+    return out
+
+
+def _enc_chain(e, enc: Encoder, what: str) -> dict:
+    kind = e.method
+    return {
+        "options": {k: int(getattr(e, k)) for k in _CHAIN_OPTIONS[kind]},
+        "counters": {k.lstrip("_"): int(getattr(e, k)) for k in _CHAIN_COUNTERS[kind]},
+        "tensors": {k: enc.optional(v, f"{what}.{k}") for k, v in _chain_tensors(e, kind).items()},
+    }
+
+
+def _dec_chain(m, node: dict, dec: Decoder, where: str) -> None:
+    """Put a saved chain state into the freshly built engine ``m.engine``, checking every tensor
+    against the shape and dtype the engine holds (rows: ``[*b, n, d]`` / ``[*b, n]``)."""
+    e = m.engine
+    kind = e.method
+    counters = dec.field(node, "counters", dict, where)
+    names = {k.lstrip("_"): k for k in _CHAIN_COUNTERS[kind]}
+    if set(counters) != set(names):
+        dec.fail(f"{where}.counters: expected exactly {sorted(names)}, got {sorted(counters)}")
+    for name, attr in names.items():
+        setattr(e, attr, dec.int_field(counters, name, f"{where}.counters"))
+    refs = dec.field(node, "tensors", dict, where)
+    template = _chain_tensors(e, kind)
+    n, b, d = e.n, tuple(e.batch_shape), e.dim
+    if e.likelihood != "gaussian":
+        template["X"] = torch.zeros((*b, n, d), dtype=_F64)
+        template["y"] = torch.zeros((*b, n), dtype=_F64)
+    if set(refs) != set(template):
+        dec.fail(f"{where}.tensors: expected exactly {sorted(template)}, got {sorted(refs)}")
+    if kind == "gibbs":  # the scales and the noise variance come and go with the prior and the sweeps
+        optional = {"v": (*b, d), "inv": (*b, d), "s2": b}
+        for name, shape in optional.items():
+            template[name] = None if refs.get(name) is None else torch.zeros(shape, dtype=_F64)
+    values = {}
+    for name, like in template.items():
+        if like is None:
+            if refs[name] is not None:
+                dec.fail(f"{where}.tensors.{name}: this model keeps no {name!r}, the file has one")
+            values[name] = None
+            continue
+        finite = name not in ("log_step",)
+        values[name] = dec.tensor(refs[name], f"{where}.tensors.{name}", shape=tuple(like.shape), dtype=like.dtype,
+                                  finite=finite).clone()
+    e._xtx, e._xty, e._yty = values["xtx"], values["xty"], values["yty"]
+    if e.likelihood != "gaussian":
+        e._X, e._y = values["X"], values["y"]
+        if kind == "gibbs":
+            e._sign = 2.0 * e._y - 1.0
+            e._fixed = None
+    if kind == "gibbs":
+        st = e.state
+        st.w, st.v, st.inv, st.s2 = values["w"], values["v"], values["inv"], values["s2"]
+        st.aux = {k.split(".", 1)[1]: v for k, v in values.items() if k.startswith("aux.")}
+        e._scaled, e._fixed = None, None
+    else:
+        e.theta, e.log_step, e.factor = values["theta"], values["log_step"], values["factor"]
+        e.accept_rate, e.rejected_non_finite = values["accept_rate"], values["rejected_non_finite"]
+        e._cache = e._stale_cache = None
 
 
 def _dec_linear(node: dict, dec: Decoder, where: str):
@@ -104,6 +183,18 @@ def _dec_linear(node: dict, dec: Decoder, where: str):
         if noise_prior is not None:
             m._a, m._b0, m._sq = t("a", b), t("b0", b), t("sq", b)
         m._factor, m._dirty = None, None
+    elif "chain" in node:  # a Gibbs or Langevin chain (NUTS / SVI nodes have no "chain")
+        engine = dec.field(node, "engine", str, where)
+        if engine not in _CHAIN_OPTIONS:
+            dec.fail(f"{where}: field 'engine' must be 'gibbs' or 'langevin', got {engine!r}")
+        likelihood = dec.field(node, "likelihood", str, where)
+        chain = dec.field(node, "chain", dict, where)
+        opts = dec.field(chain, "options", dict, f"{where}.chain")
+        if set(opts) != set(_CHAIN_OPTIONS[engine]):
+            dec.fail(f"{where}.chain.options: expected exactly {sorted(_CHAIN_OPTIONS[engine])}, got {sorted(opts)}")
+        m = build(dec, where, lambda: BayesianLinear(prior, noise_std, noise_prior, batch_shape=b, inference=engine, dim=d,
+                                                     likelihood=likelihood, inference_options=opts))
+        _dec_chain(m, chain, dec, f"{where}.chain")
     else:
         method = dec.field(node, "method", str, where)
         if method not in ("nuts", "svi"):
