@@ -145,7 +145,7 @@ def test_a_nuts_or_svi_model_learns_by_default_at_doubling_data():
                        inference_options={"svi_steps": 50, "num_samples": 20})
     fits = []
     original = m.engine.fit
-    m.engine.fit = lambda X, y: (fits.append(X.shape[-2]), original(X, y))[1]
+    m.engine.fit = lambda X, y, **kw: (fits.append(X.shape[-2]), original(X, y, **kw))[1]
     for i in range(12):
         m.update(X[i], y[i])
         m.sample(torch.Generator().manual_seed(i))

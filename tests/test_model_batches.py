@@ -175,10 +175,6 @@ def test_pyro_posterior_directly_keeps_batch_elements_apart():
     assert not torch.equal(a.draws[:, 1], b.draws[:, 1])
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "PyroLinearPosterior seeds element r's fit from (seed, r) and draws the prior for the whole batch at "
-    "once, so replication r of a batched simulate is not its one-replication run (bayes_safe/models/"
-    "pyro_inference.py; reported, not fixed here)"))
 def test_pyro_batch_simulate_equals_separate_runs():
     T = 8
 

@@ -57,7 +57,7 @@ from .._validation import (
     check_positive_int,
     check_std,
 )
-from ..random import Generator, standard_gamma, standard_normal, standard_uniform
+from ..random import Generator, ReplicationRNG, standard_gamma, standard_normal, standard_uniform
 from ..threads import single_thread
 
 __all__ = ["BayesianLinear", "check_real_support", "gaussian_prior_parameters"]
@@ -118,10 +118,17 @@ def check_real_support(prior, name: str = "prior") -> None:
 
 def _cholesky(matrix: torch.Tensor) -> torch.Tensor:
     """Cholesky factor with escalating jitter if a matrix is numerically not positive definite."""
-    try:
-        return torch.linalg.cholesky(matrix)  # raises on failure: no extra check op on the hot path
-    except torch.linalg.LinAlgError:
-        pass
+    if matrix.shape[:-2].numel() == 1:
+        # one matrix: reading the flag of cholesky_ex is cheaper than cholesky's own check (measured
+        # 2.1 us vs 3.5 us for 4 x 4); the same factor
+        factor, info = torch.linalg.cholesky_ex(matrix)
+        if not info.item():
+            return factor
+    else:
+        try:
+            return torch.linalg.cholesky(matrix)  # raises on failure: no extra check op on the hot path
+        except torch.linalg.LinAlgError:
+            pass
     eye = torch.eye(matrix.shape[-1], dtype=matrix.dtype)
     scale = matrix.diagonal(dim1=-2, dim2=-1).abs().mean().clamp_min(1.0)
     for jitter in (1e-10, 1e-8, 1e-6, 1e-4):
@@ -385,7 +392,8 @@ class BayesianLinear:
             self._y: list[torch.Tensor] = []
             self._since_fit = 0
             self._fitted_count = 0  # observations in the stored draws
-            self._draws = self.engine.prior_draws(self.engine.num_samples)
+            # one set of prior draws shared by the batch, so that replication r has a one-replication run's
+            self._draws = self.engine.prior_draws(self.engine.num_samples, shared=True)
 
     # ------------------------------------------------------------------ input handling
     def _rows(self, X, y) -> tuple[torch.Tensor, torch.Tensor, bool]:
@@ -491,6 +499,9 @@ class BayesianLinear:
     def fit(self) -> None:
         """Refit a non-conjugate posterior on all data so far (conjugate models are always exact;
         the Gibbs engine runs ``burn_in`` sweeps from its current state)."""
+        self._fit()
+
+    def _fit(self, seeds=None) -> None:
         if self.conjugate:
             return
         if self._chain_engine:
@@ -503,7 +514,7 @@ class BayesianLinear:
         y = torch.cat(self._y, dim=-1)
         self._X, self._y = [X], [y]
         with single_thread():  # small-model fits ran 10-20x slower with 2 threads on a loaded machine
-            self.engine.fit(X, y)
+            self.engine.fit(X, y, seeds=seeds)
         self._draws = self.engine.draws
         self._since_fit = 0
         self._fitted_count = X.shape[-2]
@@ -548,8 +559,52 @@ class BayesianLinear:
                 self._factor = self._factor.reshape(-1, d, d).index_copy(0, idx, sub).reshape(self._factor.shape)
                 self._u = self._u.reshape(-1, d, 1).index_copy(0, idx, u_sub).reshape(self._u.shape)
             return
+        if self._count == 0 and self._masked_count is None and self._factorize_shared():
+            return
         self._factor = _cholesky(self.precision)
         self._u = torch.linalg.solve_triangular(self._factor, self.eta[..., None], upper=False)
+
+    def _factorize_shared(self) -> bool:
+        """Before any observation, when every batch element holds the same prior (a prior without
+        batch dimensions): factor one element and copy it to all, True; else False.
+
+        A batched Cholesky factors each matrix on its own, so this is bit for bit the batched
+        factor, at the cost of one comparison pass instead of ``R`` factorisations (issue 20:
+        0.2 to 0.7 s of the first step at R = 10,000, d = 64).
+        """
+        if len(self.batch_shape) == 0 or self.batch_shape.numel() < 2:
+            return False
+        d = self.dim
+        precision, eta = self.precision.reshape(-1, d, d), self.eta.reshape(-1, d)
+        if not (torch.equal(precision, precision[:1].expand_as(precision)) and torch.equal(eta, eta[:1].expand_as(eta))):
+            return False
+        factor = _cholesky(precision[:1])
+        u = torch.linalg.solve_triangular(factor, eta[:1, :, None], upper=False)
+        # expanded views (stride 0 over the batch), not R copies: at R = 10,000, d = 64 a copy is
+        # 328 MB written before the first draw; _solve_upper solves against them in chunks
+        self._factor = factor[0].expand(*self.batch_shape, d, d)
+        self._u = u[0].expand(*self.batch_shape, d, 1)
+        return True
+
+    def _solve_upper(self, rhs: torch.Tensor) -> torch.Tensor:
+        """``L^-T rhs`` for ``rhs [*batch, d, 1]``: the draw's triangular solve.
+
+        A factor shared by the whole batch (``_factorize_shared``, an expanded view) is solved
+        against in chunks of at most 2^20 numbers of materialised factor, instead of letting the
+        solver copy it ``R`` times at once; each matrix is still solved on its own, so the numbers
+        are those of the dense batched solve.
+        """
+        L = self._factor
+        if L.dim() < 3 or L.stride(0) != 0 or rhs.dim() != 3:
+            return torch.linalg.solve_triangular(L.mT, rhs, upper=True)
+        R, d = rhs.shape[0], self.dim
+        step = max(1, min(R, (1 << 20) // (d * d)))
+        dense = L[:step].contiguous()
+        out = torch.empty(rhs.shape, dtype=rhs.dtype)
+        for start in range(0, R, step):
+            n = min(step, R - start)
+            out[start:start + n] = torch.linalg.solve_triangular(dense[:n].mT, rhs[start:start + n], upper=True)
+        return out
 
     @property
     def factor(self) -> torch.Tensor:
@@ -583,7 +638,7 @@ class BayesianLinear:
         z = standard_normal(self._column_shape, generator, key=key)  # [*batch, d, 1]
         if self._stale():
             self._factorize()
-        w = torch.linalg.solve_triangular(self._factor.mT, self._u + z, upper=True)
+        w = self._solve_upper(self._u + z)
         scores = (w.mT @ features_t)[..., 0, :]  # [*batch, K]
         if valid is not None:
             scores = scores.masked_fill(~valid, float("-inf"))
@@ -687,10 +742,10 @@ class BayesianLinear:
                 a, b = self._noise_posterior()
                 s2 = b / standard_gamma(a, generator, key=key + "/noise")
                 z = z * s2.sqrt()[..., None, None]
-            return torch.linalg.solve_triangular(self._factor.mT, self._u + z, upper=True)[..., 0]
+            return self._solve_upper(self._u + z)[..., 0]
         if self._chain_engine:
             return self.engine.draw(generator, key)
-        self._refit_if_due()
+        self._refit_if_due(generator, key)
         shape = self._sample_shape
         S = self._draws.shape[0]
         idx = (standard_uniform(self.batch_shape, generator, key=key) * S).long().clamp_max(S - 1)
@@ -712,9 +767,16 @@ class BayesianLinear:
 
         return lanewise(_LINKS[self.likelihood], f)
 
-    def _refit_if_due(self) -> None:
-        if self._refit_due():
-            self.fit()
+    def _refit_if_due(self, generator: Generator = None, key: str = "weights") -> None:
+        """Refit when the schedule says so. With a ``ReplicationRNG`` each batch element's fit is
+        seeded from its own stream, so replication r of a batch refits as its one-replication run."""
+        if not self._refit_due():
+            return
+        seeds = None
+        if isinstance(generator, ReplicationRNG):
+            u = standard_uniform(self.batch_shape, generator, key=key + "/refit").reshape(-1)
+            seeds = (u * 2**31).long().tolist()
+        self._fit(seeds)
 
     def __repr__(self) -> str:
         noise = f"noise_std={self.noise_std}" if self.noise_std is not None else "noise_prior=InverseGamma"

@@ -553,8 +553,8 @@ class PyroLinearPosterior:
         return torch.stack(out)
 
     # ------------------------------------------------------------------ prior draws
-    def _sample_prior(self, num_samples: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        total = num_samples * self.batch_shape.numel()
+    def _sample_prior(self, num_samples: int, shared: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        total = num_samples * (1 if shared else self.batch_shape.numel())
         with _seeded(_child_seed(self.seed, _PRIOR_STREAM, num_samples)), torch.no_grad():
             if self._prior_dist is not None:
                 w = self._prior_dist.sample((total,)).to(_DTYPE)
@@ -563,18 +563,27 @@ class PyroLinearPosterior:
             noise = None
             if self.noise_prior is not None:
                 noise = self.noise_prior.sample((total,)).to(_DTYPE)
+        if shared:
+            w = w.reshape(num_samples, *([1] * len(self.batch_shape)), self.dim).expand(
+                num_samples, *self.batch_shape, self.dim).clone()
+            if noise is not None:
+                noise = noise.reshape(num_samples, *([1] * len(self.batch_shape))).expand(
+                    num_samples, *self.batch_shape).clone()
+            return w, noise
         w = w.reshape(num_samples, *self.batch_shape, self.dim)
         if noise is not None:
             noise = noise.reshape(num_samples, *self.batch_shape)
         return w, noise
 
-    def prior_draws(self, num_samples: int) -> torch.Tensor:
+    def prior_draws(self, num_samples: int, shared: bool = False) -> torch.Tensor:
         """``[num_samples, *batch_shape, d]`` float64 draws of ``w`` from the prior.
 
         Reproducible: the same ``seed`` and ``num_samples`` give the same draws. A callable
-        prior is called ``num_samples * prod(batch_shape)`` times.
+        prior is called ``num_samples * prod(batch_shape)`` times (``num_samples`` times with
+        ``shared=True``, which gives every batch element the same draws, so that element ``r``
+        of a batch has the draws of a one-element engine).
         """
-        return self._sample_prior(_positive_int("num_samples", num_samples))[0]
+        return self._sample_prior(_positive_int("num_samples", num_samples), shared)[0]
 
     @property
     def num_draws(self) -> int:
@@ -582,12 +591,17 @@ class PyroLinearPosterior:
         return self.num_samples * (self.num_chains if self.method == "nuts" else 1)
 
     # ------------------------------------------------------------------ fitting
-    def fit(self, X: torch.Tensor, y: torch.Tensor) -> None:
+    def fit(self, X: torch.Tensor, y: torch.Tensor, seeds=None) -> None:
         """Fit the posterior on all the data, from scratch, and store its draws.
 
         Args:
             X: ``[*batch_shape, n, d]`` design matrices (cast to float64).
             y: ``[*batch_shape, n]`` responses (cast to float64).
+            seeds: optional ``prod(batch_shape)`` non-negative ints, one per batch element (flat,
+                row-major): element ``r``'s chains and SVI run are seeded from ``seeds[r]`` alone
+                instead of ``(seed, r)``, so an element fitted in a batch equals the same element
+                fitted alone with the same seed (``BayesianLinear`` derives them from a
+                ``ReplicationRNG``'s streams).
 
         Costs ``prod(batch_shape)`` single fits (see the class docstring).
         """
@@ -606,6 +620,12 @@ class PyroLinearPosterior:
         if not (torch.isfinite(X).all() and torch.isfinite(y).all()):
             raise ValueError("X and y must be finite")
 
+        if seeds is not None:
+            seeds = [int(v) for v in seeds]
+            if len(seeds) != self.batch_shape.numel() or any(v < 0 for v in seeds):
+                raise ValueError(f"seeds: expected {self.batch_shape.numel()} non-negative ints (one per batch "
+                                 f"element), got {seeds!r}")
+        self._element_seeds = seeds
         start = time.perf_counter()
         Xf = X.reshape(self.batch_shape.numel(), *X.shape[-2:])  # [R, n, d]
         yf = y.reshape(self.batch_shape.numel(), y.shape[-1])  # [R, n]
@@ -616,6 +636,13 @@ class PyroLinearPosterior:
         self._store(runs)
         self.fit_seconds = time.perf_counter() - start
         self.fitted = True
+
+    def _fit_seed(self, index: int, chain: int) -> int:
+        """The seed of chain ``chain`` (SVI: 0) of batch element ``index``."""
+        seeds = getattr(self, "_element_seeds", None)
+        if seeds is not None:
+            return _child_seed(seeds[index], _FIT_STREAM, 0, chain)
+        return _child_seed(self.seed, _FIT_STREAM, index, chain)
 
     # ------------------------------------------------------------------ NUTS
     def _expected_seconds(self, iterations: int) -> float:
@@ -716,7 +743,7 @@ class PyroLinearPosterior:
         """One NUTS chain of problem ``index``. Returns ``(latents name -> [D, ...], stats
         name -> [D], w [D, d], seconds)``; ``latents`` includes ``"w"``."""
         start = time.perf_counter()
-        with _seeded(_child_seed(self.seed, _FIT_STREAM, index, chain)):
+        with _seeded(self._fit_seed(index, chain)):
             kernel = _EnergyNUTS(self._model, init_strategy=_float64_init(init_to_uniform))
             recorder = _NutsRecorder()
             mcmc = MCMC(
@@ -738,7 +765,7 @@ class PyroLinearPosterior:
     def _fit_svi(self, X, y, index):
         """Returns ``(latents name -> [S, ...], ELBO losses [T], w [S, d], converged)``."""
         vectorize = self._broadcasts()
-        with _seeded(_child_seed(self.seed, _FIT_STREAM, index, 0)), pyro.get_param_store().scope():
+        with _seeded(self._fit_seed(index, 0)), pyro.get_param_store().scope():
             pyro.clear_param_store()
             guide = AutoMultivariateNormal(self._model, init_loc_fn=_float64_init(init_to_median))
             guide(X, y)  # creates the guide's parameters
