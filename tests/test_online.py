@@ -288,3 +288,165 @@ def test_another_alpha_is_evaluated_off_policy_from_the_log(tmp_path):
     w = (probs[torch.arange(1500), data.actions] / data.propensities).numpy()
     se = float(np.std(w * data.rewards.numpy()) / np.sqrt(1500))
     assert abs(estimate - truth) < 3 * se + 0.01 and abs(ips(probs, data) - truth) < 3 * se + 0.01
+
+
+# ---------------------------------------------------------------------------------- the log and the snapshot
+def _logged_decider(path, n=6, feedback=3, seed=0):
+    decider = Decider(TSASC(_model(), [_model()], alpha=0.2), update_every=1, num_draws=50, seed=seed, log=path)
+    ds = [decider.decide(np.eye(3), baseline=0) for _ in range(n)]
+    for d in ds[:feedback]:
+        decider.feedback(d.decision_id, 1.0, [1.0])
+    return decider
+
+
+def _copy_log(src: DecisionLog, dst):
+    """A consistent copy of a live log (SQLite's backup API), as a backup tool would make it."""
+    import sqlite3
+
+    with sqlite3.connect(dst) as out:
+        src._db.backup(out)
+    return dst
+
+
+def _fingerprint(tmp_path, log_path):
+    """What loading must not change: the log's rows and every file of the state directory."""
+    import sqlite3
+
+    with sqlite3.connect(log_path) as db:
+        rows = (db.execute("SELECT * FROM decisions ORDER BY decision_id").fetchall(),
+                db.execute("SELECT * FROM feedback ORDER BY decision_id").fetchall())
+    files = {p: p.read_bytes() for p in sorted((tmp_path / "state").rglob("*")) if p.is_file()}
+    return rows, files
+
+
+def _refused(tmp_path, log_path, match):
+    before = _fingerprint(tmp_path, log_path)
+    with pytest.raises(StateError, match=match) as exc:
+        Decider.load(tmp_path / "state", log=log_path)
+    message = str(exc.value)
+    assert message.startswith(f"{log_path}: not the decision log of the state {tmp_path / 'state' / 'decider.json'}")
+    assert _fingerprint(tmp_path, log_path) == before  # nothing was applied, written or replayed
+    return message
+
+
+def test_a_log_of_another_decider_is_refused_naming_both(tmp_path):
+    ours = _logged_decider(tmp_path / "ours.sqlite")
+    ours.save(tmp_path / "state")
+    theirs = _logged_decider(tmp_path / "theirs.sqlite", seed=1)  # same counters, another Decider
+    theirs.log.close()
+    message = _refused(tmp_path, tmp_path / "theirs.sqlite", "the log of another Decider")
+    assert ours.decider_id in message and theirs.decider_id in message
+    back = Decider.load(tmp_path / "state", log=tmp_path / "ours.sqlite")  # its own log loads
+    assert back.replayed == {"decisions": 0, "feedback": 0} and sorted(back.pending) == ["3", "4", "5"]
+
+
+def test_a_log_older_than_the_snapshot_is_refused(tmp_path):
+    live = _logged_decider(tmp_path / "log.sqlite", n=4, feedback=2)
+    _copy_log(live.log, tmp_path / "backup.sqlite")  # the log as it was at 4 decisions, 2 feedback
+    live.decide(np.eye(3), baseline=0)
+    live.save(tmp_path / "state")
+    message = _refused(tmp_path, tmp_path / "backup.sqlite", "older than the snapshot")
+    assert "ids up to 4 but the log's last is 3" in message
+    # the same counters, but the snapshot applied feedback the older log has not got
+    live.feedback("2", 0.5, [1.0])
+    live.save(tmp_path / "state")
+    _copy_log(live.log, tmp_path / "backup2.sqlite")
+    live.feedback("3", 0.5, [1.0])
+    live.save(tmp_path / "state")
+    assert "applied feedback for decision(s) ['3']" in _refused(tmp_path, tmp_path / "backup2.sqlite", "older")
+
+
+def test_log_ids_past_the_counter_that_a_crash_cannot_explain_are_refused(tmp_path):
+    live = _logged_decider(tmp_path / "log.sqlite", n=4, feedback=0)
+    live.save(tmp_path / "state")
+    live.decide(np.eye(3), baseline=0)  # '4': after the snapshot, as before a crash: fine
+    live.log.write_decision("9", 0, 0.5, 0.1, 0, np.eye(3).ravel(), [0.5, 0.25, 0.25], 0)  # '5' to '8' missing
+    message = _refused(tmp_path, tmp_path / "log.sqlite", "past the state's counter 4")
+    assert "2 decisions past the state's counter 4 with ids up to 9" in message
+
+
+def test_foreign_ids_feedback_without_decisions_and_changed_actions_are_refused(tmp_path):
+    live = _logged_decider(tmp_path / "log.sqlite", n=3, feedback=1)
+    live.save(tmp_path / "state")
+    log = live.log
+    log.write_decision("user-7", 0, 0.5, 0.1, 0, np.eye(3).ravel(), [0.5, 0.25, 0.25], 0)
+    _refused(tmp_path, tmp_path / "log.sqlite", "1 of its decision ids were not issued by a Decider")
+    log._db.execute("DELETE FROM decisions WHERE decision_id = 'user-7'")
+    log.write_feedback("7", 1.0, [1.0])
+    _refused(tmp_path, tmp_path / "log.sqlite", r"feedback for decision\(s\) \['7'\] but not the decisions")
+    log._db.execute("DELETE FROM feedback WHERE decision_id = '7'")
+    pending_action = live.pending["2"]["action"]
+    log._db.execute("UPDATE decisions SET action = ? WHERE decision_id = '2'", ((pending_action + 1) % 3,))
+    _refused(tmp_path, tmp_path / "log.sqlite", f"decision '2' played action {pending_action} in the state")
+
+
+def test_a_new_decider_refuses_a_log_that_already_has_decisions(tmp_path):
+    _logged_decider(tmp_path / "log.sqlite").log.close()
+    with pytest.raises(StateError, match="another Decider"):
+        Decider(ThompsonSampling(_model()), log=tmp_path / "log.sqlite")
+    legacy = DecisionLog(tmp_path / "legacy.sqlite")  # rows written without a Decider: no owner recorded
+    legacy.write_decision("0", 0, 1.0, 0.0, 0, [1.0, 0.0], [1.0, 0.0])
+    with pytest.raises(StateError, match="already holds 1 decisions; a new Decider starts at id '0'"):
+        Decider(ThompsonSampling(_model()), log=legacy)
+
+
+def test_a_state_saved_without_a_log_starts_a_new_one_at_its_counter(tmp_path):
+    """A fresh log for a state that has decided before (log rotation): its feedback still counts."""
+    decider = Decider(TSASC(_model(), [_model()], alpha=0.2), num_draws=50, seed=0)
+    ds = [decider.decide(np.eye(3), baseline=0) for _ in range(3)]
+    decider.save(tmp_path / "state")
+    back = Decider.load(tmp_path / "state", log=tmp_path / "new.sqlite")
+    assert back.log.identity() == {"decider_id": decider.decider_id, "first_id": 3}
+    assert back.feedback(ds[0].decision_id, 1.0, [1.0]) and back.decide(np.eye(3), baseline=0).decision_id == "3"
+    back.save(tmp_path / "state")
+    again = Decider.load(tmp_path / "state", log=tmp_path / "new.sqlite")  # feedback for '0' (before the log): fine
+    assert again.replayed == {"decisions": 0, "feedback": 0} and sorted(again.pending) == ["1", "2", "3"]
+
+
+def test_a_deterministic_policy_decides_with_propensity_one(tmp_path):
+    decider = Decider(Greedy(_model()), log=tmp_path / "log.sqlite")
+    d = decider.decide(np.eye(3))
+    assert d.propensity == 1.0 and d.propensity_se == 0.0 and sorted(d.probabilities) == [0.0, 0.0, 1.0]
+    assert decider.log.to_dataframe()["propensity"].tolist() == [1.0]
+
+
+def test_replaying_the_same_snapshot_and_log_gives_the_same_next_decisions(tmp_path):
+    """After a crash the random stream is reseeded from (seed, counter): recovery is reproducible,
+    and does not repeat the draws of the decisions the snapshot did not hold."""
+    live = _logged_decider(tmp_path / "log.sqlite", n=3, feedback=1)
+    live.save(tmp_path / "state")
+    lost = [live.decide(np.eye(3) * (i + 1), baseline=0).probabilities for i in range(4)]  # then a crash
+    backs = [Decider.load(tmp_path / "state", log=_copy_log(live.log, tmp_path / f"copy{i}.sqlite")) for i in range(2)]
+    assert backs[0].replayed == backs[1].replayed == {"decisions": 4, "feedback": 0}
+    nexts = [[b.decide(np.eye(3) * (i + 1), baseline=0) for i in range(4)] for b in backs]
+    assert [d.probabilities for d in nexts[0]] == [d.probabilities for d in nexts[1]]
+    assert [d.decision_id for d in nexts[0]] == ["7", "8", "9", "10"]
+    assert [d.probabilities for d in nexts[0]] != lost
+
+
+def test_tuning_alpha_from_a_log_checks_its_inputs_first(tmp_path):
+    from bayes_safe.online.tuning import LoggedAlpha
+
+    with pytest.raises(FileNotFoundError, match="log: no such decision log"):
+        LoggedAlpha(tmp_path / "missing.sqlite", tmp_path / "state")
+    ts = Decider(ThompsonSampling(_model()), log=tmp_path / "ts.sqlite")
+    d = ts.decide(np.eye(3))
+    ts.feedback(d.decision_id, 1.0)
+    ts.save(tmp_path / "ts-state")
+    with pytest.raises(ValueError, match="holds a ThompsonSampling, not TS-ASC"):
+        LoggedAlpha(tmp_path / "ts.sqlite", tmp_path / "ts-state")
+    live = _logged_decider(tmp_path / "log.sqlite", n=4, feedback=4)
+    live.save(tmp_path / "state")
+    problem = LoggedAlpha(tmp_path / "log.sqlite", tmp_path / "state", num_draws=20, n_boot=10)
+    assert problem.metric_names() == ("reward", "constraint0_ratio")
+    assert problem.outcome_constraints == ("constraint0_ratio >= 0.9",)
+    estimate = problem.estimate({"alpha": 0.1}, seed=0)
+    assert estimate["reward"][0] == pytest.approx(1.0) and estimate["constraint0_ratio"][0] == pytest.approx(1.0)
+
+
+def test_a_read_only_log_loads_for_inspection(tmp_path):
+    live = _logged_decider(tmp_path / "log.sqlite", n=5, feedback=2)
+    live.save(tmp_path / "state")
+    live.feedback("2", 0.0, [1.0])  # after the snapshot
+    back = Decider.load(tmp_path / "state", log=DecisionLog(tmp_path / "log.sqlite", read_only=True))
+    assert back.replayed == {"decisions": 0, "feedback": 1} and back.model_version == live.model_version

@@ -31,7 +31,7 @@ pytest.importorskip("uvicorn")
 
 from bayes_safe import TSASC, BayesianLinear
 from bayes_safe.cli import main
-from bayes_safe.offline import cross_fit_rewards, doubly_robust, ips
+from bayes_safe.offline import cross_fit_rewards, doubly_robust, ips, snips
 from bayes_safe.online import Decider, DecisionLog
 from bayes_safe.online.serve import recover
 
@@ -189,6 +189,60 @@ def _loop(tmp_path: Path, started, n: int, delay: int = 25):
     q = cross_fit_rewards(data, folds=2, seed=0)
     assert abs(doubly_robust(uniform, data, q) - truth) < 4 * se + 0.01
 
+    # another alpha off-policy: TS-ASC(alpha = 0) on the served posterior, by IPS and DR from the log,
+    # and IPS agreeing with obp's IPW (its formula, on to_obp(): obp 0.5.7 does not install on Python 3.11)
+    log = DecisionLog(log_path)
+    strict = TSASC(decider.policy.reward_model, decider.policy.constraint_models, alpha=0.0)
+    probs = log.target_probabilities(strict, num_draws=200, seed=0)
+    assert probs.shape == (len(data), 3) and torch.allclose(probs.sum(-1), torch.ones(len(data), dtype=F64))
+    strict_ips = ips(probs, data)
+    assert abs(strict_ips - _obp_ipw(log.to_obp(), probs.numpy()[:, :, None])) < 1e-6
+    w = (probs[torch.arange(len(data)), data.actions] / data.propensities.double()).numpy()
+    se = float(np.std(w * data.rewards.numpy()) / np.sqrt(len(data)))
+    strict_truth = float(probs.mean(0).numpy() @ RATES)  # the candidates never change: the value of its mix
+    assert abs(strict_ips - strict_truth) < 4 * se + 0.02
+    assert abs(doubly_robust(probs, data, q) - strict_truth) < 4 * se + 0.02
+    log.close()
+
+    # and a 6-trial tuning study from the same log, on the command line
+    study = tmp_path / "study"
+    run = subprocess.run([sys.executable, "-m", "bayes_safe.cli", "tune", "logged-data", "--source", str(log_path),
+                          "--method", "ips", "--trials", "6", "--epochs", "2", "--out", str(study), "--no-progress"],
+                         capture_output=True, text=True, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=600,
+                         check=False)
+    assert run.returncode == 0 and "Traceback" not in run.stderr, run.stderr
+    trials = (study / "trials.csv").read_text().splitlines()
+    assert len(trials) == 1 + 6 and all(",COMPLETED," in t for t in trials[1:])
+    best = json.loads((study / "best.json").read_text())
+    assert set(best["parameters"]) == {"lr"} and 0 <= best["observed"]["reward"][0] <= 1
+
+    # the served policy's alpha itself, tuned from the same log with a 6-trial study (Python API)
+    from bayes_safe.online.tuning import LoggedAlpha
+    from bayes_safe.tuning import ABTest, Study
+
+    problem = LoggedAlpha(log_path, state, num_draws=50, n_boot=50)
+    tuned = Study(ABTest(problem, replicates=1), storage=tmp_path / "alpha.sqlite", seed=0)
+    assert tuned.run(6, inline=True)["trials_completed"] == 6
+    observed = tuned.observed()
+    alphas = [tuned.experiment.trials[i].arm.parameters["alpha"] for i in range(6)]
+    assert len(observed) == 6 and all(0 <= a <= 0.5 for a in alphas)
+    assert all(0.5 < observed[i]["constraint0_ratio"][0] < 1.5 for i in range(6))
+    # a trial's estimate is the same SNIPS as by hand on the log
+    same = DecisionLog(log_path).target_probabilities(
+        TSASC(problem.policy.reward_model, problem.policy.constraint_models, alpha=alphas[0]), num_draws=50,
+        seed=tuned.trial_seed(0))
+    assert observed[0]["reward"][0] == pytest.approx(snips(same, data), abs=1e-6)
+
+
+def _obp_ipw(feedback: dict, action_dist: np.ndarray, lambda_: float = np.inf) -> float:
+    """obp's ``InverseProbabilityWeighting(lambda_).estimate_policy_value`` written out: the mean of
+    ``reward * min(action_dist[i, action_i, position_i] / pscore_i, lambda_)`` over the rounds of its
+    ``bandit_feedback`` dictionary, with ``action_dist`` ``[n_rounds, n_actions, len_list]``."""
+    n = feedback["n_rounds"]
+    assert action_dist.shape[:2] == (n, feedback["n_actions"]) and np.allclose(action_dist.sum(1), 1)
+    weights = action_dist[np.arange(n), feedback["action"], feedback["position"]] / feedback["pscore"]
+    return float(np.mean(feedback["reward"] * np.minimum(weights, lambda_)))
+
 
 def test_the_whole_loop_with_a_kill_and_a_restart(tmp_path, started):
     _loop(tmp_path, started, 300)
@@ -309,12 +363,16 @@ def test_recover_after_a_snapshot_matches_the_process_that_died(tmp_path):
     ds += [live.decide(np.eye(3), baseline=0) for _ in range(6)]
     for d in ds[4:13]:
         live.feedback(d.decision_id, *_outcome(d.action, rng))
-    back = Decider.load(tmp_path / "state", log=log)
-    assert recover(back) == {"decisions": 6, "feedback": 9}
+    back = Decider.load(tmp_path / "state", log=log)  # checks the log, then replays it
+    assert back.replayed == {"decisions": 6, "feedback": 9}
     assert (back.next_id, back.model_version, back.pending, back.queued) == \
         (live.next_id, live.model_version, live.pending, live.queued)
     torch.testing.assert_close(back.policy.reward_model.posterior_mean, live.policy.reward_model.posterior_mean)
-    assert recover(back) == {"decisions": 0, "feedback": 0}  # nothing is applied twice
+    assert back.replay() == {"decisions": 0, "feedback": 0} == recover(back)  # nothing is applied twice
+    # the public replay on a Decider loaded without its log: the same state, the log adopted
+    again = Decider.load(tmp_path / "state")
+    assert again.log is None and again.replay(log) == {"decisions": 6, "feedback": 9} and again.log is log
+    torch.testing.assert_close(again.policy.reward_model.posterior_mean, live.policy.reward_model.posterior_mean)
     assert back.decide(np.eye(3), baseline=0).decision_id == "16"
 
 
@@ -490,3 +548,53 @@ def test_a_missing_extra_is_one_line_and_importing_the_package_stays_light(tmp_p
             "print(sorted(m for m in ('fastapi', 'uvicorn', 'httpx', 'starlette') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_serving_a_state_with_another_states_log_is_refused_before_it_starts(tmp_path, capsys):
+    """The command-line user gets one line naming the log and the mismatch; the log and the state are untouched."""
+    log = DecisionLog(tmp_path / "theirs.sqlite")
+    theirs = Decider(TSASC(_model(), [_model()], alpha=0.2), num_draws=50, seed=0, log=log)
+    for _ in range(3):
+        theirs.decide(np.eye(3), baseline=0)
+    log.close()
+    state = _state(tmp_path / "state")
+    before = ((tmp_path / "theirs.sqlite").read_bytes(), (state / "decider.json").read_bytes())
+    with pytest.raises(SystemExit) as exc:
+        main(["serve", str(state), "--port", "0", "--log", str(tmp_path / "theirs.sqlite")])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert f"{tmp_path / 'theirs.sqlite'}: not the decision log of this Decider state: it is the log of another" in err
+    assert ((tmp_path / "theirs.sqlite").read_bytes(), (state / "decider.json").read_bytes()) == before
+
+
+def test_the_options_of_serve_decisions_on_the_event_loop_and_h11(tmp_path):
+    """``serve(run_on_loop=True, http="h11", loop="asyncio")`` (Python API; the benchmark's variants)
+    decides, takes feedback during a snapshot and stops with its snapshot like the default."""
+    state = _state(tmp_path / "state")
+    code = ("import sys; from bayes_safe.online.serve import serve; sys.exit(serve(sys.argv[1], port=0, "
+            "log=sys.argv[2], snapshot_every=0.05, run_on_loop=True, http='h11', loop='asyncio'))")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(state), str(tmp_path / "log.sqlite")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                            env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    try:
+        url = re.search(r"listening on (http://\S+)", proc.stdout.readline()).group(1)
+        rng = np.random.default_rng(0)
+        with httpx.Client(base_url=url, timeout=30) as client:
+            for _ in range(40):  # snapshots every 50 ms: some requests meet a held lock and go to the thread pool
+                d = client.post("/decide", json={"features": np.eye(3).tolist(), "baseline": 0}).json()
+                reward, constraints = _outcome(d["action"], rng)
+                assert client.post("/feedback", json={"decision_id": d["decision_id"], "reward": reward,
+                                                      "constraints": constraints}).json() == {"accepted": True}
+            assert client.post("/decide", json={"features": [[1.0, 2.0]], "baseline": 0}).status_code == 422
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate(timeout=30)
+    assert proc.returncode == 0 and "wrote" in out, err
+    assert Decider.load(state).model_version == 40
+    with pytest.raises(ValueError, match="http: expected 'auto', 'h11' or 'httptools'"):
+        from bayes_safe.online.serve import serve
+
+        serve(state, http="fast")

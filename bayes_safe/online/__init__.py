@@ -4,6 +4,9 @@
 SQLite and reads back as ``bayes_safe.offline.LoggedData`` or obp's ``bandit_feedback``.
 ``bayes_safe.online.serve`` (``bayes-safe serve STATE_DIR``) puts a saved Decider behind HTTP
 (FastAPI, the ``serve`` extra); it is imported on first use, so importing this package stays cheap.
+``Decider.load(state, log=...)`` checks that a log belongs to a snapshot and replays it
+(``Decider.check_log``, ``Decider.replay``). ``bayes_safe.online.tuning.LoggedAlpha`` tunes a
+served TS-ASC's alpha from its decision log with ``bayes_safe.tuning.Study``.
 """
 
 from .decider import Decider, Decision

@@ -13,7 +13,11 @@ Schema (one row per decision; feedback joins by ``decision_id``):
   the decision's context vector, or its flattened candidate features), ``probabilities`` (JSON
   list, the Monte-Carlo probability of every action), ``baseline`` (int or NULL);
 * ``feedback``: ``decision_id`` (primary key: feedback is idempotent), ``time``, ``reward``,
-  ``constraints`` (JSON list or NULL).
+  ``constraints`` (JSON list or NULL);
+* ``meta``: ``key``, ``value`` (text), created when a ``Decider`` first writes to the log:
+  ``decider_id`` (the Decider the log belongs to) and ``first_id`` (its id counter then; the log
+  holds the decisions from that id on). ``Decider.load`` and ``Decider.replay`` compare them with
+  a snapshot and refuse a log that does not belong to it (``Decider.check_log``).
 """
 
 from __future__ import annotations
@@ -55,6 +59,7 @@ class DecisionLog:
         if self.path.exists() and not self.path.is_file():
             raise ValueError(f"path: expected a database file, got the directory {self.path}")
         self._lock = threading.Lock()
+        self.read_only = bool(read_only)
         if read_only:
             if not self.path.is_file():
                 raise FileNotFoundError(f"path: no such decision log {str(self.path)!r}")
@@ -94,6 +99,110 @@ class DecisionLog:
         with self._lock:
             cur = self._db.execute("INSERT OR IGNORE INTO feedback VALUES (?, ?, ?, ?)", row)
             return cur.rowcount == 1
+
+    # ------------------------------------------------------------------ identity
+    def identity(self) -> dict | None:
+        """``{"decider_id", "first_id"}`` of the Decider this log belongs to, or None for a log no
+        Decider has bound yet (a new file, or one written before logs recorded their owner)."""
+        with self._lock:
+            if self._db.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='meta'").fetchone() is None:
+                return None
+            rows = dict(self._db.execute("SELECT key, value FROM meta").fetchall())
+        if "decider_id" not in rows:
+            return None
+        try:
+            first_id = int(rows.get("first_id", 0))
+        except ValueError:
+            raise ValueError(f"log: {self.path} has a malformed first_id {rows.get('first_id')!r} in its meta table") from None
+        return {"decider_id": str(rows["decider_id"]), "first_id": first_id}
+
+    def bind(self, decider_id: str, first_id: int) -> None:
+        """Record the Decider this log belongs to (once: an existing owner is kept)."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+                self._db.executemany("INSERT OR IGNORE INTO meta VALUES (?, ?)",
+                                     [("decider_id", str(decider_id)), ("first_id", str(int(first_id)))])
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def id_summary(self) -> dict:
+        """What the log's decision ids are: ``count``, ``low`` and ``high`` (the integer ids, None
+        when empty) and ``foreign``, the number of ids that are not a Decider's (``str(int)``)."""
+        with self._lock:
+            count, low, high, foreign = self._db.execute(
+                "SELECT COUNT(*), MIN(CAST(decision_id AS INTEGER)), MAX(CAST(decision_id AS INTEGER)), "
+                "TOTAL(CAST(CAST(decision_id AS INTEGER) AS TEXT) != decision_id) FROM decisions").fetchone()
+        return {"count": int(count), "low": None if low is None else int(low),
+                "high": None if high is None else int(high), "foreign": int(foreign)}
+
+    def decisions_from(self, first: int) -> list[tuple[str, int, int, list[float]]]:
+        """``(decision_id, action, num_actions, context)`` of the decisions with integer ids ``>= first``, by id."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT decision_id, action, num_actions, context FROM decisions "
+                "WHERE CAST(decision_id AS INTEGER) >= ? AND CAST(CAST(decision_id AS INTEGER) AS TEXT) = decision_id "
+                "ORDER BY CAST(decision_id AS INTEGER)", (int(first),)).fetchall()
+        out = []
+        for decision_id, action, num_actions, context in rows:
+            try:
+                ctx = [float(x) for x in json.loads(context)]
+            except (ValueError, TypeError):
+                raise ValueError(f"log: {self.path}: decision {decision_id!r} has a malformed context") from None
+            out.append((decision_id, int(action), int(num_actions), ctx))
+        return out
+
+    def actions_of(self, decision_ids) -> dict[str, int]:
+        """The logged action of each of ``decision_ids`` that the log holds."""
+        ids = [str(i) for i in decision_ids]
+        out: dict[str, int] = {}
+        with self._lock:
+            for i in range(0, len(ids), 500):
+                chunk = ids[i:i + 500]
+                marks = ",".join("?" * len(chunk))
+                out.update((k, int(a)) for k, a in self._db.execute(
+                    f"SELECT decision_id, action FROM decisions WHERE decision_id IN ({marks})", chunk))
+        return out
+
+    def unanswered_below(self, end: int, start: int = 0) -> set[str]:
+        """The ids in ``[start, end)`` of logged decisions without feedback."""
+        with self._lock:
+            return {r[0] for r in self._db.execute(
+                "SELECT decision_id FROM decisions d WHERE CAST(decision_id AS INTEGER) >= ? "
+                "AND CAST(decision_id AS INTEGER) < ? AND NOT EXISTS "
+                "(SELECT 1 FROM feedback f WHERE f.decision_id = d.decision_id)", (int(start), int(end)))}
+
+    def orphan_feedback(self, first: int = 0) -> list[str]:
+        """Up to 5 ids ``>= first`` with feedback but no logged decision (a log that is not whole)."""
+        with self._lock:
+            return [r[0] for r in self._db.execute(
+                "SELECT decision_id FROM feedback WHERE CAST(decision_id AS INTEGER) >= ? AND decision_id NOT IN "
+                "(SELECT decision_id FROM decisions) LIMIT 5", (int(first),))]
+
+    def count_from(self, first: int) -> int:
+        """The number of decisions with integer ids ``>= first``."""
+        with self._lock:
+            return int(self._db.execute("SELECT COUNT(*) FROM decisions WHERE CAST(decision_id AS INTEGER) >= ?",
+                                        (int(first),)).fetchone()[0])
+
+    def feedback_for(self, decision_ids) -> list[tuple[str, float, list[float] | None]]:
+        """``(decision_id, reward, constraints)`` of the logged feedback of ``decision_ids``, in the order it was logged."""
+        ids = [str(i) for i in decision_ids]
+        rows = []
+        with self._lock:
+            for i in range(0, len(ids), 500):
+                chunk = ids[i:i + 500]
+                marks = ",".join("?" * len(chunk))
+                rows += self._db.execute(f"SELECT rowid, decision_id, reward, constraints FROM feedback "
+                                         f"WHERE decision_id IN ({marks})", chunk).fetchall()
+        rows.sort()
+        try:
+            return [(k, float(r), None if c is None else [float(x) for x in json.loads(c)]) for _, k, r, c in rows]
+        except (ValueError, TypeError):
+            raise ValueError(f"log: {self.path}: malformed constraints in its feedback") from None
 
     def has_decision(self, decision_id: str) -> bool:
         with self._lock:

@@ -17,9 +17,17 @@
 
 Bad input is a 422 whose ``detail`` names the field (``reward: expected a finite number ...``).
 
-**Concurrency.** Requests are handled on a thread pool; every use of the ``Decider`` (decide,
-feedback, the posterior summary, a snapshot) holds one lock, so they run one at a time and a
-snapshot never sees a half-applied feedback. JSON parsing and validation run outside it.
+**Concurrency.** Every use of the ``Decider`` (decide, feedback, the posterior summary, a
+snapshot) holds one lock, so they run one at a time and a snapshot never sees a half-applied
+feedback. Decisions and feedback run on the thread pool. (``serve(run_on_loop=True)`` runs them
+on the event loop when the lock is free: less CPU per request, but in ``benchmarks/serve.py`` on
+the shared 2-core machine it had the worse p99 in most runs, e.g. 24 against 16 ms at load
+average 5.5, and a third to a half of the throughput when driven by ``httpx.AsyncClient``, so it
+is not the default.) JSON parsing and validation run outside the lock. uvicorn runs with
+httptools and uvloop when installed (the ``serve`` extra installs them). The propensity draws
+are most of a decision's cost: with ``Decider(num_draws=200)``, the default, the server spent
+1.6 ms of CPU per decision (and half a feedback) against 2.1 ms with 1000 draws, and served 459
+against 338 decisions/s in the same run (``benchmarks/serve.py`` measures each of these choices).
 
 **Crash safety.** The ``DecisionLog`` (SQLite, one committed transaction per decision and per
 feedback, written under the lock *before* the reply) is the source of truth; the snapshot in
@@ -33,8 +41,10 @@ logged. A feedback acknowledged to a client was committed to the log before the 
 SIGKILL loses none of it, and none is applied twice: the snapshot and the log were written under
 the same lock, so a feedback the snapshot has applied is no longer pending in it. (Snapshotting
 after every feedback would also be safe, but a ``Decider.save`` (a directory of files, fsynced,
-renamed) cost 16-20 ms on a loaded 2-core machine against 1.4-1.9 ms for a decision with its
-log row; ``benchmarks/serve.py`` measures both.) The log's SQLite runs in WAL mode with
+renamed) cost 2-20 ms on a 2-core machine against 0.7 ms for a decision with its log row;
+``benchmarks/serve.py`` measures both.) Committing the log row costs about 0.04 ms of that
+(WAL, no fsync), so log writes are not batched: a decision or feedback is acknowledged only
+once its own row is committed. The log's SQLite runs in WAL mode with
 ``synchronous=NORMAL``: a committed row survives the process being killed; a power cut of the
 machine may lose the last transactions.
 
@@ -45,10 +55,8 @@ snapshot replaces ``STATE_DIR`` as a whole). Nothing read from either executes c
 import contextlib
 import json
 import math
-import secrets
 import signal
 import socket
-import sqlite3
 import sys
 import threading
 import time
@@ -74,73 +82,12 @@ def default_log_path(state_dir) -> Path:
 
 
 # ---------------------------------------------------------------------------------- recovery
-def _played_features(context: list[float], action: int, num_actions: int, dim: int | None, per_arm: bool,
-                     decision_id: str) -> list[float]:
-    """The features the posterior learns from for a logged decision (what ``Decider.decide`` keeps
-    in ``pending``): row ``action`` of the flattened candidates, or the one logged context."""
-    if dim is None and num_actions and len(context) % num_actions == 0:
-        dim = len(context) // num_actions
-    if dim is not None and len(context) == num_actions * dim:
-        return context[action * dim:(action + 1) * dim]
-    if per_arm and dim is not None and len(context) == dim:
-        return list(context)
-    from ..state import StateError
-
-    raise StateError(f"log: decision {decision_id!r} has a context of {len(context)} values; expected "
-                     f"{num_actions} x {dim} candidate features" + (f" or one context of {dim}" if per_arm else ""))
-
-
 def recover(decider) -> dict:
-    """Bring a ``Decider`` loaded from a snapshot up to date with its log; returns the counts.
-
-    Decisions in the log with ids at or past ``decider.next_id`` were made after the snapshot:
-    they become pending (and ``next_id`` moves past them, so no id is issued twice; the random
-    stream is reseeded, since the snapshot's would repeat the lost decisions' draws). Then the
-    feedback in the log for every pending decision is applied through ``Decider.feedback``, in
-    the order it was logged (the batches of ``update_every`` fall as they did before). Feedback
-    the snapshot already holds is for decisions no longer pending, so nothing is applied twice.
-    """
-    from ..state import StateError
-    from .decider import _per_arm
-
-    log = decider.log
-    if log is None or not Path(log.path).exists():
+    """Bring a ``Decider`` loaded from a snapshot up to date with its log: ``decider.replay()``
+    (which checks first that the log is the snapshot's); returns the counts it applied."""
+    if decider.log is None or not Path(decider.log.path).exists():
         return {"decisions": 0, "feedback": 0}
-    db = sqlite3.connect(f"file:{Path(log.path).resolve()}?mode=ro", uri=True)
-    try:
-        later = db.execute("SELECT decision_id, action, num_actions, context FROM decisions "
-                           "WHERE decision_id GLOB '[0-9]*' AND CAST(decision_id AS INTEGER) >= ? "
-                           "ORDER BY CAST(decision_id AS INTEGER)", (decider.next_id,)).fetchall()
-        dims = {getattr(m, "dim", None) for m in decider.policy.models().values()}
-        dim = dims.pop() if len(dims) == 1 else None
-        per_arm = _per_arm(decider.policy) is not None
-        with decider._lock:
-            for decision_id, action, num_actions, context in later:
-                if not decision_id.isdigit():
-                    continue
-                try:
-                    ctx = [float(x) for x in json.loads(context)]
-                except (ValueError, TypeError):
-                    raise StateError(f"log: decision {decision_id!r} has a malformed context") from None
-                features = _played_features(ctx, int(action), int(num_actions), dim, per_arm, decision_id)
-                decider.pending[decision_id] = {"features": features, "action": int(action)}
-                decider.next_id = max(decider.next_id, int(decision_id) + 1)
-            if later:
-                decider._generator.manual_seed(secrets.randbits(63))
-            pending = set(decider.pending)
-            applied = 0
-            for decision_id, reward, constraints in db.execute(
-                    "SELECT decision_id, reward, constraints FROM feedback ORDER BY rowid"):
-                if decision_id in pending:
-                    values = None if constraints is None else json.loads(constraints)
-                    decider.feedback(decision_id, reward, values)  # already in the log: its write is a no-op
-                    pending.discard(decision_id)
-                    applied += 1
-    except sqlite3.DatabaseError as exc:
-        raise StateError(f"log: {log.path} cannot be read ({exc})") from None
-    finally:
-        db.close()
-    return {"decisions": len(later), "feedback": applied}
+    return decider.replay()
 
 
 # ---------------------------------------------------------------------------------- validation
@@ -264,11 +211,12 @@ class Service:
         self._saved = None
         self.decider = Decider.load(self.state_dir)  # first: a bad STATE_DIR creates no log file
         try:
-            self.log = self.decider.log = DecisionLog(log_path)
+            self.log = DecisionLog(log_path)
         except ValueError as exc:
             raise ValueError(f"--log: {exc}") from None
         try:
-            self.recovered = recover(self.decider)
+            # checks that the log is this snapshot's (refused before anything is applied), then replays it
+            self.recovered = self.decider.replay(self.log)
             if self.recovered["decisions"] or self.recovered["feedback"]:
                 self.snapshot()  # the next restart starts from here
             else:
@@ -283,27 +231,42 @@ class Service:
 
     # ------------------------------------------------------------------ endpoints
     def decide(self, body: bytes) -> dict:
-        args = parse_decide(body)
+        """``/decide``: the decision of a request body (``BadRequest`` on bad input)."""
+        return self.decide_parsed(parse_decide(body))
+
+    def decide_parsed(self, args: dict, blocking: bool = True) -> dict | None:
+        """The decision of ``parse_decide``'s arguments; None, and nothing done, when ``blocking``
+        is False and the Decider is busy (a snapshot, another request on a thread)."""
+        if not self.lock.acquire(blocking):
+            return None
         try:
-            with self.lock:
-                decision = self.decider.decide(args["features"], baseline=args["baseline"], valid=args["valid"])
+            decision = self.decider.decide(args["features"], baseline=args["baseline"], valid=args["valid"])
         except (ValueError, TypeError) as exc:
             message = str(exc)
             if args["field"] == "context" and message.startswith("features"):
                 message = "context" + message[len("features"):]
             raise BadRequest(message) from None
+        finally:
+            self.lock.release()
         return {"decision_id": decision.decision_id, "action": decision.action, "propensity": decision.propensity,
                 "propensity_se": decision.propensity_se, "model_version": decision.model_version,
                 "probabilities": list(decision.probabilities)}  # Decision.to_dict without asdict's deep copy
 
     def feedback(self, body: bytes) -> dict:
-        args = parse_feedback(body)
+        """``/feedback``: ``{"accepted": bool}`` of a request body (``BadRequest`` on bad input, 404 for an unknown id)."""
+        return self.feedback_parsed(parse_feedback(body))
+
+    def feedback_parsed(self, args: dict, blocking: bool = True) -> dict | None:
+        """``feedback`` of ``parse_feedback``'s arguments; None when not ``blocking`` and busy (as ``decide_parsed``)."""
+        if not self.lock.acquire(blocking):
+            return None
         try:
-            with self.lock:
-                accepted = self.decider.feedback(args["decision_id"], args["reward"], args["constraints"])
+            accepted = self.decider.feedback(args["decision_id"], args["reward"], args["constraints"])
         except (ValueError, TypeError) as exc:
             message = str(exc)
             raise BadRequest(message, status=404 if message.startswith("decision_id: unknown") else 422) from None
+        finally:
+            self.lock.release()
         return {"accepted": accepted}
 
     def health(self) -> dict:
@@ -359,8 +322,12 @@ def _summary(model) -> dict:
 
 
 # ---------------------------------------------------------------------------------- the app
-def create_app(service: Service, snapshot_every: float | None = 60.0):
-    """The FastAPI app of ``service``: its endpoints, the snapshot schedule and the shutdown snapshot."""
+def create_app(service: Service, snapshot_every: float | None = 60.0, run_on_loop: bool = False):
+    """The FastAPI app of ``service``: its endpoints, the snapshot schedule and the shutdown snapshot.
+
+    ``run_on_loop``: decide and apply feedback on the event loop when the Decider's lock is free
+    (no hop to a thread and back), on the thread pool when it is held (a snapshot); False (the
+    default): always on the thread pool (module docstring: what ``benchmarks/serve.py`` measured)."""
     fastapi = require("fastapi", "bayes-safe serve")
     # FastAPI evaluates the endpoints' annotations: this module has no `from __future__ import annotations`
     from fastapi import Request
@@ -404,21 +371,26 @@ def create_app(service: Service, snapshot_every: float | None = 60.0):
     def _error(exc: BadRequest):
         return JSONResponse({"detail": str(exc)}, status_code=exc.status)
 
-    async def _answer(handler, request: Request):
-        """``handler(body)`` on the thread pool (the Decider's work), a ``BadRequest`` as its status."""
+    async def _answer(parse, run, request: Request):
+        """``run(parse(body))``, on the event loop when the Decider is free (``run_on_loop``), else
+        on the thread pool; a ``BadRequest`` as its status."""
         body = await request.body()
         try:
-            return JSONResponse(await run_in_threadpool(handler, body))
+            args = parse(body)
+            out = run(args, False) if run_on_loop else None
+            if out is None:  # the Decider is busy (a snapshot): wait for it on a thread, not on the loop
+                out = await run_in_threadpool(run, args, True)
+            return JSONResponse(out)
         except BadRequest as exc:
             return _error(exc)
 
     @app.post("/decide")
     async def decide(request: Request):
-        return await _answer(service.decide, request)
+        return await _answer(parse_decide, service.decide_parsed, request)
 
     @app.post("/feedback")
     async def feedback(request: Request):
-        return await _answer(service.feedback, request)
+        return await _answer(parse_feedback, service.feedback_parsed, request)
 
     @app.get("/health")
     async def health():
@@ -449,20 +421,29 @@ def _listen(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve(state_dir, *, host: str = "127.0.0.1", port: int = 8080, log=None, snapshot_every: float | None = 60.0) -> int:
-    """Serve ``state_dir`` until SIGTERM or SIGINT, then write the snapshot and return 0."""
+def serve(state_dir, *, host: str = "127.0.0.1", port: int = 8080, log=None, snapshot_every: float | None = 60.0,
+          http: str = "auto", loop: str = "auto", run_on_loop: bool = False) -> int:
+    """Serve ``state_dir`` until SIGTERM or SIGINT, then write the snapshot and return 0.
+
+    ``http`` and ``loop`` are uvicorn's HTTP parser (``"httptools"``, ``"h11"``) and event loop
+    (``"uvloop"``, ``"asyncio"``); ``"auto"`` takes httptools and uvloop, which the ``serve`` extra
+    installs, when they are there. ``run_on_loop``: as in ``create_app``."""
     require("fastapi", "bayes-safe serve")
     uvicorn = require("uvicorn", "bayes-safe serve")
     if snapshot_every is not None and not (math.isfinite(snapshot_every) and snapshot_every > 0):
         raise ValueError(f"--snapshot-every: expected a number of seconds > 0, got {snapshot_every!r}")
+    if http not in ("auto", "h11", "httptools"):
+        raise ValueError(f"http: expected 'auto', 'h11' or 'httptools', got {http!r}")
+    if loop not in ("auto", "asyncio", "uvloop"):
+        raise ValueError(f"loop: expected 'auto', 'asyncio' or 'uvloop', got {loop!r}")
     import torch
 
     torch.set_num_threads(1)  # tiny tensor operations per request (bayes_safe.threads)
     service = Service(state_dir, log=log)
     try:
         sock = _listen(host, port)
-        app = create_app(service, snapshot_every)
-        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on",
+        app = create_app(service, snapshot_every, run_on_loop)
+        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on", http=http, loop=loop,
                                 timeout_graceful_shutdown=30)
         server = uvicorn.Server(config)
         bound = sock.getsockname()
