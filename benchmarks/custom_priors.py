@@ -9,6 +9,11 @@ measured in the same run, so the ratio does not depend on the machine's speed or
 * ``laplace``: ``Laplace(0, 1).expand([d]).to_event(1)`` prior, Gaussian likelihood (Park &
   Casella's Bayesian lasso, one sweep per decision). Targets: >= 0.35x the conjugate
   decisions/s at R = 1 and >= 0.4x at R = 1,000.
+* ``logistic``: the same with ``likelihood="logistic"`` (Polya-Gamma latents, ``O(n d^2)`` per
+  sweep); held to the probit target.
+* ``langevin``: a callable hierarchical prior (a log-normal scale shared by the weights) that no
+  closed-form engine knows, Gaussian likelihood, one MALA step per decision. Target: >= 0.1x the
+  conjugate path at R = 1.
 * ``probit``: the same arms with 0/1 outcomes ``1(u < Phi(x^T theta))``, ``Normal(0, 1)``
   prior and ``likelihood="probit"`` (Albert & Chib latents; the cost of a sweep grows with
   the number of observations ``n``: ``O(n d)`` for the latents). Target: >= 0.2x the
@@ -88,8 +93,8 @@ def _rate(kind: str, R: int, d: int, steps: int, seed: int) -> float:
     else:
         env = BinaryArms(R, d, seed)
         prior = dist.Normal(0.0, 1.0).expand([d]).to_event(1)
-        if kind == "probit":
-            model = BayesianLinear(prior, likelihood="probit", batch_shape=[R])
+        if kind in ("probit", "logistic"):
+            model = BayesianLinear(prior, likelihood=kind, batch_shape=[R])
         else:  # "conjugate-binary": a Gaussian model of the same 0/1 outcomes
             model = BayesianLinear(prior, noise_std=0.5, batch_shape=[R])
     trace = simulate(ThompsonSampling(model), env, steps, seed=seed + 1)
@@ -115,6 +120,8 @@ def run(quick: bool = False, repeats: int = 5) -> list[dict]:
         ("laplace", "conjugate", 1000, 16, 20 if quick else 100, TARGET_R1000),
         ("probit", "conjugate-binary", 1, 4, 300 if quick else 1000, TARGET_PROBIT),
         ("probit", "conjugate-binary", 1000, 4, 20 if quick else 100, TARGET_PROBIT),
+        ("logistic", "conjugate-binary", 1, 4, 300 if quick else 1000, TARGET_PROBIT),
+        ("logistic", "conjugate-binary", 1000, 4, 20 if quick else 100, TARGET_PROBIT),
         ("langevin", "conjugate", 1, 4, 200 if quick else 1000, TARGET_LANGEVIN),
         ("langevin", "conjugate", 1, 16, 200 if quick else 1000, TARGET_LANGEVIN),
         ("langevin", "conjugate", 1000, 4, 20 if quick else 100, TARGET_LANGEVIN),
@@ -125,6 +132,7 @@ def run(quick: bool = False, repeats: int = 5) -> list[dict]:
         ratio = ours / base
         label = f"TS custom prior, 100 arms d={d}, R={R}, {steps} steps"
         prior = {"laplace": "Laplace prior, Gibbs", "probit": "probit likelihood, Gibbs",
+                 "logistic": "logistic likelihood, Gibbs (Polya-Gamma)",
                  "langevin": "hierarchical callable prior, Langevin"}[kind]
         rows.append({"benchmark": f"{label}: {prior} vs conjugate", "value": ratio, "unit": "x conjugate decisions/s",
                      "target": f">= {target}", "ratio": ratio / target, "gibbs": ours, "conjugate": base})
