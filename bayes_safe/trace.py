@@ -31,17 +31,22 @@ class Trace:
         attrs: run information. For a ``Problem``: ``regret_available`` (False when the
             problem gives no expected outcomes: ``expected``, ``baseline_expected``,
             ``optimal_reward`` and ``regret`` are then NaN and ``violation`` is unknown, all
-            False) and ``constraints`` (the declarations, ``Constraint.to_dict()`` each).
+            False) and ``constraints`` (the declarations, ``Constraint.to_dict()`` each). A
+            run that recorded a subset of the fields (``simulate(..., record=...)``) adds
+            ``recorded`` (the names) and ``shape`` (``[T, R]``).
+
+    A field that was not recorded is ``None`` (``recorded`` lists the others); the methods
+    below skip it.
     """
 
-    actions: torch.Tensor
-    baseline: torch.Tensor
-    expected: torch.Tensor
-    baseline_expected: torch.Tensor
-    observed: torch.Tensor
-    optimal_reward: torch.Tensor
-    regret: torch.Tensor
-    violation: torch.Tensor
+    actions: torch.Tensor | None
+    baseline: torch.Tensor | None
+    expected: torch.Tensor | None
+    baseline_expected: torch.Tensor | None
+    observed: torch.Tensor | None
+    optimal_reward: torch.Tensor | None
+    regret: torch.Tensor | None
+    violation: torch.Tensor | None
     metric_names: list[str]
     alpha: float | None = None
     seeds: list[int] = field(default_factory=list)
@@ -53,37 +58,50 @@ class Trace:
         return bool(self.attrs.get("regret_available", True))
 
     @property
+    def recorded(self) -> list[str]:
+        """The names of the fields this trace holds (all of ``FIELDS`` unless ``simulate`` was
+        given a ``record`` subset)."""
+        return [f for f in FIELDS if getattr(self, f) is not None]
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """``(T, R)``: steps and replications."""
+        for f in FIELDS:
+            value = getattr(self, f)
+            if value is not None:
+                return int(value.shape[0]), int(value.shape[1])
+        T, R = self.attrs.get("shape", (0, 0))
+        return int(T), int(R)
+
+    @property
     def horizon(self) -> int:
-        return self.actions.shape[0]
+        return self.shape[0]
 
     @property
     def replications(self) -> int:
-        return self.actions.shape[1]
+        return self.shape[1]
 
     def replication(self, r: int) -> Trace:
         """The trace of replication ``r`` alone (a ``[T, 1]`` trace)."""
         sl = slice(r, r + 1)
-        return Trace(
-            self.actions[:, sl], self.baseline[:, sl], self.expected[:, sl], self.baseline_expected[:, sl],
-            self.observed[:, sl], self.optimal_reward[:, sl], self.regret[:, sl], self.violation[:, sl],
-            list(self.metric_names), self.alpha, self.seeds[sl], dict(self.attrs),
-        )
+        part = {f: None if getattr(self, f) is None else getattr(self, f)[:, sl] for f in FIELDS}
+        attrs = dict(self.attrs)
+        if "shape" in attrs:
+            attrs["shape"] = [self.horizon, 1]
+        return Trace(**part, metric_names=list(self.metric_names), alpha=self.alpha, seeds=self.seeds[sl], attrs=attrs)
 
     def to_dataframe(self) -> pd.DataFrame:
-        """Long format: one row per (step, replication)."""
-        T, R = self.actions.shape
-        data = {
-            "step": np.repeat(np.arange(T), R),
-            "replication": np.tile(np.arange(R), T),
-            "action": self.actions.reshape(-1).numpy(),
-            "baseline": self.baseline.reshape(-1).numpy(),
-            "regret": self.regret.reshape(-1).numpy(),
-            "violation": self.violation.reshape(-1).numpy(),
-        }
+        """Long format: one row per (step, replication); the recorded fields only."""
+        T, R = self.shape
+        data = {"step": np.repeat(np.arange(T), R), "replication": np.tile(np.arange(R), T)}
+        for f, column in (("actions", "action"), ("baseline", "baseline"), ("regret", "regret"),
+                          ("violation", "violation")):
+            if getattr(self, f) is not None:
+                data[column] = getattr(self, f).reshape(-1).numpy()
         for m, name in enumerate(self.metric_names):
-            data[f"expected_{name}"] = self.expected[..., m].reshape(-1).numpy()
-            data[f"baseline_{name}"] = self.baseline_expected[..., m].reshape(-1).numpy()
-            data[f"observed_{name}"] = self.observed[..., m].reshape(-1).numpy()
+            for f, column in (("expected", "expected"), ("baseline_expected", "baseline"), ("observed", "observed")):
+                if getattr(self, f) is not None:
+                    data[f"{column}_{name}"] = getattr(self, f)[..., m].reshape(-1).numpy()
         return pd.DataFrame(data)
 
     def to_xarray(self):
@@ -91,17 +109,13 @@ class Trace:
         import xarray as xr
 
         dims2, dims3 = ("step", "replication"), ("step", "replication", "metric")
+        variables = {}
+        for f in self.recorded:
+            value = getattr(self, f).numpy()
+            variables[_VARIABLES.get(f, f)] = (dims3 if value.ndim == 3 else dims2,
+                                              value.astype(np.int8) if f == "violation" else value)
         ds = xr.Dataset(
-            {
-                "action": (dims2, self.actions.numpy()),
-                "baseline": (dims2, self.baseline.numpy()),
-                "expected": (dims3, self.expected.numpy()),
-                "baseline_expected": (dims3, self.baseline_expected.numpy()),
-                "observed": (dims3, self.observed.numpy()),
-                "optimal_reward": (dims2, self.optimal_reward.numpy()),
-                "regret": (dims2, self.regret.numpy()),
-                "violation": (dims2, self.violation.numpy().astype(np.int8)),
-            },
+            variables,
             coords={"step": np.arange(self.horizon), "replication": np.arange(self.replications),
                     "metric": list(self.metric_names), "seed": ("replication", np.asarray(self.seeds, dtype=np.int64))},
         )
@@ -141,13 +155,15 @@ class Trace:
 
         with xr.open_dataset(path, engine="h5netcdf") as ds:
             ds = ds.load()
-        t = lambda name, dtype=torch.float64: torch.as_tensor(ds[name].values).to(dtype)
-        return cls(
-            t("action", torch.long), t("baseline", torch.long), t("expected"), t("baseline_expected"), t("observed"),
-            t("optimal_reward"), t("regret"), t("violation", torch.bool), [str(m) for m in ds["metric"].values],
-            ds.attrs.get("alpha"), [int(s) for s in ds["seed"].values],
-            _read_attrs(ds.attrs),
-        )
+        dtypes = {"actions": torch.long, "baseline": torch.long, "violation": torch.bool}
+        fields = {f: torch.as_tensor(ds[_VARIABLES.get(f, f)].values).to(dtypes.get(f, torch.float64))
+                  if _VARIABLES.get(f, f) in ds else None for f in FIELDS}
+        attrs = _read_attrs(ds.attrs)
+        if any(v is None for v in fields.values()):  # a trace of some fields only (simulate's record=)
+            attrs.setdefault("recorded", [f for f in FIELDS if fields[f] is not None])
+            attrs.setdefault("shape", [int(ds.sizes["step"]), int(ds.sizes["replication"])])
+        return cls(**fields, metric_names=[str(m) for m in ds["metric"].values], alpha=ds.attrs.get("alpha"),
+                   seeds=[int(s) for s in ds["seed"].values], attrs=attrs)
 
 
 def _read_attrs(attrs) -> dict:
@@ -167,3 +183,9 @@ def _read_attrs(attrs) -> dict:
 
 #: attributes written as 0/1 that read back as bool
 _BOOL_ATTRS = ("regret_available",)
+
+#: the trace's fields, in order
+FIELDS = ("actions", "baseline", "expected", "baseline_expected", "observed", "optimal_reward", "regret", "violation")
+
+#: NetCDF variable names that differ from the field names
+_VARIABLES = {"actions": "action"}

@@ -21,10 +21,12 @@ TARGET_R1 = 20_000
 TARGET_R1000 = 1_000_000
 
 
-def numpy_reference(replications: int, steps: int, seed: int = 0) -> float:
-    """Decisions/s of a plain numpy TS loop (batched over replications with numpy's stacked linalg)."""
+def numpy_reference(replications: int, steps: int, seed: int = 0, num_arms: int = 100, dim: int = 4) -> float:
+    """Decisions/s of a numpy TS loop batched over replications with numpy's stacked linalg
+    (``[R, d, d]`` Cholesky and solves, ``[R, K, d]`` scores; ``benchmarks/scaling.py`` has the
+    plain one-replication loop)."""
     rng = np.random.default_rng(seed)
-    R, K, d, sigma = replications, 100, 4, 1.0
+    R, K, d, sigma = replications, num_arms, dim, 1.0
     X = rng.standard_normal((R, K, d))
     theta = rng.standard_normal((R, d))
     prec = np.repeat(np.eye(d)[None], R, 0)

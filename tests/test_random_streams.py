@@ -25,3 +25,24 @@ def test_a_wide_batch_draws_a_bounded_block_and_replication_r_equals_its_own_run
     assert stream.block == 1 and stream.buffer.numel() == R * d  # one step's draws, not 256 steps x R x d
     alone = ReplicationRNG([seeds[1234]]).normal((d, 1), key="weights")
     assert torch.equal(first[1234], alone[0])
+
+
+def test_vectorised_seeding_reproduces_numpy_bit_for_bit():
+    """``replication_seeds`` and the streams' PCG64 seeding are evaluated for all replications at
+    once (issue 20: start-up at R = 10,000); they must give numpy's own seeds and generators."""
+    import zlib
+
+    import numpy as np
+
+    from bayes_safe.random import _Stream
+
+    for seed in (0, 5, 2**40 + 3, 2**130 + 9):
+        children = np.random.SeedSequence(seed).spawn(37)
+        want = [int(c.generate_state(1, dtype=np.uint64)[0] >> np.uint64(1)) for c in children]
+        assert replication_seeds(seed, 37) == want
+    seeds = [0, 1, 2**32 - 1, 2**32, 2**63 + 5, 2**64 - 1, 2**70 + 1, *replication_seeds(4, 20)]
+    key = "normal/w/(3,)"
+    stream = _Stream(seeds, key, (3,), "normal", 4, torch.float64)
+    for r, s in enumerate(seeds):
+        reference = np.random.Generator(np.random.PCG64([s, zlib.crc32(key.encode())]))
+        assert np.array_equal(stream.gens[r].standard_normal(50), reference.standard_normal(50)), s

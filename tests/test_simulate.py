@@ -189,3 +189,20 @@ def test_ridge_prior_is_exact_in_float64():
     assert loc.dtype == torch.float64
     want = torch.full((env.dim,), sigma**2 / 3.0, dtype=torch.float64)
     assert torch.allclose(torch.diagonal(cov, dim1=-2, dim2=-1), want, rtol=1e-14, atol=0.0)
+
+
+def test_a_shared_prior_factor_gives_the_dense_batched_numbers():
+    """Before any observation, a batch with one prior is factored once (an expanded factor) and the
+    draw is solved in chunks (issue 20: step 0 at R = 10,000, d = 64): the same numbers as the
+    dense batched factorisation and solve."""
+    R, d = 300, 64  # two chunks of the shared factor
+    prior = dist.Normal(torch.zeros((), dtype=torch.float64), 0.5 * torch.ones((), dtype=torch.float64)).expand([d]).to_event(1)
+    model = BayesianLinear(prior, noise_std=0.3, batch_shape=[R])
+    z = torch.randn(R, d, 1, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    dense = torch.linalg.cholesky(model.precision)
+    u = torch.linalg.solve_triangular(dense, model.eta[..., None], upper=False)
+    assert torch.equal(model.factor, dense) and model.factor.stride(0) == 0
+    assert torch.equal(model._solve_upper(model._u + z), torch.linalg.solve_triangular(dense.mT, u + z, upper=True))
+    model.update(torch.randn(R, d, dtype=torch.float64), torch.randn(R, dtype=torch.float64))
+    assert model.factor.stride(0) != 0  # after data: the dense batched factor again
+    torch.testing.assert_close(model.factor, torch.linalg.cholesky(model.precision), rtol=0, atol=0)
