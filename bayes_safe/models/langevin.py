@@ -74,6 +74,7 @@ __all__ = ["LANGEVIN_OPTIONS", "LangevinLinearPosterior"]
 _DTYPE = torch.float64
 _NOISE_SITE = "noise_var"
 _TARGET_ACCEPT = 0.574
+_MIN_CURVATURE = 1e-4  # eigenvalue floor of the preconditioner: proposal sds of at most 100 unconstrained units
 _NAN_LIMIT = 10  # NaN proposals in a row of one chain that mean a broken prior, not a far-out proposal
 # keyword options of the engine (BayesianLinear's inference_options) and their minimum values
 LANGEVIN_OPTIONS = {"steps": 1, "burn_in": 0, "predict_steps": 1, "seed": 0}
@@ -387,15 +388,15 @@ class LangevinLinearPosterior:
     # ------------------------------------------------------------------ the chain
     def refresh_preconditioner(self) -> None:
         """``Sigma = |H|^-1`` from the Hessian of ``-log p`` at the current state (eigenvalues in
-        absolute value, floored at 1e-6 of the largest and at 1e-8), and restart the step-size
-        adaptation."""
+        absolute value, floored at 1e-4, so that a flat direction proposes sds of at most 100
+        unconstrained units, and at 1e-8 of the largest), and restart the step-size adaptation."""
         H = self._hessian(self.theta)
         H = 0.5 * (H + H.mT)
         if not bool(torch.isfinite(H).all()):
             return  # keep the previous preconditioner
         evals, evecs = torch.linalg.eigh(H)
         a = evals.abs()
-        floor = torch.maximum(a.amax(-1, keepdim=True) * 1e-6, torch.full_like(a[..., :1], 1e-8))
+        floor = torch.maximum(a.amax(-1, keepdim=True) * 1e-8, torch.full_like(a[..., :1], _MIN_CURVATURE))
         a = torch.maximum(a, floor)
         # Sigma = V diag(1/a) V^T, a factor of it: V diag(a^-1/2), then a Cholesky factor
         root = evecs * a.rsqrt()[..., None, :]
