@@ -243,3 +243,19 @@ def test_per_arm_equals_separate_models_through_interleaved_draws(noise):
                 post, rp = m.arms.noise_variance_posterior, ref.noise_variance_posterior
                 torch.testing.assert_close(post.concentration[r, k], rp.concentration, atol=1e-12, rtol=0)
                 torch.testing.assert_close(post.rate[r, k], rp.rate, atol=1e-12, rtol=0)
+
+
+def test_diagnostics_say_when_the_draws_miss_observations():
+    from bayes_safe.diagnostics import to_inference_data
+
+    X, y, _ = _data(n=6, d=2)
+    m = BayesianLinear(dist.Laplace(0.0, 1.0).expand([2]).to_event(1), noise_std=0.3, inference="svi",
+                       inference_options={"svi_steps": 50, "num_samples": 20})
+    m.update(X[:2], y[:2])
+    m.fit()
+    m.update(X[2:], y[2:])
+    with pytest.warns(UserWarning, match="4 observations arrived after the last SVI fit"):
+        idata = to_inference_data(m)
+    assert idata.attrs["unfitted_observations"] == 4
+    m.fit()
+    assert "unfitted_observations" not in to_inference_data(m).attrs

@@ -193,6 +193,13 @@ def _linear_inference_data(model, X, y, num_draws, feature_names, seed):
         dims["y"] = obs_dims
     attrs = {"model": "PerArmLinear" if arms is not None else "BayesianLinear",
              "inference": getattr(model, "engine_name", None) or ("conjugate" if model.conjugate else model.engine.method)}
+    unfitted = int(getattr(model, "unfitted_observations", 0))
+    if unfitted:  # NUTS / SVI draws that do not reflect the latest observations yet
+        import warnings
+
+        attrs["unfitted_observations"] = unfitted
+        warnings.warn(f"model: {unfitted} observations arrived after the last {attrs['inference'].upper()} fit and are "
+                      "not in these draws; call model.fit() first for the current posterior", UserWarning, stacklevel=2)
     return az.from_dict(**groups, coords=coords, dims={k: v for k, v in dims.items() if _used(k, groups)},
                         attrs=attrs)
 
