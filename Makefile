@@ -17,8 +17,10 @@ $(STAMP): $(PY) pyproject.toml
 	$(PY) -m pip install --quiet -e '.[all,dev]'
 	touch $(STAMP)
 
+# demo-sized A/B tests: 10,000 uploads per arm instead of the full study's 20,000 (same 4 batches,
+# 4 replicates, optimiser and budget), so the 16 trials finish within 5 minutes (docs/tuning.md)
 demo: $(STAMP)
-	$(VENV)/bin/bayes-safe tune video-upload --trials 16 --parallel 2 --overwrite --out demo-output
+	$(VENV)/bin/bayes-safe tune video-upload --trials 16 --parallel 2 --users 10000 --overwrite --out demo-output
 
 # the Open Bandit Dataset sample ships inside the obp wheel on PyPI: fetched once into
 # ~/.cache/bayes_safe/obp (or $$BAYES_SAFE_DATA/obp), never installed, never committed

@@ -12,7 +12,10 @@ evaluation and diagnostics. Heavier parts are extras, each imported only where i
 | `serve`    | fastapi, uvicorn, httpx                                    | the HTTP service               |
 | `mlflow`   | mlflow-skinny                                              | MLflow tracking of studies     |
 
-`all` installs every extra.
+`all` installs every extra. MLflow tracking (``bayes_safe.tuning.tracking``) logs to a file
+store or a tracking server with ``mlflow-skinny``; running a server (``mlflow server``) or an
+SQL store (``sqlite:///``) needs the full ``mlflow`` package, which the ``dev`` tools install
+(the test suite starts a real server).
 """
 
 from __future__ import annotations

@@ -309,3 +309,19 @@ def test_surfaces_diverge_from_zero_draw_the_bound_and_show_the_best_point_on_an
             assert any(lab.startswith(("constraint bound", "bound ")) for lab in labels), labels
         star = next(c for c in ax.collections if c.get_label() == "best point")
         assert tuple(star.get_facecolor()[0][:3]) == (1.0, 1.0, 1.0) and tuple(star.get_edgecolor()[0][:3]) == (0.0, 0.0, 0.0)
+
+
+def test_inferred_noise_calibration_is_one_when_a_smooth_function_has_homoskedastic_noise():
+    """``sem=None`` (the GP infers one noise level): on a smooth function with Gaussian noise of SD 2 and
+    enough trials it finds that noise, so the re-run z-scores have SD about 1 (issue 18's comparison)."""
+    import numpy as np
+
+    from bayes_safe.tuning.calibration import inferred_noise_calibration
+
+    rng = np.random.default_rng(0)
+    points = [{"x": float(x)} for x in np.linspace(0.0, 1.0, 24)]
+    trials = [[{"m": (float(10 * np.sin(3 * p["x"]) + rng.normal(0, 2.0)), 0.5)} for _ in range(10)] for p in points]
+    out = inferred_noise_calibration({"trials": {1: trials}}, points, ["m"], seed=0)[1]
+    assert out["m"]["n"] == 24 * 5
+    assert 1.3 < float(np.mean(out["m"]["noise"])) < 2.7  # the noise's SD (2), not the reported SEM (0.5)
+    assert 0.75 < out["all"]["sd"] < 1.35

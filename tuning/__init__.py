@@ -12,7 +12,9 @@ Daulton et al. (2019), section 5.3. The pieces:
   TS-ASC with one tuned tolerance per declared constraint, the declarations as outcome constraints;
 * ``LoggedDataProblem`` makes the trials off-policy estimates from logged data instead
   of simulations (train on part of the logs, estimate value and violations on the rest);
-* ``write_report`` draws the paper's Figure 3 and writes ``report.md``.
+* ``write_report`` draws the paper's Figure 3 and writes ``report.md``;
+* ``MlflowTracker`` (a ``Tracker``) logs every finished trial to MLflow as it finishes
+  (``Study(tracker=...)``, ``bayes-safe tune ... --mlflow [URI]``; the ``[mlflow]`` extra).
 
 Example:
     >>> from bayes_safe.tuning import ABTest, Study, VideoUploadProblem, write_report      # doctest: +SKIP
@@ -38,14 +40,18 @@ if TYPE_CHECKING:  # the eager imports, for type checkers and IDEs
     from .own_problem import SimulatedProblem
     from .report import write_report
     from .study import Study, make_generation_strategy
+    from .tracking import MlflowTracker, Tracker, TrialRecord
 
 __all__ = [
            "ABProblem",
            "ABTest",
            "LoggedDataProblem",
+           "MlflowTracker",
            "Range",
            "SimulatedProblem",
            "Study",
+           "Tracker",
+           "TrialRecord",
            "VideoUploadProblem",
            "make_generation_strategy",
            "make_problem",
@@ -66,6 +72,9 @@ _SOURCES = {
     "write_report": ".report",
     "Study": ".study",
     "make_generation_strategy": ".study",
+    "MlflowTracker": ".tracking",
+    "Tracker": ".tracking",
+    "TrialRecord": ".tracking",
 }
 
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from .ab_test import ABTest, Range, combine_replicates, replicate_seed
 
-__all__ = ["noise_calibration", "pair_z_scores", "random_parameterizations"]
+__all__ = ["inferred_noise_calibration", "noise_calibration", "pair_z_scores", "random_parameterizations"]
 
 
 def random_parameterizations(parameters: Sequence, n: int, seed: int = 0) -> list[dict]:
@@ -64,7 +64,7 @@ def _runs(job):
 
 def noise_calibration(ab_test: ABTest, parameterizations: Sequence[Mapping], *, reruns: int = 10,
                       replicates: Sequence[int] = (1, 4), metrics: Sequence[str] | None = None, seed: int = 0,
-                      workers: int = 1) -> dict:
+                      workers: int = 1, keep_trials: bool = False) -> dict:
     """Calibration of the reported SEM for each number of replicates in ``replicates``.
 
     Runs ``reruns * max(replicates)`` single A/B tests of every parameterization (trial seeds
@@ -73,7 +73,8 @@ def noise_calibration(ab_test: ABTest, parameterizations: Sequence[Mapping], *, 
 
     Returns ``{"by_replicates": {R: {metric: {"sd": ..., "n": ..., "z": [...]}, "all": {...}}},
     "runs": ..., "seconds_per_run": ...}``: ``sd`` is the standard deviation of the pair z-scores
-    (1 when calibrated).
+    (1 when calibrated). ``keep_trials`` adds ``"trials": {R: [[trial metrics of each re-run] for
+    each parameterization]}`` (for ``inferred_noise_calibration``).
     """
     import time
 
@@ -105,6 +106,9 @@ def noise_calibration(ab_test: ABTest, parameterizations: Sequence[Mapping], *, 
     if metrics is None:
         metrics = sorted(runs[0][0])
     out: dict = {"by_replicates": {}, "runs": per * len(jobs), "seconds_per_run": elapsed * max(1, workers) / (per * len(jobs))}
+    if keep_trials:
+        out["trials"] = {R: [[combine_replicates(single[k * R:(k + 1) * R])[0] for k in range(per // R)] for single in runs]
+                         for R in reps}
     for R in reps:
         entry: dict = {}
         pooled: list[float] = []
@@ -122,3 +126,64 @@ def noise_calibration(ab_test: ABTest, parameterizations: Sequence[Mapping], *, 
 
 def default_workers() -> int:
     return max(1, min(2, os.cpu_count() or 1))
+
+
+def _inferred_noise_sd(points, values, seed: int) -> float:
+    """The observation noise SD a GP infers from one study's trials (``sem=None`` in Ax): BoTorch's
+    ``SingleTaskGP`` (Ax's default surrogate) on unit-cube inputs and standardized outcomes, its
+    homoskedastic noise fitted by maximum marginal likelihood, in the outcome's own units."""
+    import torch
+    from botorch.fit import fit_gpytorch_mll
+    from botorch.models import SingleTaskGP
+    from botorch.models.transforms.input import Normalize
+    from botorch.models.transforms.outcome import Standardize
+    from gpytorch.mlls import ExactMarginalLogLikelihood
+
+    from bayes_safe.threads import single_thread
+
+    x = torch.tensor(points, dtype=torch.float64)
+    y = torch.tensor(values, dtype=torch.float64)[:, None]
+    with single_thread():
+        torch.manual_seed(seed)
+        model = SingleTaskGP(x, y, input_transform=Normalize(x.shape[-1]), outcome_transform=Standardize(1))
+        fit_gpytorch_mll(ExactMarginalLogLikelihood(model.likelihood, model))
+        noise = float(model.likelihood.noise.detach().reshape(-1)[0])
+    return math.sqrt(noise) * float(y.std())
+
+
+def inferred_noise_calibration(result: Mapping, parameterizations: Sequence[Mapping], metrics: Sequence[str],
+                               seed: int = 0) -> dict:
+    """Calibration of the noise a GP infers itself (``sem=None``) instead of the replicates' SEM.
+
+    ``result`` is ``noise_calibration(..., keep_trials=True)`` on ``parameterizations``. Each
+    re-run ``k`` of every parameterization makes one study (one trial per parameterization);
+    a ``SingleTaskGP`` with inferred homoskedastic noise is fitted to it (``_inferred_noise_sd``),
+    and the re-runs are paired as in ``noise_calibration`` with that noise as every trial's SEM:
+    ``z = (m1 - m2) / sqrt(s_k1^2 + s_k2^2)``, SD 1 when the inferred noise is a re-run's.
+
+    Returns ``{R: {metric: {"sd", "n", "noise": [inferred SD of each re-run's study],
+    "reported_sem": mean replicate SEM}, "all": {"sd", "n"}}}``.
+    """
+    names = list(parameterizations[0])
+    points = [[float(p[n]) for n in names] for p in parameterizations]
+    out: dict = {}
+    for R, per_param in result["trials"].items():
+        k_runs = min(len(t) for t in per_param)
+        entry: dict = {}
+        pooled: list[float] = []
+        for metric in metrics:
+            noise = [_inferred_noise_sd(points, [per_param[p][k][metric][0] for p in range(len(points))], seed + k)
+                     for k in range(k_runs)]
+            z = []
+            for k in range(0, k_runs - 1, 2):
+                scale = math.hypot(noise[k], noise[k + 1])
+                for p in range(len(points)):
+                    if scale > 0:
+                        z.append((per_param[p][k][metric][0] - per_param[p][k + 1][metric][0]) / scale)
+            pooled += z
+            sems = [per_param[p][k][metric][1] for p in range(len(points)) for k in range(k_runs)]
+            entry[metric] = {"sd": float(np.sqrt(np.mean(np.square(z)))) if z else float("nan"), "n": len(z),
+                             "noise": noise, "reported_sem": float(np.mean(sems))}
+        entry["all"] = {"sd": float(np.sqrt(np.mean(np.square(pooled)))) if pooled else float("nan"), "n": len(pooled)}
+        out[R] = entry
+    return out

@@ -4,6 +4,7 @@
     bayes-safe tune logged-data --source synthetic --method minimax --trials 20 --out DIR
     bayes-safe tune custom --problem pkg.module:Class [--param KEY=VALUE ...] --trials 20 --out DIR
     bayes-safe tune resume --out DIR [--trials N] [--parallel K] [--storage URL] [--name NAME] [--trust-source]
+    any of them: [--mlflow [URI]]   log every finished trial to MLflow (default URI: DIR/mlruns)
 
 Exit status: 0 done; 1 the study stopped on an error (too many failed trials); 2 bad input;
 75 the Dask scheduler was lost (no trial failed; resume later); 130 / 143 / 129 stopped by
@@ -13,7 +14,12 @@ Ctrl-C / SIGTERM / SIGHUP (the trials in flight are re-run on resume; the worker
 The study lives in ``DIR/study.sqlite`` unless ``--storage URL`` names another database; at the
 end ``DIR`` holds ``report.md``, the figures, ``trials.csv``, ``best.json`` and ``study.json``.
 ``bayes_safe.cli`` adds these commands with ``add_tune_parser`` and runs them with
-``run_tune``. Building the parser imports nothing heavy (no torch, no Ax): the names it offers
+``run_tune``. ``--mlflow`` logs every finished trial to MLflow (``bayes_safe.tuning.tracking``):
+with no value to a file store in ``DIR/mlruns``, else to the directory, ``file:`` URI,
+tracking server (``http://host:port``) or SQL store it names; the URI is checked (the server
+contacted) before any work. ``resume`` tracks again where the study was tracked when that is a
+file store inside the study's directory; anywhere else it must be named again with ``--mlflow``
+(a study received from someone cannot send your trials to a server of theirs). Building the parser imports nothing heavy (no torch, no Ax): the names it offers
 are light copies (``PROBLEM_NAMES``, ``ACQUISITION_FUNCTIONS``; tests/test_cli_startup.py checks
 them against ``bayes_safe.tuning.ab_test.PROBLEMS`` and ``bayes_safe.tuning.study``), and the
 argument types come from ``bayes_safe._cli_args``, which both command lines share.
@@ -65,6 +71,10 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="run trials on a Dask distributed scheduler (tcp://host:8786) instead of local processes")
     p.add_argument("--no-progress", action="store_true", help="print no line per trial")
     p.add_argument("--verbose", action="store_true", help="show Ax's own log")
+    p.add_argument("--mlflow", nargs="?", const="", default=None, metavar="URI",
+                   help="log every finished trial (parameters, each metric's mean and SEM, feasibility, timings) to "
+                        "MLflow: no value: a file store in OUT/mlruns; or a directory, file: URI, "
+                        "http(s)://host:port of a tracking server, sqlite:///PATH (needs pip install 'bayes-safe[mlflow]')")
 
 
 def add_tune_parser(subparsers) -> argparse.ArgumentParser:
@@ -169,7 +179,12 @@ def _progress_printer(study, total: int):
 
     def show(event):
         kind = event["event"]
-        if kind == "completed":
+        if kind == "tracked":
+            if not event["logged"]:
+                return
+            line = (f"[ mlflow ] logged {len(event['logged'])} finished trial(s) the tracking store lacked "
+                    f"({', '.join(map(str, event['logged']))})")
+        elif kind == "completed":
             params = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in event["parameters"].items() if k in names)
             best = event.get("best")
             # raw observed means: the model's answer (its probability of feasibility) comes at the end
@@ -372,6 +387,53 @@ def _build_ab_test(args):
                            replicates=args.replicates)
 
 
+#: the file store of ``--mlflow`` with no value, inside ``--out``
+MLFLOW_DIRNAME = "mlruns"
+
+
+def _tracking_uri(args, stored: dict | None) -> tuple[str | None, str | None]:
+    """The MLflow URI this run logs to (``None``: no tracking) and, for resume, a note on a
+    stored URI not used. Syntax only: nothing is contacted here."""
+    from .tracking import resolve_mlflow_uri
+
+    if args.mlflow is not None:
+        return resolve_mlflow_uri(args.mlflow, args.out / MLFLOW_DIRNAME, option="--mlflow"), None
+    previous = (stored or {}).get("mlflow")
+    if not previous:
+        return None, None
+    uri = str(previous)
+    home = (args.out / MLFLOW_DIRNAME).resolve().as_uri()
+    if uri == home or uri.startswith(home + "/"):
+        return uri, None  # a file store inside the study's directory: tracked again without asking
+    return None, (f"note: the study was tracked to MLflow at {uri}; this run logs nowhere unless you name it again "
+                  f"(--mlflow {uri}): a stored address outside the study's directory is never used unasked")
+
+
+def _open_tracker(uri: str | None):
+    """``MlflowTracker`` of ``uri`` after checking it (one ``ValueError`` naming --mlflow), or ``None``."""
+    if uri is None:
+        return None
+    from .tracking import MlflowTracker, check_mlflow_uri
+
+    tracker = MlflowTracker(uri, check=False)  # a missing mlflow: MissingExtraError naming the extra
+    check_mlflow_uri(uri, option="--mlflow")
+    return tracker
+
+
+def _printer_with_tracking(progress):
+    """Tracking failures are shown even with --no-progress (on stderr)."""
+
+    def show(event):
+        if event["event"] == "tracking_failed":
+            which = f"trial {event['trial']}" if event.get("trial") is not None else "the tracking store"
+            print(f"[ mlflow ] warning: {which} not logged: {event['reason']} (the next run of the study logs it)",
+                  file=sys.stderr, flush=True)
+        elif progress is not None:
+            progress(event)
+
+    return show
+
+
 def run_tune(args) -> int:
     """Run ``bayes-safe tune ...`` from parsed arguments. Bad input raises ``ValueError``."""
     from . import storage
@@ -399,9 +461,13 @@ def run_tune(args) -> int:
                              "module and start the study again, or resume it in Python: Study.load(..., ab_test=...)")
         shown = check_resume_trust(stored[name], url, trust=args.trust_source, source=args.source)
         check_scheduler(args.scheduler)
+        mlflow_uri, mlflow_note = _tracking_uri(args, stored[name] if isinstance(stored[name], dict) else None)
+        tracker = _open_tracker(mlflow_uri)
         for line in shown:
             print(line, flush=True)
-        study = Study.load(url, name=name, verbose=args.verbose)
+        if mlflow_note:
+            print(mlflow_note, flush=True)
+        study = Study.load(url, name=name, verbose=args.verbose, tracker=tracker)
         own = getattr(study.ab_test.problem, "import_path", None)
         if own:  # a user's problem class, re-imported from the stored module:Class: show what was imported
             module = sys.modules.get(own.partition(":")[0])
@@ -421,6 +487,8 @@ def run_tune(args) -> int:
                              f"got {optimizer['num_restarts']}")
         ab_test = _build_ab_test(args)
         check_scheduler(args.scheduler)
+        mlflow_uri, _ = _tracking_uri(args, None)
+        tracker = _open_tracker(mlflow_uri)
         params = None
         if args.parameter:
             params = [Range.parse(text) for text in args.parameter]
@@ -435,6 +503,7 @@ def run_tune(args) -> int:
                 with storage.study_lock(url):  # never under a running study
                     for suffix in ("", "-journal", "-wal", "-shm"):
                         (args.out / (storage.DEFAULT_FILENAME + suffix)).unlink(missing_ok=True)
+                    _remove_default_mlruns(args.out)
         created = not args.out.exists()
         if args.storage is None:
             args.out.mkdir(parents=True, exist_ok=True)
@@ -444,7 +513,7 @@ def run_tune(args) -> int:
         try:
             study = Study(ab_test, name=args.name, storage=url, parameters=params, objective=args.objective,
                           outcome_constraints=constraints, sobol_trials=sobol, seed=args.seed,
-                          acquisition=args.acquisition, optimizer=optimizer, verbose=args.verbose)
+                          acquisition=args.acquisition, optimizer=optimizer, verbose=args.verbose, tracker=tracker)
         except BaseException:
             if created and args.out.is_dir() and not any(args.out.iterdir()):
                 args.out.rmdir()  # bad input leaves nothing behind
@@ -461,11 +530,15 @@ def run_tune(args) -> int:
             print(f"note: all {trials} trials are Sobol (--sobol {n_sobol}); the study never reaches BoTorch "
                   "(lower --sobol or raise --trials)", flush=True)
 
+    if tracker is not None:
+        study.properties["mlflow"] = tracker.uri  # saved as the run starts; resume tracks there again
+        print(f"mlflow: every finished trial is logged to {tracker.uri} (experiment {study.name!r}, runs tagged "
+              f"bayes_safe.study_uid={study.uid})", flush=True)
     if args.tune_command == "resume":
         for row in (study.properties.get("power") or {}).get("constraints", []):
             if row.get("warn"):
                 print("power: " + row["text"], flush=True)
-    progress = None if args.no_progress else _progress_printer(study, trials)
+    progress = _printer_with_tracking(None if args.no_progress else _progress_printer(study, trials))
     try:
         if args.tune_command != "resume" and study.constraints:
             print("power (a pilot trial at the centre of the search space, before the study):", flush=True)
@@ -508,4 +581,20 @@ def run_tune(args) -> int:
         if res.get("ok") is False:
             print(f"model check: {metric}: {res['verdict']}")
     print(f"wrote {args.out}/report.md, " + ", ".join(result["figures"] + ["trials.csv", "best.json", "study.json"]))
+    if tracker is not None:
+        missing = sorted(study.tracking["failed"])
+        print(f"mlflow: {len(study.tracking['logged'])} trial(s) logged this run to {tracker.uri}"
+              + (f"; NOT logged: trials {', '.join(map(str, missing))} (resume with --mlflow to log them)" if missing else ""))
+        tracker.close()
     return 0
+
+
+def _remove_default_mlruns(out: Path) -> None:
+    """``--overwrite``: the replaced study's MLflow file store in ``OUT/mlruns`` goes with it."""
+    import shutil
+
+    from .tracking import is_mlflow_file_store
+
+    path = out / MLFLOW_DIRNAME
+    if path.is_dir() and not path.is_symlink() and is_mlflow_file_store(path):
+        shutil.rmtree(path)

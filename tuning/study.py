@@ -55,6 +55,12 @@ Built on ``ax.api.Client`` (``AxClient`` is deprecated). Choices where the issue
   and the study goes on; it stops with an error after ``max_failures`` failures in one run.
 * **Budget**: ``run(trials=N)`` runs until ``N`` trials are completed (failed and abandoned
   ones do not count).
+* **Tracking**: ``Study(tracker=...)`` (a ``bayes_safe.tuning.tracking.Tracker``, e.g.
+  ``MlflowTracker``) logs every trial when it finishes (completed or failed), after Ax has saved
+  it; ``run`` first logs the finished trials the tracker lacks, so a crash loses none, and the
+  tracker knows a trial by the study's ``uid`` and its index, so none is logged twice. A
+  tracker that fails does not stop the study (``tracking_failed`` events; the trial is logged
+  by the next run).
 * **Torch threads**: Ax/BoTorch runs with one torch thread. Measured on this 2-core machine
   under load: generating one BoTorch candidate took 77 s with torch's default two threads and
   3.3 s with one.
@@ -69,6 +75,7 @@ import re
 import signal
 import threading
 import time
+import uuid
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 
@@ -335,6 +342,21 @@ def _to_ax_parameter(p):
                     f"'name=low:high' entries, got {type(p).__name__}")
 
 
+def _check_tracker(tracker) -> None:
+    if tracker is None:
+        return
+    missing = [m for m in ("open", "log_trial", "close") if not callable(getattr(tracker, m, None))]
+    if missing:
+        raise TypeError(f"tracker: expected a bayes_safe.tuning.tracking.Tracker (open, log_trial, close), got "
+                        f"{type(tracker).__name__} without {', '.join(missing)}")
+
+
+def _timestamp(when) -> float | None:
+    """Unix seconds of an Ax trial time, to the whole second: Ax's SQL store keeps whole seconds, so a
+    trial just completed and the same trial loaded give the same record."""
+    return None if when is None else float(when.replace(microsecond=0).timestamp())
+
+
 def _parameter_names(p) -> str:
     return p.name
 
@@ -368,6 +390,9 @@ class Study:
         optimizer: ``None`` (default): the acquisition optimiser has Ax's default budget (20
             restarts from 1,024 raw samples); ``{"num_restarts": 8, "raw_samples": 256}`` lowers it
             (faster candidates on a slow machine, possibly worse ones).
+        tracker: a ``bayes_safe.tuning.tracking.Tracker`` (e.g. ``MlflowTracker("runs/mlruns")``)
+            that logs every finished trial; ``None`` (default) logs nowhere. The study never
+            closes it.
 
     Raises:
         ValueError: empty or reversed bounds, an objective or constraint naming a metric the A/B
@@ -383,9 +408,10 @@ class Study:
                  parameters: Sequence | None = None, objective: str | None = None,
                  outcome_constraints: Sequence[str] | None = None, sobol_trials: int | None = None,
                  seed: int = 0, acquisition: str = "qLogNoisyExpectedImprovement", optimizer: Mapping | None = None,
-                 verbose: bool = False):
+                 verbose: bool = False, tracker=None):
         _quiet_ax(verbose)
         optimizer = check_optimizer(optimizer)
+        _check_tracker(tracker)
         ab_test = ABTest() if ab_test is None else ab_test
         if not isinstance(ab_test, ABTest):
             raise TypeError(f"ab_test: expected an ABTest, got {type(ab_test).__name__}")
@@ -450,21 +476,26 @@ class Study:
                 "version": 1, "seed": seed, "ab_test": ab_test.config(), "sobol_trials": sobol_trials,
                 "acquisition": acquisition, "optimizer": optimizer, "objective": objective, "outcome_constraints": constraints,
                 "surface": list(problem.surface) if problem.surface else None, "target_trials": None, "sessions": [],
+                "uid": uuid.uuid4().hex,
             }
             client.configure_optimization(objective=objective, outcome_constraints=constraints or None)
             client.set_generation_strategy(make_generation_strategy(sobol_trials, seed, acquisition, optimizer))
-        self._init(client, ab_test, url)
+        self._init(client, ab_test, url, tracker)
 
     # ------------------------------------------------------------------ construction
-    def _init(self, client, ab_test: ABTest, url: str | None) -> None:
+    def _init(self, client, ab_test: ABTest, url: str | None, tracker=None) -> None:
         self.client = client
         self.ab_test = ab_test
         self.url = url
+        self.tracker = tracker
+        #: trials this process logged to the tracker, and those whose logging failed ({trial: reason})
+        self.tracking: dict = {"logged": [], "failed": {}}
         self.timings: dict[str, list[float]] = {"gen": [], "complete": [], "sim": [], "recover": []}
         self._last_gen_error: BaseException | None = None
 
     @classmethod
-    def load(cls, storage, name: str | None = None, ab_test: ABTest | None = None, verbose: bool = False) -> Study:
+    def load(cls, storage, name: str | None = None, ab_test: ABTest | None = None, verbose: bool = False,
+             tracker=None) -> Study:
         """Reopen a stored study (to resume it, or to report on it).
 
         Args:
@@ -472,8 +503,11 @@ class Study:
             name: the study's name (default: the only study in the database).
             ab_test: the A/B test (default: rebuilt from the stored description; needed for a
                 study of a custom problem, which cannot be described).
+            tracker: a ``Tracker`` that logs the finished trials (those it lacks first, when
+                the study runs).
         """
         _quiet_ax(verbose)
+        _check_tracker(tracker)
         url = _storage.resolve_url(storage)
         path = _storage.sqlite_path(url)
         if path is not None and not path.exists():
@@ -498,7 +532,7 @@ class Study:
                 raise ValueError(f"ab_test: study {name!r} uses a custom problem or policy factory; pass ab_test= to load it")
             ab_test = ABTest.from_config(props["ab_test"])
         study = cls.__new__(cls)
-        study._init(client, ab_test, url)
+        study._init(client, ab_test, url, tracker)
         return study
 
     # ------------------------------------------------------------------ accessors
@@ -561,8 +595,10 @@ class Study:
             for name, (m, s) in ((t.run_metadata or {}).get("metrics") or {}).items():
                 out.setdefault(idx, {})[name] = (float(m), float(s))
         for row in df.itertuples(index=False):
+            # Ax's data only fills in what the run metadata lacks: it keeps 10 significant digits,
+            # the metadata full precision (so a trial reads the same live, loaded or tracked)
             if row.trial_index in completed:
-                out.setdefault(int(row.trial_index), {})[row.metric_name] = (float(row.mean), float(row.sem))
+                out.setdefault(int(row.trial_index), {}).setdefault(row.metric_name, (float(row.mean), float(row.sem)))
         return dict(sorted(out.items()))
 
     def is_feasible(self, metrics: Mapping[str, tuple[float, float]]) -> bool:
@@ -585,6 +621,98 @@ class Study:
             if best is None or value > best[0]:
                 best = (value, idx, metrics)
         return None if best is None else (best[1], best[2])
+
+    # ------------------------------------------------------------------ tracking
+    @property
+    def uid(self) -> str:
+        """The study's unique id (stored with it; a tracker's key with the trial index). A study
+        made before trackers existed gets one here (saved when it next runs or is tracked)."""
+        return self.properties.setdefault("uid", uuid.uuid4().hex)
+
+    def trial_record(self, index: int):
+        """The ``TrialRecord`` of a finished (COMPLETED or FAILED) trial, from what the study stores."""
+        from ax.core.trial_status import TrialStatus
+
+        from .tracking import TrialRecord
+
+        trial = self.experiment.trials[index]
+        if trial.status not in (TrialStatus.COMPLETED, TrialStatus.FAILED):
+            raise ValueError(f"index: trial {index} is {trial.status.name}; only finished trials (completed, failed) "
+                             "have a record")
+        md = trial.run_metadata or {}
+        completed = trial.status == TrialStatus.COMPLETED
+        metrics: dict[str, tuple[float, float]] = {}
+        if completed:
+            # the run metadata holds every metric at full precision (Ax's stored data rounds to 10 digits),
+            # the same whether the trial was just completed or loaded; Ax's data fills in a study made
+            # before issue 18, which kept the modelled metrics there only
+            metrics = {k: (float(m), float(s)) for k, (m, s) in (md.get("metrics") or {}).items()}
+            for row in self.experiment.lookup_data(trial_indices=[index]).df.itertuples(index=False):
+                metrics.setdefault(row.metric_name, (float(row.mean), float(row.sem)))
+        started, finished = _timestamp(trial.time_run_started), _timestamp(trial.time_completed)
+        timings = {k: float(md[k]) for k in ("sim_seconds", "gen_seconds") if md.get(k) is not None}
+        if started is not None and finished is not None:
+            timings["wall_seconds"] = finished - started
+        return TrialRecord(
+            study=self.name, study_uid=self.uid, trial=int(index), status=trial.status.name,
+            parameters=dict(trial.arm.parameters) if trial.arm is not None else {}, metrics=metrics,
+            feasible=self.is_feasible(metrics) if completed and self.constraints else None,
+            seed=md.get("seed"), node=md.get("node"), replicates=md.get("replicates") if completed else None,
+            rerun_of=md.get("rerun_of"), timings=timings, started=started, finished=finished,
+            error=None if completed else (md.get("error") or trial.failed_reason))
+
+    def _tracking_description(self) -> dict[str, str]:
+        return {"storage": _storage.display_url(self.url) if self.url else "in memory", "objective": self.properties["objective"],
+                "outcome_constraints": "; ".join(self.properties.get("outcome_constraints") or []) or "none",
+                "seed": str(self.seed)}
+
+    def _log_trial(self, index: int, emit: Callable[[dict], None] | None = None) -> bool:
+        """Log one finished trial to the tracker; a failure is recorded and reported, never raised."""
+        if self.tracker is None:
+            return False
+        try:
+            done = bool(self.tracker.log_trial(self.trial_record(index)))
+        except Exception as exc:  # noqa: BLE001 - tracking must not stop a study; logged by the next run
+            reason = f"{type(exc).__name__}: {exc}".replace("\n", " ")[:500]
+            self.tracking["failed"][index] = reason
+            if emit is not None:
+                emit({"event": "tracking_failed", "trial": index, "reason": reason})
+            return False
+        self.tracking["failed"].pop(index, None)
+        if done:
+            self.tracking["logged"].append(index)
+        return done
+
+    def track(self, tracker=None, progress: Callable[[dict], None] | None = None) -> dict:
+        """Log every finished trial the tracker does not have yet (``Study.run`` does this first).
+
+        Args:
+            tracker: a ``Tracker`` (default: the study's own, ``Study(tracker=...)``); it becomes
+                the study's tracker.
+            progress: called with ``tracking_failed`` events.
+
+        Returns:
+            ``{"logged": [trials logged now], "already": count already there, "failed": {trial: reason}}``.
+        """
+        from ax.core.trial_status import TrialStatus
+
+        if tracker is not None:
+            _check_tracker(tracker)
+            self.tracker = tracker
+        if self.tracker is None:
+            raise ValueError("tracker: the study has no tracker; pass one (e.g. MlflowTracker('runs/mlruns'))")
+        if "uid" not in self.properties:
+            self.properties["uid"] = self.uid
+            self._save_properties()
+        self.tracker.open(self.name, self.uid, self._tracking_description())
+        finished = sorted(i for i, t in self.experiment.trials.items() if t.status in (TrialStatus.COMPLETED, TrialStatus.FAILED))
+        logged, already = [], 0
+        for idx in finished:
+            if self._log_trial(idx, progress):
+                logged.append(idx)
+            elif idx not in self.tracking["failed"]:
+                already += 1
+        return {"logged": logged, "already": already, "failed": dict(self.tracking["failed"])}
 
     # ------------------------------------------------------------------ power
     def pilot_point(self) -> dict:
@@ -745,8 +873,8 @@ class Study:
             parallel: trials in flight at once, each in its own worker process (or Dask task).
             scheduler: address of a Dask distributed scheduler to run trials on instead.
             inline: run trials in this process, one at a time (debugging).
-            progress: called with an event dict (``event`` = ``"recovered"``, ``"started"``,
-                ``"completed"``, ``"failed"``) as the study advances.
+            progress: called with an event dict (``event`` = ``"recovered"``, ``"tracked"``,
+                ``"started"``, ``"completed"``, ``"failed"``, ``"tracking_failed"``) as the study advances.
             max_failures: stop with an error after this many failed trials in this run
                 (default ``max(3, trials // 2)``).
 
@@ -781,7 +909,16 @@ class Study:
                 emit({"event": "recovered", **recovered})
             self.properties["target_trials"] = trials
             self.properties["parallel"] = parallel
+            self.properties["uid"] = self.uid
             self._save_properties()
+            if self.tracker is not None:
+                # the finished trials the tracker lacks (a crash after Ax's save, a tracker added on resume)
+                try:
+                    tracked = self.track(progress=emit)
+                except Exception as exc:  # noqa: BLE001 - opening the tracker failed: the study goes on
+                    emit({"event": "tracking_failed", "trial": None, "reason": f"{type(exc).__name__}: {exc}"[:500]})
+                else:
+                    emit({"event": "tracked", **tracked})
             runner = make_runner(parallel, scheduler, inline=inline)
             pending: dict = {}
             in_flight: set[int] = set()  # started, neither completed nor failed (abandoned if the run stops)
@@ -818,12 +955,14 @@ class Study:
                             failures += 1
                             reason = self._fail(idx, exc)
                             emit({"event": "failed", "trial": idx, "reason": reason, "failures": failures})
+                            self._log_trial(idx, emit)
                             if failures > max_failures:
                                 raise RuntimeError(f"{failures} trials failed in this run (more than max_failures="
                                                    f"{max_failures}); last: trial {idx}: {reason}") from exc
                             continue
                         in_flight.discard(idx)
                         self._complete(idx, out)
+                        self._log_trial(idx, emit)
                         best = self.best_observed()
                         emit({"event": "completed", "trial": idx, "parameters": dict(self.experiment.trials[idx].arm.parameters),
                               "metrics": out["metrics"], "sim_seconds": out["sim_seconds"],
