@@ -196,7 +196,14 @@ def _loop(tmp_path: Path, started, n: int, delay: int = 25):
     probs = log.target_probabilities(strict, num_draws=200, seed=0)
     assert probs.shape == (len(data), 3) and torch.allclose(probs.sum(-1), torch.ones(len(data), dtype=F64))
     strict_ips = ips(probs, data)
-    assert abs(strict_ips - _obp_ipw(log.to_obp(), probs.numpy()[:, :, None])) < 1e-6
+    feedback = log.to_obp()
+    assert abs(strict_ips - _obp_ipw(feedback, probs.numpy()[:, :, None])) < 1e-6
+    from obp.ope import InverseProbabilityWeighting  # obp itself (0.4.1: its newest release that installs on Python 3.11)
+
+    obp_value = InverseProbabilityWeighting().estimate_policy_value(
+        reward=feedback["reward"], action=feedback["action"], pscore=feedback["pscore"],
+        action_dist=probs.numpy()[:, :, None], position=feedback["position"])
+    assert abs(strict_ips - float(obp_value)) < 1e-6
     w = (probs[torch.arange(len(data)), data.actions] / data.propensities.double()).numpy()
     se = float(np.std(w * data.rewards.numpy()) / np.sqrt(len(data)))
     strict_truth = float(probs.mean(0).numpy() @ RATES)  # the candidates never change: the value of its mix
