@@ -35,10 +35,17 @@ def to_inference_data(model, *, X=None, y=None, num_draws: int = 1000, feature_n
     * ``BayesianLinear``, conjugate (Gaussian prior with a known noise, or Normal-Inverse-Gamma):
       ``S`` exact draws in one chain: ``w (chain, draw, *batch, feature)`` and, for NIG,
       ``noise_var (chain, draw, *batch)``.
+    * ``BayesianLinear`` sampled by the Gibbs engine: ``S`` consecutive sweeps of a copy of the
+      chain, ``w`` (one chain); by the Langevin engine: ``S`` consecutive MALA steps of a copy of
+      the chains after a burn-in, every latent site of the prior on its own scale and ``w``. The
+      model's own chain does not move.
     * ``BayesianLinear`` fitted by NUTS: every latent site of the prior per chain (``w``, the
       prior's hyperparameters, ``noise_var``) and ``sample_stats`` (``diverging``,
-      ``acceptance_rate``, ``step_size``, ``lp``); by SVI: the stored guide draws (one chain).
-      Their stored data are the ``observed_data`` unless ``X, y`` are given.
+      ``acceptance_rate``, ``step_size``, ``lp``, ``energy``: so ``az.bfmi`` and
+      ``az.plot_energy`` work); by SVI: the stored guide draws of every latent site (one chain).
+      Their stored data are the ``observed_data`` unless ``X, y`` are given. When observations
+      arrived after the last fit, a ``UserWarning`` says so and ``attrs["unfitted_observations"]``
+      counts them.
     * ``PerArmLinear``: as a conjugate ``BayesianLinear`` whose last batch dimension is ``arm``.
     * ``CTSPosterior`` (BCTS, Balakrishnan et al. 2018 Algorithm 1): exact draws of every arm's
       ``w_k ~ N(mu_hat_k, v^2 B_k^-1)``, ``w (chain, draw, *batch, arm, feature)``, and the
