@@ -450,3 +450,57 @@ def test_a_read_only_log_loads_for_inspection(tmp_path):
     live.feedback("2", 0.0, [1.0])  # after the snapshot
     back = Decider.load(tmp_path / "state", log=DecisionLog(tmp_path / "log.sqlite", read_only=True))
     assert back.replayed == {"decisions": 0, "feedback": 1} and back.model_version == live.model_version
+
+
+def _status(args) -> int:
+    """The exit status of ``bayes-safe ARGS`` run in this process (argparse errors exit)."""
+    from bayes_safe.cli import main
+
+    try:
+        return main(args)
+    except SystemExit as exc:
+        return exc.code
+
+
+def test_tune_decision_log_on_the_command_line_tunes_alpha_and_resumes(tmp_path, capsys):
+    main = _status
+
+    rng = np.random.default_rng(3)
+    live = Decider(TSASC(_model(), [_model()], alpha=0.1), log=tmp_path / "log.sqlite", num_draws=50, seed=0)
+    for _ in range(60):  # a served TS-ASC: candidates [3, 3], a baseline, delayed 0/1 feedback
+        d = live.decide(np.eye(3), baseline=0)
+        live.feedback(d.decision_id, float(rng.uniform() < RATES[d.action]), [float(rng.uniform() < 0.9)])
+    live.save(tmp_path / "state")
+    out = tmp_path / "study"
+    args = ["tune", "decision-log", "--log", str(tmp_path / "log.sqlite"), "--state", str(tmp_path / "state"),
+            "--trials", "3", "--sobol", "3", "--replicates", "1", "--draws", "20", "--boot", "20", "--no-progress",
+            "--out", str(out)]
+    assert main(args) == 0
+    trials = (out / "trials.csv").read_text().splitlines()
+    assert len(trials) == 1 + 3 and all(",COMPLETED," in t for t in trials[1:])
+    best = json.loads((out / "best.json").read_text())
+    assert set(best["parameters"]) == {"alpha"} and 0 <= best["parameters"]["alpha"] <= 0.5
+    # the log and the state lie outside the study's directory: resume shows them and asks to confirm
+    capsys.readouterr()
+    assert main(["tune", "resume", "--out", str(out), "--trials", "4", "--no-progress"]) == 2
+    assert "--trust-source: the stored study reads its decision log from" in capsys.readouterr().err
+    assert main(["tune", "resume", "--out", str(out), "--trials", "4", "--trust-source", "--no-progress"]) == 0
+    assert len((out / "trials.csv").read_text().splitlines()) == 1 + 4
+
+
+def test_tune_decision_log_refuses_bad_input_in_one_line(tmp_path, capsys):
+    main = _status
+
+    live = _logged_decider(tmp_path / "log.sqlite", n=4, feedback=4)
+    live.save(tmp_path / "state")
+    common = ["--trials", "2", "--no-progress", "--out", str(tmp_path / "study")]
+    cases = [
+        (["--log", str(tmp_path / "missing.sqlite"), "--state", str(tmp_path / "state")], "--log: no such decision log"),
+        (["--log", str(tmp_path / "log.sqlite"), "--state", str(tmp_path / "state"), "--alpha-max", "2"], "--alpha-max"),
+        (["--log", str(tmp_path / "log.sqlite"), "--state", str(tmp_path / "nowhere")], "nowhere"),
+    ]
+    for extra, match in cases:
+        assert main(["tune", "decision-log", *extra, *common]) == 2
+        err = capsys.readouterr().err
+        assert match in err and "Traceback" not in err and len(err.strip().splitlines()) <= 2
+        assert not (tmp_path / "study").exists()

@@ -198,7 +198,8 @@ def _loop(tmp_path: Path, started, n: int, delay: int = 25):
     strict_ips = ips(probs, data)
     feedback = log.to_obp()
     assert abs(strict_ips - _obp_ipw(feedback, probs.numpy()[:, :, None])) < 1e-6
-    from obp.ope import InverseProbabilityWeighting  # obp itself (0.4.1: its newest release that installs on Python 3.11)
+    # obp itself (0.4.1: its newest release that installs on Python 3.11)
+    from obp.ope import InverseProbabilityWeighting
 
     obp_value = InverseProbabilityWeighting().estimate_policy_value(
         reward=feedback["reward"], action=feedback["action"], pscore=feedback["pscore"],

@@ -111,9 +111,11 @@ PROBLEMS: dict[str, Callable[..., ABProblem]] = {"video-upload": VideoUploadProb
 
 
 def _problems() -> dict[str, Callable[..., ABProblem]]:
+    from bayes_safe.online.tuning import LoggedAlpha
+
     from .logged import LoggedDataProblem
 
-    return {**PROBLEMS, "logged-data": LoggedDataProblem}
+    return {**PROBLEMS, "logged-data": LoggedDataProblem, "decision-log": LoggedAlpha}
 
 
 def make_problem(config: Mapping | str) -> ABProblem:

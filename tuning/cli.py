@@ -124,6 +124,20 @@ def add_tune_parser(subparsers) -> argparse.ArgumentParser:
                    help="default outcome constraint violation_macro <= this (default 0.2)")
     p.add_argument("--epochs", type=positive_int, default=8, help="training epochs per trial (default 8)")
     p.add_argument("--holdout", type=open_fraction, default=0.3, help="share of the logs held out for the estimates (default 0.3)")
+    p = sub.add_parser("decision-log", help="tune a served TS-ASC's alpha from its decision log: each trial is TS-ASC at "
+                       "the trial's alpha on the served posterior, estimated off-policy (self-normalised IPS) from the log")
+    _common(p)
+    _study_options(p)
+    p.add_argument("--log", required=True, type=Path, metavar="LOG",
+                   help="the decision log the service wrote (.sqlite, bayes_safe.online.DecisionLog)")
+    p.add_argument("--state", required=True, type=Path, metavar="STATE_DIR",
+                   help="the served Decider's state directory (its TS-ASC posterior)")
+    p.add_argument("--alpha-max", type=open_fraction, default=0.5, help="search alpha in [0, ALPHA_MAX] (default 0.5)")
+    p.add_argument("--min-ratio", type=probability, default=0.9,
+                   help="default outcome constraint constraint0_ratio >= this (default 0.9)")
+    p.add_argument("--draws", type=positive_int, default=200,
+                   help="posterior draws per logged decision for the trial policy's probabilities (default 200)")
+    p.add_argument("--boot", type=positive_int, default=200, help="bootstrap resamples of the ratios' SEs (default 200)")
     r = sub.add_parser("resume", help="continue a stored study (after a crash, or with more --trials) and rewrite its report")
     _common(r)
     r.add_argument("--trials", type=positive_int, default=None, help="completed trials to reach (default: the stored target)")
@@ -278,6 +292,8 @@ def check_scheduler(address: str | None, timeout: float = 5.0) -> None:
 def _stored_files(config) -> list[tuple[str, str, str | None]]:
     """``(what, path, option that confirms it)`` of the files a stored study's problem reads."""
     problem = config.get("problem") if isinstance(config, dict) else None
+    if isinstance(problem, dict) and problem.get("name") == "decision-log":
+        return [("decision log", str(problem.get("log")), "--source"), ("state directory", str(problem.get("state")), None)]
     if not isinstance(problem, dict) or problem.get("name") != "logged-data":
         return []
     files = []
@@ -363,6 +379,21 @@ def _custom_ab_test(args):
 def _build_ab_test(args):
     if args.tune_command == "custom":
         return _custom_ab_test(args)
+    if args.tune_command == "decision-log":
+        from bayes_safe.online.tuning import LoggedAlpha
+
+        from .ab_test import ABTest
+
+        names = {"log": "--log", "state": "--state", "alpha_max": "--alpha-max", "min_ratio": "--min-ratio",
+                 "num_draws": "--draws", "n_boot": "--boot"}
+        try:
+            problem = LoggedAlpha(args.log, args.state, alpha_max=args.alpha_max, min_ratio=args.min_ratio,
+                                  num_draws=args.draws, n_boot=args.boot)
+        except (ValueError, TypeError, FileNotFoundError) as exc:
+            head, sep, rest = str(exc).partition(":")
+            message = names[head] + sep + rest if sep and head in names else str(exc)
+            raise ValueError(message) from None
+        return ABTest(problem, replicates=args.replicates)
     if args.tune_command == "logged-data":
         from .ab_test import ABTest
         from .logged import LoggedDataProblem
@@ -519,7 +550,9 @@ def run_tune(args) -> int:
                 args.out.rmdir()  # bad input leaves nothing behind
             raise
         trials, parallel = args.trials, args.parallel or 1
-        what = (f"trials estimated from the logs ({ab_test.problem.method} training)" if ab_test.problem.offline else
+        method = getattr(ab_test.problem, "method", None)
+        what = (f"trials estimated from the logs ({method + ' training' if method else 'off-policy'})"
+                if ab_test.problem.offline else
                 f"A/B tests of {ab_test.n_users:,} users per arm in {ab_test.batches} batches"
                 + (", vanilla TS compared" if ab_test.compare else ""))
         what += f"; {ab_test.replicates} replicate{'s' if ab_test.replicates > 1 else ''} per trial"

@@ -96,6 +96,13 @@ class LoggedAlpha(ABProblem):
         self.baselines = frame["baseline"].to_numpy(np.int64)
         self.outcome_constraints = (f"constraint0_ratio >= {self.min_ratio}",) if C else ()
 
+    def config(self) -> dict:
+        """How ``bayes_safe.tuning.make_problem`` rebuilds this problem (``tune resume``): the two
+        paths, absolute, and the settings."""
+        return {"name": "decision-log", "log": str(self.log_path.resolve()), "state": str(self.state_path.resolve()),
+                "alpha_max": float(self.parameters[0]["high"]), "min_ratio": self.min_ratio,
+                "num_draws": self.num_draws, "n_boot": self.n_boot}
+
     def metric_names(self) -> tuple[str, ...]:
         return ("reward", *(f"constraint{j}_ratio" for j in range(self.constraints.shape[1])))
 
