@@ -386,6 +386,39 @@ def _exp_draw(shape, generator, key) -> torch.Tensor:
     return lanewise(lambda u: -torch.log1p(-u), standard_uniform(shape, generator, key=key))
 
 
+# ---------------------------------------------------------------------------- the data
+def empty_data(batch_shape, dim: int) -> tuple[torch.Tensor, ...]:
+    """``(X^T X [*b, d, d], X^T y [*b, d], y^T y [*b], X [*b, 0, d], y [*b, 0])``, all zero: the data
+    a warm-started engine (Gibbs, Langevin) keeps, before any observation."""
+    b, d = tuple(batch_shape), int(dim)
+    return (torch.zeros((*b, d, d), dtype=_DTYPE), torch.zeros((*b, d), dtype=_DTYPE), torch.zeros(b, dtype=_DTYPE),
+            torch.zeros((*b, 0, d), dtype=_DTYPE), torch.zeros((*b, 0), dtype=_DTYPE))
+
+
+def append_rows(X_rows: torch.Tensor, y_rows: torch.Tensor, n: int, X: torch.Tensor, y: torch.Tensor):
+    """Write ``X [*b, m, d]``, ``y [*b, m]`` at rows ``n .. n + m`` of the buffers ``X_rows [*b, cap, d]``,
+    ``y_rows [*b, cap]`` (the 0/1 likelihoods' data), doubling them when full, so that ``m`` rows at a
+    time cost ``O(m)`` amortised. Buffers made under ``torch.inference_mode`` are copied first when it
+    is off (they cannot be written in place there).
+
+    Returns ``(X_rows, y_rows, renewed)``: ``renewed`` when the buffers are new tensors.
+    """
+    m = X.shape[-2]
+    renewed = False
+    if n + m > X_rows.shape[-2]:
+        cap = max(2 * X_rows.shape[-2], n + m, 16)
+        X_new = torch.zeros((*X_rows.shape[:-2], cap, X_rows.shape[-1]), dtype=_DTYPE)
+        y_new = torch.zeros((*y_rows.shape[:-1], cap), dtype=_DTYPE)
+        X_new[..., :n, :] = X_rows[..., :n, :]
+        y_new[..., :n] = y_rows[..., :n]
+        X_rows, y_rows, renewed = X_new, y_new, True
+    elif X_rows.is_inference() and not torch.is_inference_mode_enabled():
+        X_rows, y_rows, renewed = X_rows.clone(), y_rows.clone(), True
+    X_rows[..., n: n + m, :] = X
+    y_rows[..., n: n + m] = y
+    return X_rows, y_rows, renewed
+
+
 # ---------------------------------------------------------------------------- the engine
 @dataclass
 class _State:
@@ -444,12 +477,9 @@ class GibbsLinearPosterior:
             self._noise_var = 1.0
         self.n = 0
         self._n_at_draw = 0
-        # sufficient statistics (all likelihoods keep X^T X; probit's w-step precision is fixed)
-        self._xtx = torch.zeros((*b, d, d), dtype=_DTYPE)
-        self._xty = torch.zeros((*b, d), dtype=_DTYPE)
-        self._yty = torch.zeros(b, dtype=_DTYPE)
-        self._X = torch.zeros((*b, 0, d), dtype=_DTYPE)  # binary likelihoods: the data, grown by doubling
-        self._y = torch.zeros((*b, 0), dtype=_DTYPE)
+        # sufficient statistics (all likelihoods keep X^T X; probit's w-step precision is fixed), and for
+        # the binary likelihoods the rows themselves, grown by doubling (append_rows)
+        self._xtx, self._xty, self._yty, self._X, self._y = empty_data(b, d)
         self._sign = self._y  # 2 y - 1 (probit)
         self._fixed: tuple[torch.Tensor, torch.Tensor] | None = None  # cached (L, prior eta) of a fixed precision
         self._scaled: tuple[torch.Tensor, torch.Tensor] | None = None  # cached (X^T X / s2, X^T y / s2), known s2
@@ -497,18 +527,11 @@ class GibbsLinearPosterior:
             self._yty = self._yty + (y * y).sum(-1)
         self._scaled = None
         if self.likelihood != "gaussian":
-            if self.n + n > self._X.shape[-2]:
-                cap = max(2 * self._X.shape[-2], self.n + n, 16)
-                Xn = torch.zeros((*b, cap, self.dim), dtype=_DTYPE)
-                yn = torch.zeros((*b, cap), dtype=_DTYPE)
-                Xn[..., : self.n, :] = self._X[..., : self.n, :]
-                yn[..., : self.n] = self._y[..., : self.n]
-                self._X, self._y, self._sign = Xn, yn, 2.0 * yn - 1.0
-            elif self._X.is_inference() and not torch.is_inference_mode_enabled():
-                self._X, self._y, self._sign = self._X.clone(), self._y.clone(), self._sign.clone()
-            self._X[..., self.n: self.n + n, :] = X
-            self._y[..., self.n: self.n + n] = y
-            self._sign[..., self.n: self.n + n] = 2.0 * y - 1.0
+            self._X, self._y, renewed = append_rows(self._X, self._y, self.n, X, y)
+            if renewed:
+                self._sign = 2.0 * self._y - 1.0
+            else:
+                self._sign[..., self.n: self.n + n] = 2.0 * y - 1.0
         self.n += n
         self._fixed = None
 

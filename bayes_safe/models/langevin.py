@@ -68,6 +68,7 @@ from pyro.poutine.messenger import Messenger
 from torch.distributions import biject_to
 
 from ..random import Generator, standard_normal, standard_uniform
+from .gibbs import append_rows, empty_data
 
 __all__ = ["LANGEVIN_OPTIONS", "LangevinLinearPosterior"]
 
@@ -163,11 +164,8 @@ class LangevinLinearPosterior:
         b, d = tuple(self.batch_shape), self.dim
         self.n = 0
         self._n_at_draw = 0
-        self._xtx = torch.zeros((*b, d, d), dtype=_DTYPE)
-        self._xty = torch.zeros((*b, d), dtype=_DTYPE)
-        self._yty = torch.zeros(b, dtype=_DTYPE)
-        self._X = torch.zeros((*b, 0, d), dtype=_DTYPE)  # binary likelihoods: the rows, grown by doubling
-        self._y = torch.zeros((*b, 0), dtype=_DTYPE)
+        # the Gaussian likelihood's sufficient statistics; the binary likelihoods' rows (append_rows)
+        self._xtx, self._xty, self._yty, self._X, self._y = empty_data(b, d)
         self.theta = self._initial_theta().expand(*b, self.num_params).clone()
         self.log_step = torch.full(b, math.log(0.1), dtype=_DTYPE)  # log h per replication
         self.factor = torch.eye(self.num_params, dtype=_DTYPE).expand(*b, -1, -1).clone()  # L, Sigma = L L^T
@@ -378,15 +376,7 @@ class LangevinLinearPosterior:
             self._xty = self._xty + (X.mT @ y[..., None])[..., 0]
             self._yty = self._yty + (y * y).sum(-1)
         else:
-            if self.n + n > self._X.shape[-2]:
-                cap = max(2 * self._X.shape[-2], self.n + n, 16)
-                Xn = torch.zeros((*b, cap, self.dim), dtype=_DTYPE)
-                yn = torch.zeros((*b, cap), dtype=_DTYPE)
-                Xn[..., : self.n, :] = self._X[..., : self.n, :]
-                yn[..., : self.n] = self._y[..., : self.n]
-                self._X, self._y = Xn, yn
-            self._X[..., self.n: self.n + n, :] = X
-            self._y[..., self.n: self.n + n] = y
+            self._X, self._y, _ = append_rows(self._X, self._y, self.n, X, y)
         self.n += n
         if self._cache is not None:
             self._stale_cache = self._cache
