@@ -319,28 +319,26 @@ class LangevinLinearPosterior:
         return (lp.detach() + ll).to(_DTYPE), grad.to(_DTYPE)
 
     def _likelihood_and_grad(self, w: torch.Tensor, s2: torch.Tensor | None):
-        """One replication's log likelihood and its gradients in ``w [d]`` and ``s2`` (closed form:
-        Gaussian ``(X^T y - X^T X w) / s2``; probit ``sum_i s_i phi(s_i f_i) / Phi(s_i f_i) x_i`` with
-        ``s_i = 2 y_i - 1``; logistic ``sum_i (y_i - sigmoid(f_i)) x_i``)."""
+        """One replication's log likelihood (``_log_likelihood``) and its gradients in ``w [d]`` and
+        ``s2``, in closed form: Gaussian ``(X^T y - X^T X w) / s2`` (and ``-n / (2 s2) + quad / (2 s2^2)``
+        with a noise prior); probit ``sum_i s_i phi(s_i f_i) / Phi(s_i f_i) x_i`` with ``s_i = 2 y_i - 1``;
+        logistic ``sum_i (y_i - sigmoid(f_i)) x_i``."""
         xtx, xty, yty, X, y, _ = self._data()
         xtx, xty, yty, X, y = xtx[0], xty[0], yty[0], X[0], y[0]
+        ll = self._log_likelihood(w, s2, xtx, xty, yty, float(self.n), X, y)
         if self.likelihood == "gaussian":
             xtxw = xtx @ w
-            quad = yty - 2.0 * (w * xty).sum() + (w * xtxw).sum()
             var = self._noise_var if s2 is None else s2
-            ll = -0.5 * quad / var
             g_s2 = None
             if s2 is not None:
-                ll = ll - 0.5 * self.n * torch.log(s2)
+                quad = yty - 2.0 * (w * xty).sum() + (w * xtxw).sum()
                 g_s2 = -0.5 * self.n / s2 + 0.5 * quad / (s2 * s2)
             return ll, (xty - xtxw) / var, g_s2
         f = X @ w
         if self.likelihood == "probit":
             sign = 2.0 * y - 1.0
-            log_cdf = _log_ndtr(sign * f)
-            ratio = torch.exp(-0.5 * f * f - 0.5 * math.log(2.0 * math.pi) - log_cdf)  # phi / Phi
-            return log_cdf.sum(), X.mT @ (sign * ratio), None
-        ll = (y * f - torch.nn.functional.softplus(f)).sum()
+            ratio = torch.exp(-0.5 * f * f - 0.5 * math.log(2.0 * math.pi) - _log_ndtr(sign * f))  # phi / Phi
+            return ll, X.mT @ (sign * ratio), None
         return ll, X.mT @ (y - torch.sigmoid(f)), None
 
     def _hessian(self, theta: torch.Tensor) -> torch.Tensor:
