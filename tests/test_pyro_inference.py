@@ -39,16 +39,6 @@ def std_normal_prior(d):
     return dist.MultivariateNormal(torch.zeros(d), torch.eye(d))  # float32 on purpose
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """These fits are tiny: intra-op threads only add overhead, and on a loaded 2-core machine
-    they made some SVI fits ten times slower. Restored after this module."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def gaussian_problem():
     noise = 0.5

@@ -37,14 +37,6 @@ W_TRUE = np.array([0.8, -0.4, 0.0, 0.1])
 SEEDS = range(5)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def problem():
     g = np.random.default_rng(2024)
