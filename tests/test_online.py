@@ -68,14 +68,20 @@ def _click(action, rng):
     return float(rng.random() < RATES[action])
 
 
-def test_ips_from_the_decision_log_recovers_a_target_policys_value(tmp_path):
-    """Serve TS on a 3-arm click problem; the logged propensities make IPS of the uniform policy unbiased."""
-    decider = Decider(ThompsonSampling(_model(3, sd=0.5)), update_every=25, num_draws=400, seed=4,
-                      log=tmp_path / "log.sqlite")
-    rng = np.random.default_rng(5)
-    for _ in range(2500):
+def _served_clicks(log, decisions: int, *, update_every: int, num_draws: int, seed: int, clicks_seed: int) -> Decider:
+    """TS served on the 3-arm click problem for ``decisions`` decisions, each with its feedback at once."""
+    decider = Decider(ThompsonSampling(_model(3, sd=0.5)), update_every=update_every, num_draws=num_draws, seed=seed,
+                      log=log)
+    rng = np.random.default_rng(clicks_seed)
+    for _ in range(decisions):
         d = decider.decide(np.eye(3))
         decider.feedback(d.decision_id, _click(d.action, rng))
+    return decider
+
+
+def test_ips_from_the_decision_log_recovers_a_target_policys_value(tmp_path):
+    """Serve TS on a 3-arm click problem; the logged propensities make IPS of the uniform policy unbiased."""
+    decider = _served_clicks(tmp_path / "log.sqlite", 2500, update_every=25, num_draws=400, seed=4, clicks_seed=5)
     logged = decider.log.to_logged_data()
     w = (1 / 3) / logged.propensities.numpy()
     r = logged.rewards.numpy().astype(np.float64)
@@ -247,12 +253,7 @@ def test_the_log_reads_back_when_only_some_feedback_has_constraints(tmp_path):
 def test_the_decision_log_is_a_source_of_the_logged_data_tuning(tmp_path):
     from bayes_safe.tuning.logged import LoggedDataProblem
 
-    decider = Decider(ThompsonSampling(_model(3, sd=0.5)), update_every=20, num_draws=200, seed=1,
-                      log=tmp_path / "log.sqlite")
-    rng = np.random.default_rng(2)
-    for _ in range(400):
-        d = decider.decide(np.eye(3))
-        decider.feedback(d.decision_id, _click(d.action, rng))
+    decider = _served_clicks(tmp_path / "log.sqlite", 400, update_every=20, num_draws=200, seed=1, clicks_seed=2)
     decider.log.close()
     problem = LoggedDataProblem(source=str(tmp_path / "log.sqlite"), method="ips", benchmark=None, epochs=2, n_boot=20)
     metrics = problem.estimate({"lr": 1e-3}, seed=0)
