@@ -253,11 +253,17 @@ _OPTION_OF = {"source": "--source", "options": "--column", "method": "--method",
               "holdout": "--holdout", "max_violation": "--max-violation", "epochs": "--epochs"}
 
 
-def _as_option(message: str) -> str:
-    """``source: ...`` -> ``--source: ...``: a message of the Python API in the command line's words."""
+#: LoggedAlpha's argument names -> the ``tune decision-log`` options that set them
+_DECISION_LOG_OPTION_OF = {"log": "--log", "state": "--state", "alpha_max": "--alpha-max", "min_ratio": "--min-ratio",
+                           "num_draws": "--draws", "n_boot": "--boot"}
+
+
+def _as_option(message: str, option_of: dict[str, str] = _OPTION_OF) -> str:
+    """``source: ...`` -> ``--source: ...``: a message of the Python API in the command line's words
+    (``option_of`` maps argument names to options; default: ``tune logged-data``'s)."""
     head, sep, rest = message.partition(":")
-    if sep and head in _OPTION_OF:
-        return _OPTION_OF[head] + sep + rest
+    if sep and head in option_of:
+        return option_of[head] + sep + rest
     return message
 
 
@@ -384,15 +390,11 @@ def _build_ab_test(args):
 
         from .ab_test import ABTest
 
-        names = {"log": "--log", "state": "--state", "alpha_max": "--alpha-max", "min_ratio": "--min-ratio",
-                 "num_draws": "--draws", "n_boot": "--boot"}
         try:
             problem = LoggedAlpha(args.log, args.state, alpha_max=args.alpha_max, min_ratio=args.min_ratio,
                                   num_draws=args.draws, n_boot=args.boot)
         except (ValueError, TypeError, FileNotFoundError) as exc:
-            head, sep, rest = str(exc).partition(":")
-            message = names[head] + sep + rest if sep and head in names else str(exc)
-            raise ValueError(message) from None
+            raise ValueError(_as_option(str(exc), _DECISION_LOG_OPTION_OF)) from None
         return ABTest(problem, replicates=args.replicates)
     if args.tune_command == "logged-data":
         from .ab_test import ABTest
