@@ -306,7 +306,8 @@ class PyroLinearPosterior:
             iterations) times this fit's ``prod(batch_shape) * num_chains * (warmup_steps +
             num_samples)`` iterations, or, before any fit, that count times 2 ms (divided by
             the number of worker processes when chains run in parallel). With parallel
-            chains only the first chain's bar is shown. SVI shows no bar.
+            chains only the first chain's bar is shown. SVI shows no bar. Pyro itself hides
+            the bar whenever the environment variable ``CI`` is set.
         parallel_chains: NUTS: run the ``prod(batch_shape) * num_chains`` chains in worker
             processes (``concurrent.futures.ProcessPoolExecutor``, ``forkserver`` start
             method where available, else ``spawn``; one worker per usable core, at most one
