@@ -78,7 +78,8 @@ _TARGET_ACCEPT = 0.574
 _MIN_CURVATURE = 1e-4  # eigenvalue floor of the preconditioner: proposal sds of at most 100 unconstrained units
 _NAN_LIMIT = 10  # NaN proposals in a row of one chain that mean a broken prior, not a far-out proposal
 # keyword options of the engine (BayesianLinear's inference_options) and their minimum values
-LANGEVIN_OPTIONS = {"steps": 1, "burn_in": 0, "predict_steps": 1, "seed": 0}
+# (``compile`` is a bool: replay the prior as a recorded graph, ``prior_graph.compile_prior``)
+LANGEVIN_OPTIONS = {"steps": 1, "burn_in": 0, "predict_steps": 1, "seed": 0, "compile": True}
 
 
 class _Unconstrained(Messenger):
@@ -111,6 +112,37 @@ class _Unconstrained(Messenger):
         msg["stop"] = True
 
 
+class _PriorAt:
+    """The prior's part of one replication's log density at a state, reusable under new data.
+
+    Eager: ``theta`` (the autograd leaf), ``lp``, ``w``, ``s2`` hold the prior's autograd graph and
+    ``grad is None``. Recorded graph: ``lp``, ``grad`` (of the prior part), ``w``, ``s2`` are plain
+    tensors and ``jac [d, P]`` is ``dw / dtheta`` (``None`` when ``w`` is a block of ``theta``).
+    """
+
+    __slots__ = ("grad", "jac", "lp", "s2", "theta", "w")
+
+    def __init__(self, theta, lp, w, s2, grad=None, jac=None):
+        self.theta, self.lp, self.w, self.s2, self.grad, self.jac = theta, lp, w, s2, grad, jac
+
+
+class _Recorded:
+    """A recorded graph (``prior_graph.compile_prior``): immutable, so copies of the engine share it;
+    pickled as an empty holder, which the engine records again on use."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __call__(self, *inputs):
+        return self.fn(*inputs)
+
+    def __deepcopy__(self, memo):
+        return self
+
+    def __reduce__(self):
+        return (_Recorded, (None,))
+
+
 class _Site:
     """One latent site: its name, value shape and slice of ``theta``."""
 
@@ -138,6 +170,13 @@ class LangevinLinearPosterior:
         predict_steps: steps averaged by ``summary`` (default 200).
         seed: seed of the initial state and of the generator ``fit`` / ``summary`` use when
             given none.
+        compile: with one replication, record the prior's log density, gradient (and the Jacobian
+            of ``w`` when ``w`` is not itself a site on ``R^d``) once as a graph of tensor operations
+            and replay it at each step (``prior_graph.compile_prior``: about twice as fast as the
+            eager Pyro run and backward pass; equal to 1e-9). A prior the recording cannot replay
+            faithfully (its own random numbers, Python branches on sampled values, in-place
+            updates, or a disagreement at the check states) stays eager; ``compiled`` says which.
+            Default ``True``.
 
     Shapes: ``add(X [*b, n, d], y [*b, n])``; ``draw() -> [*b, d]``; ``summary(X [*b, k, d]) ->
     (mean_w [*b, d], mean [*b, k], var [*b, k])``; ``theta [*b, P]``.
@@ -147,13 +186,14 @@ class LangevinLinearPosterior:
 
     def __init__(self, prior, dim: int, batch_shape: Sequence[int] = (), *, likelihood: str = "gaussian",
                  noise_std: float | None = None, noise_prior=None, steps: int = 1, burn_in: int = 50,
-                 predict_steps: int = 200, seed: int = 0):
+                 predict_steps: int = 200, seed: int = 0, compile: bool = True):
         from .pyro_inference import check_prior_model
 
         self.dim = int(dim)
         self.batch_shape = torch.Size(batch_shape)
         self.likelihood = likelihood
         self.steps, self.burn_in, self.predict_steps, self.seed = int(steps), int(burn_in), int(predict_steps), int(seed)
+        self.compile = bool(compile)
         distribution, fn = check_prior_model(prior, self.dim, self.seed)
         self.prior = prior
         self._prior_fn = fn if fn is not None else (lambda: pyro.sample("w", distribution))
@@ -167,6 +207,11 @@ class LangevinLinearPosterior:
         # the Gaussian likelihood's sufficient statistics; the binary likelihoods' rows (append_rows)
         self._xtx, self._xty, self._yty, self._X, self._y = empty_data(b, d)
         self.theta = self._initial_theta().expand(*b, self.num_params).clone()
+        self._w_block = self._find_w_block()
+        self._graph = None  # the recorded prior (one replication), built at the first evaluation
+        self._graph_tried = False
+        self._step_graph = None  # the recorded proposal (one replication, Gaussian), built at the first step
+        self._step_graph_tried = False
         self.log_step = torch.full(b, math.log(0.1), dtype=_DTYPE)  # log h per replication
         self.factor = torch.eye(self.num_params, dtype=_DTYPE).expand(*b, -1, -1).clone()  # L, Sigma = L L^T
         self._adapt_count = 0
@@ -178,12 +223,20 @@ class LangevinLinearPosterior:
         self.accept_rate = torch.zeros(b, dtype=_DTYPE)  # mean acceptance probability since the last refresh
         self.rejected_non_finite = torch.zeros(b, dtype=torch.long)  # proposals rejected for a non-finite density
         self._nan_run = torch.zeros(b, dtype=torch.long)  # consecutive NaN proposals per chain
+        self._nan_pending = False  # some chain's _nan_run is not zero
 
     def __getstate__(self) -> dict:
-        """Copies (``copy.deepcopy``, pickling) drop the cached autograd graph; it is rebuilt on use."""
+        """Copies (``copy.deepcopy``, pickling) drop the cached autograd graph; it is rebuilt on use.
+        The recorded graphs are shared by copies and re-recorded after unpickling (``_Recorded``)."""
         state = dict(self.__dict__)
         state["_cache"] = state["_stale_cache"] = None
         return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        for name in ("_graph", "_step_graph"):
+            if isinstance(state.get(name), _Recorded) and state[name].fn is None:  # unpickled: record again
+                self.__dict__[name], self.__dict__[name + "_tried"] = None, False
 
     # ------------------------------------------------------------------ the target
     def _trace_sites(self) -> list[_Site]:
@@ -227,6 +280,144 @@ class LangevinLinearPosterior:
                 pyro.util.set_rng_state(saved)
         return torch.stack(draws).median(0).values
 
+    def _find_w_block(self) -> slice | None:
+        """The slice of ``theta`` that ``w`` is (the prior returns a site on ``R^d`` as drawn), else None."""
+        values = self._unpack(self.theta.reshape(-1, self.num_params)[0].clone())
+        handler = _Unconstrained(values)
+        with torch.no_grad(), pyro.validation_enabled(False), handler:
+            w = self._prior_fn()
+        for site in self.sites:
+            if w is values.get(site.name) and site.size == self.dim:
+                return site.slice
+        return None
+
+    @property
+    def compiled(self) -> bool:
+        """Whether one-replication steps replay a recorded graph (the whole step under the Gaussian
+        likelihood, the prior part otherwise; see ``compile``)."""
+        return self._graph is not None or self._step_graph is not None
+
+    def _record_prior(self, theta: torch.Tensor):
+        """The recorded ``theta [P] -> (lp, grad, w[, s2][, jac])`` of the prior part, or None."""
+        from .prior_graph import compile_prior
+
+        noise = torch.randn(2, self.num_params, generator=torch.Generator().manual_seed(0), dtype=_DTYPE)
+        checks = theta + noise * torch.tensor([[0.5], [2.0]], dtype=_DTYPE)
+        with pyro.validation_enabled(False):
+            graph = compile_prior(self._prior_value_and_grad, (theta,), [(c,) for c in checks])
+            if graph is not None and not all(self._block_holds(graph(t)[2], t) for t in (theta, *checks)):
+                return None
+        return graph
+
+    def _block_holds(self, w: torch.Tensor, t: torch.Tensor) -> bool:
+        """``w`` is ``t``'s block ``_w_block`` (always true when there is no block: ``jac`` is used)."""
+        return self._w_block is None or torch.equal(w.reshape(-1), t[self._w_block])
+
+    def _prior_value_and_grad(self, t: torch.Tensor) -> tuple:
+        """``(lp, grad [P], w [d][, s2][, jac [d, P]])`` of the prior part at ``t [P]`` by ``torch.func``
+        (``jac`` when ``w`` is not a block of ``theta``): the function ``_record_prior`` records."""
+        def part(u):
+            lp, w, s2 = self._prior_part(u)
+            return lp, (w,) if s2 is None else (w, s2)  # (functorch's aux holds tensors only)
+
+        grad, (lp, aux) = torch.func.grad_and_value(part, has_aux=True)(t)
+        out = [lp, grad, *aux]
+        if self._w_block is None:  # dw/dtheta [d, P]: d vector-Jacobian products against the identity
+            _, vjp = torch.func.vjp(lambda u: self._prior_part(u)[1], t)
+            out.append(torch.func.vmap(vjp)(torch.eye(self.dim, dtype=_DTYPE))[0])
+        return tuple(out)
+
+    def _recorded_step(self):
+        """The recorded one-replication step for the Gaussian likelihood (``_record_step``), or None."""
+        if self._step_graph is None and not self._step_graph_tried:
+            self._step_graph_tried = True
+            if self._steps_recorded():
+                self._step_graph = _recorded(self._record_step())
+        return self._step_graph
+
+    def _steps_recorded(self) -> bool:
+        """Whether steps use the recorded proposal (one replication, Gaussian likelihood, ``compile``);
+        otherwise the prior part alone is recorded (``_prior_at``)."""
+        return self.compile and self.likelihood == "gaussian" and self.batch_shape.numel() == 1
+
+    def _record_step(self):
+        """Record one whole MALA step of one replication (Gaussian likelihood) as one graph (``_step_fn``);
+        None if refused."""
+        from .prior_graph import compile_prior
+
+        P, d = self.num_params, self.dim
+        _, current = self._current_prior()
+        n, xtx, xty, yty, _, _ = self._one_data()
+        scalar = lambda x: torch.tensor(x, dtype=_DTYPE)
+        example = (self.theta.reshape(P), self.factor.reshape(P, P), self.log_step.reshape(()),
+                   torch.zeros(P, dtype=_DTYPE), scalar(0.5), scalar(n), scalar(1.0), scalar(1.0),
+                   self.accept_rate.reshape(()), xtx, xty, yty, *self._prior_tuple(current))
+        g = torch.Generator().manual_seed(1)
+        theta, xi, dxty = (torch.randn(k, generator=g, dtype=_DTYPE) for k in (P, P, d))
+        checks = [(example[0] + theta, example[1], example[2] - 1.0, xi, scalar(0.25), example[5] + 1.0,  # other state,
+                   scalar(0.5), scalar(0.25), scalar(0.3), xtx + torch.eye(d, dtype=_DTYPE), xty + dxty,  # step, noise,
+                   yty + 1.0, *example[12:])]                                                            # data
+        with pyro.validation_enabled(False):
+            graph = compile_prior(self._step_fn, example, checks)
+            outputs = [] if graph is None else [graph(*inputs) for inputs in (example, *checks)]
+            if graph is not None and not all(self._block_holds(out[10], out[3]) for out in outputs):
+                return None
+        return graph
+
+    def _step_fn(self, theta, L, log_step, xi, u, n, gain, inv_k, accept_rate, xtx, xty, yty, *current):
+        """One whole MALA step of one replication under the Gaussian likelihood, as a pure function
+        (``_record_step`` records it): ``theta, xi [P]``, ``L [P, P]``, ``log_step, u, n, gain, inv_k,
+        accept_rate []``, the data ``X^T X, X^T y, y^T y`` and the prior part at ``theta``
+        (``_prior_tuple``). Returns ``(flags [3] = (NaN at theta, proposal not finite, accepted),
+        value, grad at theta, theta', value', grad', log_step', accept_rate', *prior part at theta')``."""
+        at = self._prior_from(current)
+        value, grad = self._combine(at.lp, at.grad, at.w, at.s2, at.jac, n, xtx, xty, yty, None, None)
+        h = log_step.exp()[None]
+        proposal, lt_g = _mala_move(theta, grad, L, h, xi)
+        prior = self._prior_value_and_grad(proposal)
+        at = self._prior_from(prior)
+        value_p, grad_p = self._combine(at.lp, at.grad, at.w, at.s2, at.jac, n, xtx, xty, yty, None, None)
+        log_alpha = _mala_log_ratio(value, value_p, grad_p, L, h, xi, lt_g)
+        bad, accept, log_step, accept_rate = _mala_accept(value_p, grad_p, log_alpha, u, log_step, accept_rate,
+                                                          gain, inv_k)
+        flags = torch.stack([torch.isnan(value + grad.sum()), bad, accept]).to(_DTYPE)
+        return (flags, value, grad, proposal, value_p, grad_p, log_step, accept_rate, *prior)
+
+    def _prior_tuple(self, at: _PriorAt) -> tuple:
+        """The prior part as ``_prior_value_and_grad`` returns it: ``(lp, grad, w[, s2][, jac])``."""
+        return (at.lp, at.grad, at.w) + (() if at.s2 is None else (at.s2,)) + (() if at.jac is None else (at.jac,))
+
+    def _current_prior(self) -> tuple[torch.Tensor, _PriorAt]:
+        """``(w [*b, d], prior part with its gradient)`` at the current state of one replication."""
+        for cached in (self._cache, self._stale_cache):
+            if cached is not None and cached[3] is not None and cached[3].grad is not None:
+                return cached[2], cached[3]
+        with pyro.validation_enabled(False):
+            at = self._prior_from(self._prior_value_and_grad(self.theta.reshape(self.num_params)))
+        return at.w.reshape(*self.batch_shape, self.dim).to(_DTYPE), at
+
+    def _prior_from(self, out: tuple) -> _PriorAt:
+        """The ``_PriorAt`` of the outputs of ``_prior_value_and_grad`` (or its recording)."""
+        s2 = out[3] if self._noise_prior is not None else None
+        jac = out[-1] if self._w_block is None else None
+        return _PriorAt(None, out[0], out[2], s2, grad=out[1], jac=jac)
+
+    def _prior_at(self, t: torch.Tensor) -> _PriorAt:
+        """The prior part at one replication's state ``t [P]``: from the recorded graph when there
+        is one, else an eager run keeping its autograd graph."""
+        if self.compile and not self._graph_tried and (not self._steps_recorded() or self._step_graph_tried
+                                                       and self._step_graph is None):
+            # (with a recorded step the prior part comes out of it: an eager first evaluation is cheaper
+            # than a second recording; if the step could not be recorded, the prior alone may be)
+            self._graph_tried = True
+            self._graph = _recorded(self._record_prior(t.detach()))
+        if self._graph is not None:
+            return self._prior_from(self._graph(t.detach()))
+        leaf = t.detach().clone().requires_grad_(True)
+        with torch.enable_grad(), pyro.validation_enabled(False):
+            lp, w, s2 = self._prior_part(leaf)
+        return _PriorAt(leaf, lp, w, s2)
+
     def _unpack(self, theta: torch.Tensor) -> dict[str, torch.Tensor]:
         return {s.name: theta[s.slice].reshape(s.shape) for s in self.sites}
 
@@ -244,10 +435,12 @@ class LangevinLinearPosterior:
             lp = lp + self._noise_prior.log_prob(s2) + u
         return lp, w.to(_DTYPE), s2
 
-    def _log_likelihood(self, w, s2, xtx, xty, yty, n, X, y):
-        """One replication's ``log p(y | X, w, s2)`` (a scalar, up to a constant)."""
+    def _log_likelihood(self, w, s2, xtx, xty, yty, n, X, y, xtxw=None):
+        """One replication's ``log p(y | X, w, s2)`` (a scalar, up to a constant); ``xtxw``: ``X^T X w``
+        when the caller has it."""
         if self.likelihood == "gaussian":
-            quad = yty - 2.0 * (w * xty).sum() + w @ xtx @ w
+            xtxw = xtx @ w if xtxw is None else xtxw
+            quad = yty - (w * (2.0 * xty - xtxw)).sum()
             if s2 is None:
                 return -0.5 * quad / self._noise_var
             return -0.5 * n * torch.log(s2) - 0.5 * quad / s2
@@ -278,22 +471,22 @@ class LangevinLinearPosterior:
     def _evaluate(self, theta: torch.Tensor):
         """``(log p [*b], grad [*b, P], w [*b, d], graph)`` at ``theta [*b, P]``.
 
-        With one replication the prior's autograd graph is returned too (``graph``: the leaf
-        ``theta``, the prior term and ``(w, s2)``), so that after new data the value and gradient
-        at the same state cost one backward pass instead of a new run of the prior
-        (``_reevaluate``); batches go through ``torch.func.vmap`` and return ``graph = None``.
+        With one replication the prior part at the state is returned too (``graph``, a
+        ``_PriorAt``), so that after new data the value and gradient at the same state cost the
+        likelihood and the chain rule only, not a new run of the prior (``_current``); batches go
+        through ``torch.func.vmap`` and return ``graph = None``.
         """
+        b = tuple(self.batch_shape)
+        if self.batch_shape.numel() == 1:
+            graph = self._prior_at(theta.reshape(self.num_params))
+            value, grad = self._through(graph)
+            return (value.reshape(b), grad.reshape(*b, self.num_params),
+                    graph.w.detach().to(_DTYPE).reshape(*b, self.dim), graph)
         xtx, xty, yty, X, y, b = self._data()
         R = xtx.shape[0]
         flat = theta.reshape(R, self.num_params).detach()
         n = float(self.n)
         with torch.enable_grad(), pyro.validation_enabled(False):
-            if R == 1:
-                t = flat[0].clone().requires_grad_(True)
-                lp, w, s2 = self._prior_part(t)
-                graph = (t, lp, w, s2)
-                value, grad = self._through(graph)
-                return value.reshape(b), grad.reshape(*b, self.num_params), w.detach().reshape(*b, self.dim), graph
 
             def one(t, a, c, e, Xr, yr):
                 lp, w, s2 = self._prior_part(t)
@@ -303,14 +496,18 @@ class LangevinLinearPosterior:
         return (value.reshape(b).to(_DTYPE), grad.reshape(*b, self.num_params).to(_DTYPE),
                 w.reshape(*b, self.dim).to(_DTYPE), None)
 
-    def _through(self, graph) -> tuple[torch.Tensor, torch.Tensor]:
-        """Value and gradient of one replication's log density from the prior's retained graph:
-        the likelihood is differentiated in ``(w, s2)`` on its own small graph, then one backward
-        pass through the prior carries it to ``theta`` (the chain rule)."""
-        t, lp, w, s2 = graph
-        wd = w.detach().to(_DTYPE)
+    def _through(self, graph: _PriorAt) -> tuple[torch.Tensor, torch.Tensor]:
+        """Value and gradient of one replication's log density from the prior part at its state:
+        the likelihood is differentiated in ``(w, s2)`` in closed form, then carried to ``theta``
+        by the chain rule (``_combine`` for a recorded prior, one backward pass through the eager
+        graph otherwise)."""
+        data = self._one_data()
+        if graph.grad is not None:
+            value, grad = self._combine(graph.lp, graph.grad, graph.w, graph.s2, graph.jac, *data)
+            return value.to(_DTYPE), grad.to(_DTYPE)
+        t, lp, w, s2 = graph.theta, graph.lp, graph.w, graph.s2
         sd = None if s2 is None else s2.detach()
-        ll, g_w, g_s2 = self._likelihood_and_grad(wd, sd)
+        ll, g_w, g_s2 = self._likelihood_and_grad(w.detach().to(_DTYPE), sd, *data)
         outputs, seeds = [lp, w], [torch.ones_like(lp), g_w.to(w.dtype)]
         if sd is not None:
             outputs.append(s2)
@@ -318,22 +515,46 @@ class LangevinLinearPosterior:
         (grad,) = torch.autograd.grad(outputs, t, grad_outputs=seeds, retain_graph=True)
         return (lp.detach() + ll).to(_DTYPE), grad.to(_DTYPE)
 
-    def _likelihood_and_grad(self, w: torch.Tensor, s2: torch.Tensor | None):
+    def _one_data(self):
+        """One replication's data ``(n, X^T X [d, d], X^T y [d], y^T y [], X [n, d] | None, y [n] | None)``."""
+        d, n = self.dim, self.n
+        X = y = None
+        if self.likelihood != "gaussian":
+            X, y = self._X.reshape(-1, d)[:n], self._y.reshape(-1)[:n]
+        return float(n), self._xtx.reshape(d, d), self._xty.reshape(d), self._yty.reshape(()), X, y
+
+    def _combine(self, lp, grad_prior, w, s2, jac, n, xtx, xty, yty, X, y):
+        """``(log p, grad [P])`` of one replication from the prior part (``lp``, its gradient
+        ``grad_prior [P]``, ``w [d]``, ``s2``, ``jac = dw / dtheta [d, P]`` or ``None`` when ``w`` is
+        the block ``_w_block`` of ``theta``) and the data: the chain rule with the likelihood's
+        closed-form gradient, and ``ds2 / du = s2`` for the noise site. Pure (no in-place update), so
+        that the recorded step (``_record_step``) can include it."""
+        P = self.num_params
+        ll, g_w, g_s2 = self._likelihood_and_grad(w, s2, n, xtx, xty, yty, X, y)
+        if jac is None:
+            block = self._w_block
+            grad = grad_prior + torch.nn.functional.pad(g_w.reshape(-1), (block.start, P - block.stop))
+        else:
+            grad = grad_prior + jac.reshape(self.dim, P).mT.to(g_w.dtype) @ g_w
+        if s2 is not None:
+            grad = grad + torch.nn.functional.pad((g_s2 * s2).reshape(1), (P - 1, 0))
+        return lp + ll, grad
+
+    def _likelihood_and_grad(self, w, s2, n, xtx, xty, yty, X, y):
         """One replication's log likelihood (``_log_likelihood``) and its gradients in ``w [d]`` and
         ``s2``, in closed form: Gaussian ``(X^T y - X^T X w) / s2`` (and ``-n / (2 s2) + quad / (2 s2^2)``
         with a noise prior); probit ``sum_i s_i phi(s_i f_i) / Phi(s_i f_i) x_i`` with ``s_i = 2 y_i - 1``;
         logistic ``sum_i (y_i - sigmoid(f_i)) x_i``."""
-        xtx, xty, yty, X, y, _ = self._data()
-        xtx, xty, yty, X, y = xtx[0], xty[0], yty[0], X[0], y[0]
-        ll = self._log_likelihood(w, s2, xtx, xty, yty, float(self.n), X, y)
         if self.likelihood == "gaussian":
             xtxw = xtx @ w
-            var = self._noise_var if s2 is None else s2
+            ll = self._log_likelihood(w, s2, xtx, xty, yty, n, X, y, xtxw=xtxw)
             g_s2 = None
-            if s2 is not None:
-                quad = yty - 2.0 * (w * xty).sum() + (w * xtxw).sum()
-                g_s2 = -0.5 * self.n / s2 + 0.5 * quad / (s2 * s2)
-            return ll, (xty - xtxw) / var, g_s2
+            if s2 is None:
+                return ll, (xty - xtxw) / self._noise_var, None
+            quad = yty - (w * (2.0 * xty - xtxw)).sum()
+            g_s2 = -0.5 * n / s2 + 0.5 * quad / (s2 * s2)
+            return ll, (xty - xtxw) / s2, g_s2
+        ll = self._log_likelihood(w, s2, xtx, xty, yty, n, X, y)
         f = X @ w
         if self.likelihood == "probit":
             sign = 2.0 * y - 1.0
@@ -405,26 +626,47 @@ class LangevinLinearPosterior:
         self.accept_rate = torch.zeros_like(self.accept_rate)
 
     def _step(self, theta, value, grad, w, graph, log_step, generator: Generator, key: str, step_index: int):
-        """One MALA step for every replication; returns the new ``(theta, value, grad, w, graph, log_step)``."""
+        """One MALA step for every replication; returns the new ``(theta, value, grad, w, graph, log_step)``.
+        With a recorded step (``_recorded_step``) ``value`` and ``grad`` may be None: the step computes
+        them from ``graph``, the prior part at ``theta``."""
         b = tuple(self.batch_shape)
-        L = self.factor
-        h = log_step.exp()
         xi = standard_normal((*b, self.num_params), generator, key=key + "/xi")
         u = standard_uniform(b, generator, key=key + "/u")
-
-        def drift(g):  # Sigma g = L L^T g
-            return (L @ (L.mT @ g[..., None]))[..., 0]
-
-        proposal = theta + 0.5 * h[..., None] * drift(grad) + h.sqrt()[..., None] * (L @ xi[..., None])[..., 0]
-        value_p, grad_p, w_p, graph_p = self._evaluate(proposal)
+        k = self._adapt_count + 1
+        step = self._recorded_step()
+        if step is not None:  # one replication, Gaussian likelihood: the whole step is one recorded graph
+            P = self.num_params
+            n, xtx, xty, yty, _, _ = self._one_data()
+            n_gain_inv_k = torch.tensor((n, k ** -0.6, 1.0 / k), dtype=_DTYPE).unbind(0)
+            out = step(theta.reshape(P), self.factor.reshape(P, P), log_step.reshape(()), xi.reshape(P), u.reshape(()),
+                       *n_gain_inv_k, self.accept_rate.reshape(()), xtx, xty, yty, *self._prior_tuple(graph))
+            nan_here, any_bad, accepted = out[0].tolist()
+            if nan_here:
+                self._cache = None
+                raise self._nan_at_state()
+            value, grad = out[1].reshape(b), out[2].reshape(*b, P)
+            proposal, value_p, grad_p = out[3].reshape(*b, P), out[4].reshape(b), out[5].reshape(*b, P)
+            new_log_step, accept_rate = out[6].reshape(b), out[7].reshape(b)
+            graph_p = self._prior_from(out[8:])
+            w_p = graph_p.w.reshape(*b, self.dim)
+            bad = torch.tensor(any_bad > 0).reshape(b)
+            accept = torch.tensor(accepted > 0).reshape(b)
+        else:
+            h = log_step.exp()[..., None]  # [*b, 1]
+            proposal, lt_g = _mala_move(theta, grad, self.factor, h, xi)
+            value_p, grad_p, w_p, graph_p = self._evaluate(proposal)
+            log_alpha = _mala_log_ratio(value, value_p, grad_p, self.factor, h, xi, lt_g)
+            bad, accept, new_log_step, accept_rate = _mala_accept(value_p, grad_p, log_alpha, u, log_step,
+                                                                  self.accept_rate, k ** -0.6, 1.0 / k)
+            any_bad = bool(bad.any())
         # a proposal whose density or gradient is not finite (a scale under- or overflowing far out in
-        # a tail) is rejected, as Stan rejects a divergent one; NaN at the chain's own state, or NaN at
-        # _NAN_LIMIT proposals in a row of one chain, is a broken prior: an error
-        bad = ~(torch.isfinite(value_p) & torch.isfinite(grad_p).all(-1))
-        if bool(bad.any()):
+        # a tail) is rejected (_mala_accept), as Stan rejects a divergent one; NaN at the chain's own
+        # state, or NaN at _NAN_LIMIT proposals in a row of one chain, is a broken prior: an error
+        if any_bad:
             self.rejected_non_finite = self.rejected_non_finite + bad.long()
             nan = torch.isnan(value_p) | torch.isnan(grad_p).any(-1)
             self._nan_run = torch.where(nan, self._nan_run + 1, torch.zeros_like(self._nan_run))
+            self._nan_pending = True
             if bool((self._nan_run >= _NAN_LIMIT).any()):
                 where = (self._nan_run >= _NAN_LIMIT).reshape(-1).nonzero()[:, 0].tolist()
                 self._nan_run = torch.zeros_like(self._nan_run)
@@ -433,36 +675,31 @@ class LangevinLinearPosterior:
                     f"gradient at {_NAN_LIMIT} proposals in a row (replication {where[:5]}, {self.n} observations); "
                     "the model's state is left as it was. Check the prior for operations undefined on part of its "
                     "support, or use inference='nuts'")
-            value_p = torch.where(bad, torch.full_like(value_p, -math.inf), value_p)
-            grad_p = torch.where(bad[..., None], torch.zeros_like(grad_p), grad_p)
-        elif self._nan_run.any():
+        elif self._nan_pending:
             self._nan_run = torch.zeros_like(self._nan_run)
-        back = theta - proposal - 0.5 * h[..., None] * drift(grad_p)
-        back = torch.linalg.solve_triangular(L, back[..., None], upper=False)[..., 0]
-        log_q_back = -0.5 * (back * back).sum(-1) / h
-        log_q_fwd = -0.5 * (xi * xi).sum(-1)
-        log_alpha = value_p - value + log_q_back - log_q_fwd
-        log_alpha = torch.where(bad, torch.full_like(log_alpha, -math.inf), log_alpha)
-        accept = torch.log(u) < log_alpha
-        alpha = log_alpha.clamp(max=0.0).exp()
-        theta = torch.where(accept[..., None], proposal, theta)
-        value = torch.where(accept, value_p, value)
-        grad = torch.where(accept[..., None], grad_p, grad)
-        w = torch.where(accept[..., None], w_p, w)
-        if graph is not None and bool(accept.all()):
-            graph = graph_p
-        self._adapt_count += 1
-        k = self._adapt_count
-        log_step = (log_step + k ** -0.6 * (alpha - _TARGET_ACCEPT)).clamp(-30.0, 5.0)
-        self.accept_rate = self.accept_rate + (alpha - self.accept_rate) / k
-        return theta, value, grad, w, graph, log_step
+            self._nan_pending = False
+        if accept.numel() == 1:  # one chain: take the proposal or keep the state, no selects
+            if bool(accept):
+                theta, value, grad, w, graph = proposal, value_p, grad_p, w_p, graph_p
+        else:
+            theta = torch.where(accept[..., None], proposal, theta)
+            value = torch.where(accept, value_p, value)
+            grad = torch.where(accept[..., None], grad_p, grad)
+            w = torch.where(accept[..., None], w_p, w)
+        self._adapt_count = k
+        self.accept_rate = accept_rate
+        return theta, value, grad, w, graph, new_log_step
 
     def _advance(self, count: int, generator: Generator, key: str, keep: bool = False):
         """Run ``count`` steps from the current state, committing the state only if all succeed.
         Returns the ``[count, *b, P]`` states when ``keep``."""
         saved = (self.log_step.clone(), self._adapt_count, self.accept_rate.clone())
         theta = self.theta
-        value, grad, w, graph = self._current()
+        if count > 0 and self._recorded_step() is not None:  # the recorded step evaluates the state itself
+            value = grad = None
+            w, graph = self._current_prior()
+        else:
+            value, grad, w, graph = self._current()
         log_step = self.log_step
         kept = []
         try:
@@ -483,7 +720,7 @@ class LangevinLinearPosterior:
         if self._cache is not None:
             return self._cache
         stale = self._stale_cache
-        if stale is not None and stale[3] is not None:  # one replication: a backward pass through the kept graph
+        if stale is not None and stale[3] is not None:  # one replication: the chain rule through the kept prior part
             value, grad = self._through(stale[3])
             shape = tuple(self.batch_shape)
             self._cache = (value.reshape(shape), grad.reshape(*shape, self.num_params), stale[2], stale[3])
@@ -491,15 +728,20 @@ class LangevinLinearPosterior:
             self._cache = self._evaluate(self.theta)
         self._stale_cache = None
         value, grad = self._cache[0], self._cache[1]
-        bad = torch.isnan(value) | torch.isnan(grad).any(-1)
-        if bool(bad.any()):
+        if bool(torch.isnan(value + grad.sum(-1)).any()):  # a screen: NaN somewhere, or inf - inf
+            bad = torch.isnan(value) | torch.isnan(grad).any(-1)
+        else:
+            bad = None
+        if bad is not None and bool(bad.any()):
             self._cache = None
-            where = bad.reshape(-1).nonzero()[:, 0].tolist()
-            raise FloatingPointError(
-                f"prior {_describe(self.prior)}: Langevin step 0 produced NaN in the log density or its gradient at the "
-                f"chain's current state (replication {where[:5]}, {self.n} observations); the model's state is left as "
-                "it was. Check the prior for operations undefined on part of its support, or use inference='nuts'")
+            raise self._nan_at_state(bad.reshape(-1).nonzero()[:, 0].tolist())
         return self._cache
+
+    def _nan_at_state(self, where: list[int] | None = None) -> FloatingPointError:
+        return FloatingPointError(
+            f"prior {_describe(self.prior)}: Langevin step 0 produced NaN in the log density or its gradient at the "
+            f"chain's current state (replication {(where or [0])[:5]}, {self.n} observations); the model's state is "
+            "left as it was. Check the prior for operations undefined on part of its support, or use inference='nuts'")
 
     def weights(self, theta: torch.Tensor | None = None) -> torch.Tensor:
         """``[..., d]`` weights ``w(theta)`` of states ``theta [..., P]`` (default: the current state)."""
@@ -593,6 +835,41 @@ class LangevinLinearPosterior:
         if link is not None:
             f = link(f)
         return mean_w, f.mean(0), f.var(0, unbiased=False)
+
+
+def _recorded(fn) -> _Recorded | None:
+    return None if fn is None else _Recorded(fn)
+
+
+def _mala_move(theta, grad, L, h, xi):
+    """The MALA proposal ``theta' = theta + (h/2) Sigma g + sqrt(h) L xi`` with ``Sigma = L L^T``,
+    written ``theta + L ((h/2) L^T g + sqrt(h) xi)``. Shapes ``theta, grad, xi [*b, P]``, ``L [*b, P, P]``,
+    ``h [*b, 1]``; returns ``(theta' [*b, P], L^T g [*b, P])``."""
+    lt_g = (grad[..., None, :] @ L)[..., 0, :]
+    return theta + (L @ (0.5 * h * lt_g + h.sqrt() * xi)[..., None])[..., 0], lt_g
+
+
+def _mala_log_ratio(value, value_p, grad_p, L, h, xi, lt_g):
+    """``log [p(theta') q(theta | theta') / (p(theta) q(theta' | theta))]`` (Roberts & Rosenthal 1998,
+    eq. 3) ``[*b]``. In whitened coordinates the reverse move is ``L^-1 (theta - theta' - (h/2) Sigma g')
+    = -(sqrt(h) xi + (h/2) L^T (g + g'))`` and the forward one ``-sqrt(h) xi``, so no triangular solve
+    is needed."""
+    lt_gp = (grad_p[..., None, :] @ L)[..., 0, :]
+    back = h.sqrt() * xi + 0.5 * h * (lt_g + lt_gp)
+    return value_p - value - 0.5 * ((back * back).sum(-1) / h[..., 0] - (xi * xi).sum(-1))
+
+
+def _mala_accept(value_p, grad_p, log_alpha, u, log_step, accept_rate, gain, inv_k):
+    """Accept with probability ``min(1, exp(log_alpha))`` (``u`` uniform; a proposal whose density or
+    gradient is not finite never), and adapt: ``log h += gain (alpha - 0.574)`` clamped to ``[-30, 5]``
+    (``gain = k^-0.6``), ``accept_rate += (alpha - accept_rate) / k``. Returns ``(bad, accept,
+    log_step, accept_rate)``, each ``[*b]``."""
+    bad = ~torch.isfinite(value_p + grad_p.sum(-1))  # (a sum overflowing counts as not finite)
+    log_alpha = torch.where(bad, torch.full_like(log_alpha, -math.inf), log_alpha)
+    accept = torch.log(u) < log_alpha
+    alpha = log_alpha.clamp(max=0.0).exp()
+    log_step = (log_step + gain * (alpha - _TARGET_ACCEPT)).clamp(-30.0, 5.0)
+    return bad, accept, log_step, accept_rate + (alpha - accept_rate) * inv_k
 
 
 def _log_ndtr(x: torch.Tensor) -> torch.Tensor:

@@ -794,9 +794,15 @@ _LINKS = {"probit": torch.special.ndtr, "logistic": torch.sigmoid}
 
 def _chain_options(options: dict | None) -> dict:
     """Checked keyword arguments of ``GibbsLinearPosterior`` / ``LangevinLinearPosterior`` from
-    ``inference_options`` (all non-negative ints; counts of sweeps or steps at least 1)."""
+    ``inference_options`` (non-negative ints, counts of sweeps or steps at least 1; Langevin's
+    ``compile`` a bool)."""
     out = {}
     for name, value in (options or {}).items():
+        if name == "compile":  # Langevin: replay the recorded prior graph (a bool)
+            if not isinstance(value, bool):
+                raise ValueError(f"inference_options: 'compile' must be True or False, got {value!r}")
+            out[name] = value
+            continue
         low = 1 if name in ("sweeps", "predict_sweeps", "pg_terms", "steps", "predict_steps") else 0
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise ValueError(f"inference_options: {name!r} must be an int >= {low}, got {value!r}")

@@ -102,7 +102,8 @@ def _chain_tensors(e, kind: str) -> dict:
 def _enc_chain(e, enc: Encoder, what: str) -> dict:
     kind = e.method
     return {
-        "options": {k: int(getattr(e, k)) for k in _CHAIN_OPTIONS[kind]},
+        "options": {k: int(getattr(e, k)) for k in _CHAIN_OPTIONS[kind]}
+        | ({"compile": bool(e.compile)} if kind == "langevin" else {}),
         "counters": {k.lstrip("_"): int(getattr(e, k)) for k in _CHAIN_COUNTERS[kind]},
         "tensors": {k: enc.optional(v, f"{what}.{k}") for k, v in _chain_tensors(e, kind).items()},
     }
@@ -190,8 +191,10 @@ def _dec_linear(node: dict, dec: Decoder, where: str):
         likelihood = dec.field(node, "likelihood", str, where)
         chain = dec.field(node, "chain", dict, where)
         opts = dec.field(chain, "options", dict, f"{where}.chain")
-        if set(opts) != set(_CHAIN_OPTIONS[engine]):
-            dec.fail(f"{where}.chain.options: expected exactly {sorted(_CHAIN_OPTIONS[engine])}, got {sorted(opts)}")
+        optional = {"compile"} if engine == "langevin" else set()  # (absent from states saved before it existed)
+        if not set(_CHAIN_OPTIONS[engine]) <= set(opts) <= set(_CHAIN_OPTIONS[engine]) | optional:
+            dec.fail(f"{where}.chain.options: expected exactly {sorted(_CHAIN_OPTIONS[engine])} "
+                     f"(and optionally {sorted(optional)}), got {sorted(opts)}")
         m = build(dec, where, lambda: BayesianLinear(prior, noise_std, noise_prior, batch_shape=b, inference=engine, dim=d,
                                                      likelihood=likelihood, inference_options=opts))
         _dec_chain(m, chain, dec, f"{where}.chain")
