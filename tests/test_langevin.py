@@ -113,10 +113,14 @@ def test_probit_laplace_agrees_with_the_gibbs_engine_and_the_chains_mix():
     assert rhat.max() < 1.01
 
 
-def test_replication_r_of_a_batch_follows_its_own_run():
+@pytest.mark.parametrize("likelihood", ["logistic", "gaussian"])
+def test_replication_r_of_a_batch_follows_its_own_run(likelihood):
+    # the batch runs through torch.func.vmap; each one-replication run replays its recorded graph
+    # (the prior part under the logistic likelihood, the whole step under the Gaussian one)
     X, y = _binary_data(60, [0.5, -1.0], seed=3, link="logistic")
     Xt, yt = torch.as_tensor(X), torch.as_tensor(y)
-    batch = BayesianLinear(_log_scale_prior(2), dim=2, likelihood="logistic", batch_shape=[3])
+    options = {"likelihood": "logistic"} if likelihood == "logistic" else {"noise_std": 0.5}
+    batch = BayesianLinear(_log_scale_prior(2), dim=2, batch_shape=[3], **options)
     rng = ReplicationRNG.from_seed(5, 3)
     draws = []
     for i in range(30):
@@ -124,12 +128,13 @@ def test_replication_r_of_a_batch_follows_its_own_run():
         draws.append(batch.sample(rng, key="w").clone())
     draws = torch.stack(draws)
     for r in range(3):
-        single = BayesianLinear(_log_scale_prior(2), dim=2, likelihood="logistic", batch_shape=[1])
+        single = BayesianLinear(_log_scale_prior(2), dim=2, batch_shape=[1], **options)
         one = ReplicationRNG([rng.seeds[r]])
         own = []
         for i in range(30):
             single.update(Xt[i].expand(1, 2), yt[i].expand(1))
             own.append(single.sample(one, key="w").clone())
+        assert single.engine.compiled and not batch.engine.compiled
         torch.testing.assert_close(torch.stack(own)[:, 0], draws[:, r], atol=1e-8, rtol=0)
 
 

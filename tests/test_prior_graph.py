@@ -2,7 +2,8 @@
 
 The recording must replay the user's function exactly where it can, refuse where it cannot
 (random numbers, branches on values, in-place updates), and leave the Langevin chain where the
-eager engine would take it: same draws to rounding, same errors, same batch equivalence.
+eager engine would take it: same draws to rounding, same errors (batch equivalence: in
+tests/test_langevin.py).
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ import torch
 
 from bayes_safe import BayesianLinear
 from bayes_safe.models.prior_graph import compile_prior
-from bayes_safe.random import ReplicationRNG
 
 F64 = torch.float64
 
@@ -120,28 +120,6 @@ def test_recorded_chains_follow_the_eager_chains(prior, options):
     assert models[0].engine.compiled and not models[1].engine.compiled
     torch.testing.assert_close(draws[0], draws[1], atol=1e-8, rtol=0)
     torch.testing.assert_close(models[0].engine.accept_rate, models[1].engine.accept_rate, atol=1e-8, rtol=0)
-
-
-def test_gaussian_replication_r_of_a_batch_follows_its_own_recorded_run():
-    X, y = _data(40, 2, seed=4)
-    Xt, yt = torch.as_tensor(X), torch.as_tensor(y)
-    batch = BayesianLinear(_hierarchical(2), dim=2, noise_std=0.5, batch_shape=[3])  # vmap, not recorded
-    rng = ReplicationRNG.from_seed(5, 3)
-    draws = []
-    for i in range(40):
-        batch.update(Xt[i].expand(3, 2), yt[i].expand(3))
-        draws.append(batch.sample(rng, key="w").clone())
-    draws = torch.stack(draws)
-    assert not batch.engine.compiled
-    for r in range(3):
-        single = BayesianLinear(_hierarchical(2), dim=2, noise_std=0.5, batch_shape=[1])
-        one = ReplicationRNG([rng.seeds[r]])
-        own = []
-        for i in range(40):
-            single.update(Xt[i].expand(1, 2), yt[i].expand(1))
-            own.append(single.sample(one, key="w").clone())
-        assert single.engine.compiled
-        torch.testing.assert_close(torch.stack(own)[:, 0], draws[:, r], atol=1e-8, rtol=0)
 
 
 def test_a_prior_with_a_branch_on_its_values_stays_eager_and_works():

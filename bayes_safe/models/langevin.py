@@ -548,7 +548,6 @@ class LangevinLinearPosterior:
         if self.likelihood == "gaussian":
             xtxw = xtx @ w
             ll = self._log_likelihood(w, s2, xtx, xty, yty, n, X, y, xtxw=xtxw)
-            g_s2 = None
             if s2 is None:
                 return ll, (xty - xtxw) / self._noise_var, None
             quad = yty - (w * (2.0 * xty - xtxw)).sum()
