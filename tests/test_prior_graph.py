@@ -178,6 +178,16 @@ def test_copies_share_the_recording_and_pickles_record_again():
     torch.testing.assert_close(a, b, atol=1e-10, rtol=0)
 
 
+def test_inference_mode_is_refused_with_a_clear_error_and_no_grad_works():
+    model = BayesianLinear(shared_scale_prior, dim=2, noise_std=0.5)
+    X, y = _data(20, 2, seed=6)
+    model.update(X, y)
+    with torch.inference_mode(), pytest.raises(RuntimeError, match=r"Langevin engine .* outside inference mode"):
+        model.sample(torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.isfinite(model.sample(torch.Generator().manual_seed(0))).all()
+
+
 def test_compile_option_is_checked():
     with pytest.raises(ValueError, match=r"inference_options: 'compile' must be True or False, got 1"):
         BayesianLinear(_hierarchical(2), dim=2, noise_std=1.0, inference_options={"compile": 1})

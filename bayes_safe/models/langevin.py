@@ -605,6 +605,7 @@ class LangevinLinearPosterior:
         """``Sigma = |H|^-1`` from the Hessian of ``-log p`` at the current state (eigenvalues in
         absolute value, floored at 1e-4, so that a flat direction proposes sds of at most 100
         unconstrained units, and at 1e-8 of the largest), and restart the step-size adaptation."""
+        self._require_gradients()
         H = self._hessian(self.theta)
         H = 0.5 * (H + H.mT)
         if not bool(torch.isfinite(H).all()):
@@ -692,6 +693,8 @@ class LangevinLinearPosterior:
     def _advance(self, count: int, generator: Generator, key: str, keep: bool = False):
         """Run ``count`` steps from the current state, committing the state only if all succeed.
         Returns the ``[count, *b, P]`` states when ``keep``."""
+        if count > 0:
+            self._require_gradients()
         saved = (self.log_step.clone(), self._adapt_count, self.accept_rate.clone())
         theta = self.theta
         if count > 0 and self._recorded_step() is not None:  # the recorded step evaluates the state itself
@@ -735,6 +738,13 @@ class LangevinLinearPosterior:
             self._cache = None
             raise self._nan_at_state(bad.reshape(-1).nonzero()[:, 0].tolist())
         return self._cache
+
+    def _require_gradients(self) -> None:
+        if torch.is_inference_mode_enabled():
+            raise RuntimeError(
+                f"prior {_describe(self.prior)}: the Langevin engine follows the gradient of the log posterior, which "
+                "torch.inference_mode() switches off; draw from this model outside inference mode (torch.no_grad() "
+                "is fine)")
 
     def _nan_at_state(self, where: list[int] | None = None) -> FloatingPointError:
         return FloatingPointError(
