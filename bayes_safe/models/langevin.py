@@ -216,8 +216,8 @@ class LangevinLinearPosterior:
         self.factor = torch.eye(self.num_params, dtype=_DTYPE).expand(*b, -1, -1).clone()  # L, Sigma = L L^T
         self._adapt_count = 0
         self._n_at_refresh = 0  # observations at the last preconditioner refresh
-        # (log p [*b], grad [*b, P], w [*b, d], graph) at theta; None after new data, and the
-        # graph (one replication) lets the value and gradient be renewed by one backward pass
+        # (log p [*b], grad [*b, P], w [*b, d], graph) at theta; None after new data, when the prior
+        # part kept in ``graph`` (one replication, a _PriorAt) renews value and gradient by the chain rule
         self._cache = None
         self._stale_cache = None
         self.accept_rate = torch.zeros(b, dtype=_DTYPE)  # mean acceptance probability since the last refresh
@@ -649,8 +649,7 @@ class LangevinLinearPosterior:
             new_log_step, accept_rate = out[6].reshape(b), out[7].reshape(b)
             graph_p = self._prior_from(out[8:])
             w_p = graph_p.w.reshape(*b, self.dim)
-            bad = torch.tensor(any_bad > 0).reshape(b)
-            accept = torch.tensor(accepted > 0).reshape(b)
+            bad, take = None, accepted > 0  # (the one chain's flags, read once above)
         else:
             h = log_step.exp()[..., None]  # [*b, 1]
             proposal, lt_g = _mala_move(theta, grad, self.factor, h, xi)
@@ -659,10 +658,13 @@ class LangevinLinearPosterior:
             bad, accept, new_log_step, accept_rate = _mala_accept(value_p, grad_p, log_alpha, u, log_step,
                                                                   self.accept_rate, k ** -0.6, 1.0 / k)
             any_bad = bool(bad.any())
+            take = bool(accept) if accept.numel() == 1 else None
         # a proposal whose density or gradient is not finite (a scale under- or overflowing far out in
         # a tail) is rejected (_mala_accept), as Stan rejects a divergent one; NaN at the chain's own
         # state, or NaN at _NAN_LIMIT proposals in a row of one chain, is a broken prior: an error
         if any_bad:
+            if bad is None:  # recorded step: its one chain's proposal
+                bad = torch.ones(b, dtype=torch.bool)
             self.rejected_non_finite = self.rejected_non_finite + bad.long()
             nan = torch.isnan(value_p) | torch.isnan(grad_p).any(-1)
             self._nan_run = torch.where(nan, self._nan_run + 1, torch.zeros_like(self._nan_run))
@@ -678,8 +680,8 @@ class LangevinLinearPosterior:
         elif self._nan_pending:
             self._nan_run = torch.zeros_like(self._nan_run)
             self._nan_pending = False
-        if accept.numel() == 1:  # one chain: take the proposal or keep the state, no selects
-            if bool(accept):
+        if take is not None:  # one chain: take the proposal or keep the state, no selects
+            if take:
                 theta, value, grad, w, graph = proposal, value_p, grad_p, w_p, graph_p
         else:
             theta = torch.where(accept[..., None], proposal, theta)
