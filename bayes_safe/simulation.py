@@ -277,7 +277,10 @@ def _run(policy, problem, T: int, seed, *, progress: bool, callback, generator=N
     rec = _Recorder(record, T, R, M, declared, index, rows, trusted_baseline=not checked)
     lean = _lean_thompson(policy)
     if lean is not None:
+        from .models.linear import _ThompsonStep
         from .models.linear import _transposed as transposed
+
+        lean_step = _ThompsonStep(lean, rng, "reward")
 
     available = True
     steps = range(T)
@@ -304,7 +307,7 @@ def _run(policy, problem, T: int, seed, *, progress: bool, callback, generator=N
             K = units.features.shape[1]
             try:
                 if lean is not None and units.features.shape[-1] == lean.dim:
-                    a = lean._thompson_choice(transposed(units.features), rng, "reward", units.valid)
+                    a = lean_step.choose(transposed(units.features), units.valid)
                 else:
                     a = policy.select(units.features, units.baseline, generator=rng, valid=units.valid)
             except ValueError as exc:
@@ -326,7 +329,7 @@ def _run(policy, problem, T: int, seed, *, progress: bool, callback, generator=N
                     means = _as_float64(means, "problem.expected", t, (R, K, M), names)
             chosen = _chosen_rows(units.features, rows, a)
             if lean is not None:
-                lean._update_rows(chosen, obs[:, 0], True)
+                lean_step.update(chosen, obs[:, 0])
             else:
                 policy.update(chosen, obs[:, 0], obs[:, 1:] if M > 1 else None, actions=a)
             rec.step(t, a, units, obs, means)
@@ -353,8 +356,8 @@ def _lean_thompson(policy):
     """The model of a plain ``ThompsonSampling`` over a conjugate, known-noise ``BayesianLinear``
     (the lean path of the loop), else None.
 
-    On that path a step calls ``model._thompson_choice`` (the draw, the scores and the argmax
-    fused) and ``model._update_rows`` directly: the same operations ``policy.select`` and
+    On that path a ``models.linear._ThompsonStep`` made once per run decides (the draw, the
+    scores and the argmax fused) and updates: the same operations ``policy.select`` and
     ``policy.update`` run (so the same numbers, tested), without their per-call checks of data the
     loop made itself. Subclasses of either class take the general path.
     """
