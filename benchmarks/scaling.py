@@ -19,6 +19,9 @@ noise) on a linear bandit with ``K`` fixed arms in ``R^d`` (features and weights
   arrays), numpy batched over replications (stacked ``linalg``) at R >= 100 (the loop of
   ``benchmarks/linear_ts.py``): Cholesky, solves, ``[R, K]`` scores, argmax, rank-one update;
 * ``sim/numpy`` and ``sim/policy``: the ratios;
+* ``floor/numpy`` and ``sim/floor`` (R = 1 rows): ``torch_floor``, the same loop written by hand in
+  torch with no library code, over the numpy loop (the most any torch implementation of these
+  operations reaches at R = 1) and ``simulate`` over it (the share of that floor reached);
 * ``step0 s``: wall time of ``simulate(..., horizon=1)`` from a fresh policy (seeding,
   stream creation, first draws, first factorisation, recording set-up), and ``step0 cpu``
   the process CPU time of the same call (what the wall time would be on an idle machine,
@@ -99,6 +102,43 @@ def numpy_plain(steps: int, K: int, d: int, seed: int = 0) -> float:
         prec += np.outer(x, x)
         b += x * y
     return steps / (time.perf_counter() - start)
+
+
+def torch_floor(steps: int, K: int, d: int, seed: int = 0) -> float:
+    """Decisions/s of the same one-replication loop written by hand in torch: what torch's per-call
+    costs allow at R = 1 with no library code at all.
+
+    The maths of the numpy loop and of ``simulate``'s lean path (Cholesky, two triangular solves,
+    ``[1, K]`` scores, argmax, the outcome, the rank-one update and one record per step) in 13
+    tensor operations of 1.3 to 3 us each, one thread, inference mode, random numbers from one
+    ``torch.Generator`` (cheaper than the library's per-replication streams), no checks, no
+    trace. The library's R = 1 rate over this one is the share of the floor it reaches.
+    """
+    with torch.inference_mode():
+        g = torch.Generator().manual_seed(seed)
+        X = torch.randn(1, K, d, generator=g, dtype=torch.float64)
+        Xt = X.mT.contiguous()
+        theta = torch.randn(1, d, generator=g, dtype=torch.float64)
+        means = (X * theta[:, None, :]).sum(-1)  # [1, K]
+        prec, eta = torch.eye(d, dtype=torch.float64)[None].clone(), torch.zeros(1, d, 1, dtype=torch.float64)
+        L = torch.linalg.cholesky(prec)
+        u = torch.linalg.solve_triangular(L, eta, upper=False)
+        scores = torch.empty(1, 1, K, dtype=torch.float64)
+        actions, rewards = torch.empty(steps, dtype=torch.long), torch.empty(steps, dtype=torch.float64)
+        start = time.perf_counter()
+        for t in range(steps):
+            z = torch.randn(1, d, 1, generator=g, dtype=torch.float64)
+            w = torch.linalg.solve_triangular(L.mT, u + z, upper=True)
+            torch.bmm(w.mT, Xt, out=scores)
+            a = int(scores.argmax())
+            x = X[:, a]  # [1, d]
+            y = means[:, a] + torch.randn(1, generator=g, dtype=torch.float64)
+            prec.addcmul_(x[:, :, None], x[:, None, :])
+            eta.addcmul_(y[:, None, None], x[:, :, None])
+            L, _ = torch.linalg.cholesky_ex(prec)
+            u = torch.linalg.solve_triangular(L, eta, upper=False)
+            actions[t], rewards[t] = a, y[0]
+        return steps / (time.perf_counter() - start)
 
 
 def _rss_kib(field: str) -> int:
@@ -200,7 +240,7 @@ def targets(R: int, K: int, d: int, sim: float, ref: float, pol: float, step0: f
 
 def measure(R: int, K: int, d: int, repeats: int, quick: bool) -> dict:
     T = horizon(R, K, d, quick)
-    sims, mems, pols, refs, step0s, cpus = [], [], [], [], [], []
+    sims, mems, pols, refs, step0s, cpus, floors = [], [], [], [], [], [], []
     for i in range(repeats):
         rate, mem, wall, cpu = simulate_rate(R, K, d, T, seed=i)
         sims.append(rate)
@@ -210,13 +250,17 @@ def measure(R: int, K: int, d: int, repeats: int, quick: bool) -> dict:
             mems.append(mem)
         pols.append(policy_rate(R, K, d, T, seed=i))
         refs.append(numpy_plain(T, K, d, seed=i) if R == 1 else numpy_batched(R, T, seed=i, num_arms=K, dim=d))
+        if R == 1:
+            floors.append(torch_floor(T, K, d, seed=i))
     sim, pol, ref, step0, cpu = (statistics.median(v) for v in (sims, pols, refs, step0s, cpus))
+    floor = statistics.median(floors) if floors else None
     if (R, K, d, T) == (10_000, 100, 4, 200):
         mems = [fresh_process_peak(R, K, d, T, seed=i) for i in range(repeats)]
         mems = [m for m in mems if m is not None]
     mem = statistics.median(mems) if mems else None
     return {"R": R, "K": K, "d": d, "T": T, "simulate/s": sim, "policy/s": pol, "numpy/s": ref,
-            "sim/numpy": sim / ref, "sim/policy": sim / pol, "step0 s": step0, "step0 cpu": cpu, "peak/trace": mem,
+            "sim/numpy": sim / ref, "sim/policy": sim / pol, "floor/numpy": None if floor is None else floor / ref,
+            "sim/floor": None if floor is None else sim / floor, "step0 s": step0, "step0 cpu": cpu, "peak/trace": mem,
             "load": os.getloadavg()[0], "targets": targets(R, K, d, sim, ref, pol, step0, mem, T)}
 
 

@@ -853,6 +853,7 @@ class _ThompsonStep:
         self.features_shape = None
         self.rhs = self.scores = self.flat_scores = self.product = None
         self.chunk = 0
+        self.small = False
 
     def _draw(self) -> torch.Tensor:
         """The step's standard normals ``[R, d, 1]``, as ``standard_normal(model._column_shape, ...)``."""
@@ -870,6 +871,7 @@ class _ThompsonStep:
         self.rhs = torch.empty(R, d, 1, dtype=_DTYPE)
         self.scores = torch.empty(R, 1, K, dtype=_DTYPE)
         self.flat_scores = self.scores.view(R, K)
+        self.small = R * K <= 1024
         streamed = (R * K * d * 8 > _STREAMED_SCORES_BYTES and K * d <= _STREAMED_MAX_BLOCK
                     and _streamed_scores_exact(K, d))
         self.chunk = max(1, _STREAMED_CHUNK_NUMBERS // (d * K)) if streamed else 0
@@ -896,7 +898,9 @@ class _ThompsonStep:
         scores = self.flat_scores
         if valid is not None:
             scores = scores.masked_fill(~valid, float("-inf"))
-        return scores.max(-1).indices
+        # the first maximal index either way (masked_argmax's max); argmax has the smaller call cost on
+        # small tables (1.6 us vs 3.0 at [1, 10]), max the faster loop on large ones (6.6 us vs 7.4 at [64, 100])
+        return scores.argmax(-1) if self.small else scores.max(-1).indices
 
     def update(self, x: torch.Tensor, y: torch.Tensor) -> None:
         """Add one observation per replication: ``x [R, d]``, ``y [R]`` (``_update_rows``'s
