@@ -278,7 +278,6 @@ def _run(policy, problem, T: int, seed, *, progress: bool, callback, generator=N
     lean = _lean_thompson(policy)
     if lean is not None:
         from .models.linear import _ThompsonStep
-        from .models.linear import _transposed as transposed
 
         lean_step = _ThompsonStep(lean, rng, "reward")
 
@@ -307,7 +306,7 @@ def _run(policy, problem, T: int, seed, *, progress: bool, callback, generator=N
             K = units.features.shape[1]
             try:
                 if lean is not None and units.features.shape[-1] == lean.dim:
-                    a = lean_step.choose(transposed(units.features), units.valid)
+                    a = lean_step.choose(units.features, units.valid)
                 else:
                     a = policy.select(units.features, units.baseline, generator=rng, valid=units.valid)
             except ValueError as exc:

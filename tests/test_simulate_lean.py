@@ -102,3 +102,29 @@ def test_at_scale_the_lean_path_equals_the_general_path_and_single_runs(chunk_si
     for r in (0, 2_999, R - 1):
         alone = simulate(_ts(1, d), problem.replication(r), T, seed=[seeds[r]])
         _assert_same_traces(alone, lean.replication(r))
+
+
+def test_transposed_features_follow_in_place_changes_and_die_with_their_features():
+    import gc
+    import weakref
+
+    model = _ts(2, 3).model
+    features = torch.randn(2, 4, 3, dtype=torch.float64)
+    g = torch.Generator()
+    first = model.sample_at(features, g.manual_seed(0))
+    features[:, 1] += 10.0  # the user changes the candidates in place: not served the stale copy
+    changed = model.sample_at(features, g.manual_seed(0))
+    assert torch.equal(changed, model.sample_at(features.clone(), g.manual_seed(0)))
+    assert not torch.equal(changed, first)
+    copy = weakref.ref(linear._transposed(features))
+    assert copy() is not None
+    del features
+    gc.collect()
+    assert copy() is None  # the cache held the features weakly: their copy went with them
+
+
+def test_a_run_keeps_no_copy_of_its_features_after_it_returns():
+    problem = Arms.random(3, 5, 2, seed=0)
+    before = dict(linear._transposed.entries)
+    simulate(_ts(3, 2), problem, 4, seed=0)
+    assert linear._transposed.entries == before  # the lean path transposed into its own cache

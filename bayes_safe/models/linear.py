@@ -43,6 +43,7 @@ Example:
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 
 import torch
@@ -138,33 +139,50 @@ def _cholesky(matrix: torch.Tensor) -> torch.Tensor:
     raise torch.linalg.LinAlgError("posterior precision is not positive definite even with jitter")
 
 
-_TRANSPOSED: dict[int, tuple[torch.Tensor, torch.Tensor, int]] = {}
-
-
-def _transposed(features: torch.Tensor) -> torch.Tensor:
-    """``features.mT`` made contiguous, cached for the last few feature tensors seen.
+class _TransposedCache:
+    """``features.mT`` made contiguous, ``[*batch, d, K]``, kept for the last ``size`` feature
+    tensors seen.
 
     Scores ``w^T X^T`` with ``X^T`` contiguous ran 1.7x faster than ``X w`` on
     ``[1000, 100, 4]`` (155 us vs 264 us); problems with fixed arms hand the same features
-    tensor every step, so the transpose is paid once. The cache keys on the tensor's identity
-    and version counter, so an in-place change is never served stale.
+    tensor every step, so the transpose is paid once. An entry is keyed on the tensor's identity
+    and version counter, so an in-place change is never served stale, and holds the tensor only
+    weakly: the copy is let go with the features (a 305 MiB block at R = 10,000, K = 1,000, d = 4
+    is not kept alive by the cache once its problem is gone).
 
     Inference tensors (made under ``torch.inference_mode()``, e.g. by a user's problem inside
     ``simulate``) have no version counter: an in-place change could not be detected, so they
     are transposed every call and never cached (a new tensor each step gains nothing from the
     cache anyway).
     """
-    if features.is_inference():
-        return features.mT.contiguous()
-    key = id(features)
-    hit = _TRANSPOSED.get(key)
-    if hit is not None and hit[0] is features and hit[2] == features._version:
-        return hit[1]
-    out = features.mT.contiguous()
-    if len(_TRANSPOSED) >= 8:
-        _TRANSPOSED.clear()
-    _TRANSPOSED[key] = (features, out, features._version)
-    return out
+
+    def __init__(self, size: int):
+        self.size = size
+        self.entries: dict[int, tuple[weakref.ref, torch.Tensor, int]] = {}
+
+    def __call__(self, features: torch.Tensor) -> torch.Tensor:
+        if features.is_inference():
+            return features.mT.contiguous()
+        key = id(features)
+        hit = self.entries.get(key)
+        if hit is not None and hit[0]() is features and hit[2] == features._version:
+            return hit[1]
+        out = features.mT.contiguous()
+        if len(self.entries) >= self.size:
+            self.entries.clear()
+        entries = self.entries
+
+        def drop(ref, key=key):  # the features are gone: so is their copy (unless the key was reused)
+            kept = entries.get(key)
+            if kept is not None and kept[0] is ref:
+                del entries[key]
+
+        self.entries[key] = (weakref.ref(features, drop), out, features._version)
+        return out
+
+
+#: the cache of ``sample_at`` (``simulate``'s lean path keeps its own for the run)
+_transposed = _TransposedCache(8)
 
 
 class BayesianLinear:
@@ -828,10 +846,11 @@ class _ThompsonStep:
     The operations are those of ``sample`` then ``sample_at`` then the policies'
     ``masked_argmax``, and of ``update`` (so the same numbers, tested against the general path),
     without their per-call checks, and with what does not change between steps set up once per
-    run: the random stream (looked up once), a buffer for the draw's right-hand side and one for
-    the scores ``[R, 1, K]`` (a fresh 7.6 MiB block each step at R = 10,000, K = 100, freed at once,
-    made glibc raise its mmap threshold and serve later blocks from a heap that fragments: peak
-    2.02-2.09x the Trace, 1.77-1.83x with the buffer).
+    run: the random stream (looked up once), the transposed features (fixed arms: one copy for the
+    run), a buffer for the draw's right-hand side and one for the scores ``[R, 1, K]`` (a fresh
+    7.6 MiB block each step at R = 10,000, K = 100, freed at once, made glibc raise its mmap
+    threshold and serve later blocks from a heap that fragments: peak 2.02-2.09x the Trace,
+    1.77-1.83x with the buffer).
 
     Scores of feature blocks larger than the caches (``_STREAMED_SCORES_BYTES``) are computed in
     chunks of multiply-and-sum that stay in the L2 cache, when that gives the matmul's bits
@@ -852,6 +871,7 @@ class _ThompsonStep:
         self.rhs = self.scores = self.flat_scores = self.product = None
         self.chunk = 0
         self.small = False
+        self.transposed = _TransposedCache(1)  # the run's own: let go with the run
 
     def _draw(self) -> torch.Tensor:
         """The step's standard normals ``[R, d, 1]``, as ``standard_normal(model._column_shape, ...)``."""
@@ -875,10 +895,11 @@ class _ThompsonStep:
         self.chunk = max(1, _STREAMED_CHUNK_NUMBERS // (d * K)) if streamed else 0
         self.product = torch.empty(min(self.chunk, R), d, K, dtype=_DTYPE) if streamed else None
 
-    def choose(self, features_t: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
-        """Actions ``[R]`` (long) for candidates ``features_t [R, d, K]`` (contiguous, see
-        ``_transposed``) and ``valid`` (``None`` or bool ``[R, K]``)."""
+    def choose(self, features: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
+        """Actions ``[R]`` (long) for candidates ``features [R, K, d]`` and ``valid`` (``None`` or
+        bool ``[R, K]``)."""
         m = self.model
+        features_t = self.transposed(features)  # [R, d, K] contiguous
         z = self._draw()
         if m._factor is None or m._dirty is not None:
             m._factorize()
