@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/scaling.py           # the grid, 3 repeats per cell
     .venv/bin/python benchmarks/scaling.py --quick   # fewer cells, shorter runs, 2 repeats
+    .venv/bin/python benchmarks/scaling.py --large   # the cells above 64 MiB of features (up to 1.2 GB)
 
 Thompson sampling with a shared-weight conjugate Gaussian posterior (``BayesianLinear``, known
 noise) on a linear bandit with ``K`` fixed arms in ``R^d`` (features and weights ``N(0, 1)``),
@@ -37,6 +38,15 @@ Rates and times are medians over the repeats. Cells whose ``[R, K, d]`` features
 64 MiB are skipped (the machine is shared), except the two target cells (R = 10,000 with
 K = 100, d = 4 and K = 10, d = 64). One torch thread throughout (``torch.set_num_threads(1)``).
 
+``--large`` measures the skipped cells of the R >= 100 target instead (K in {100, 1,000}, d in
+{4, 16, 64}; features of 122 MiB to 1.2 GB, held three times: the problem's, the transposed copy
+scoring reads, numpy's), all but R = 10,000, K = 1,000, d = 64 (4.9 GB of features, 15 GB held).
+A run there has few steps and a start-up (the transposed copy, first-touch page faults) that
+varies by tenths of a second between runs, so the T-step-minus-1-step difference is not used:
+``simulate`` is timed per step through its ``callback`` (which adds a gather of the step's means
+and a dict, a few microseconds against steps of 30 ms and more) and the rate is ``R`` over the
+median step after the first; numpy is timed over 10 steps.
+
 Targets (issue 20): R = 1: simulate >= 0.8x the numpy loop; R >= 100, K in {100, 1000},
 d in {4, 16, 64}: >= 1.2x batched numpy; R = 10,000: simulate >= 0.8x the policy alone;
 step 0 at R = 10,000, d = 64 < 0.5 s; peak memory at R = 10,000, K = 100, d = 4, T = 200
@@ -46,6 +56,7 @@ at most 2x the Trace.
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import re
 import statistics
@@ -264,6 +275,25 @@ def measure(R: int, K: int, d: int, repeats: int, quick: bool) -> dict:
             "load": os.getloadavg()[0], "targets": targets(R, K, d, sim, ref, pol, step0, mem, T)}
 
 
+LARGE_CELLS = [(1_000, 1_000, 16), (1_000, 1_000, 64), (10_000, 100, 16), (10_000, 100, 64), (10_000, 1_000, 4),
+               (10_000, 1_000, 16)]
+
+
+def measure_large(R: int, K: int, d: int, repeats: int, T: int = 12) -> dict:
+    """One ``--large`` row: ``simulate``'s rate from its median step time (see the module docstring)."""
+    sims, refs = [], []
+    for i in range(repeats):
+        env, pol = problem(R, K, d, i), policy(R, d)
+        stamps: list[float] = []
+        simulate(pol, env, T, seed=i + 1, record=("actions", "regret"), callback=lambda t, info, out=stamps: out.append(time.perf_counter()))
+        del env, pol
+        sims.append(R / statistics.median(b - a for a, b in itertools.pairwise(stamps)))
+        refs.append(numpy_batched(R, 10, seed=i, num_arms=K, dim=d))
+    sim, ref = statistics.median(sims), statistics.median(refs)
+    return {"R": R, "K": K, "d": d, "T": T, "simulate/s": sim, "numpy/s": ref, "sim/numpy": sim / ref,
+            "load": os.getloadavg()[0], "targets": f"sim>=1.2x numpy: {'met' if sim >= 1.2 * ref else 'MISSED'}"}
+
+
 def _fmt(v) -> str:
     if v is None:
         return "n/a"
@@ -282,13 +312,13 @@ def print_row(row: dict, header: bool) -> None:
     print(" | ".join(_fmt(row[c]).ljust(widths[c]) for c in cols), flush=True)
 
 
-def run(quick: bool = False, repeats: int | None = None) -> list[dict]:
-    """Measure every cell of the grid (printing each row as it is measured); the rows."""
+def run(quick: bool = False, repeats: int | None = None, large: bool = False) -> list[dict]:
+    """Measure every cell of the grid, or the large cells (printing each row as it is measured); the rows."""
     torch.set_num_threads(1)
     repeats = repeats or (2 if quick else 3)
     rows = []
-    for i, (R, K, d) in enumerate(grid(quick)):
-        rows.append(measure(R, K, d, repeats, quick))
+    for i, (R, K, d) in enumerate(LARGE_CELLS if large else grid(quick)):
+        rows.append(measure_large(R, K, d, repeats) if large else measure(R, K, d, repeats, quick))
         print_row(rows[-1], header=i == 0)
     return rows
 
@@ -297,6 +327,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer cells, shorter runs, 2 repeats")
     parser.add_argument("--repeats", type=int, default=None, help="repeats per cell (default 3, 2 with --quick)")
+    parser.add_argument("--large", action="store_true", help="the R >= 100 cells above 64 MiB of features instead")
     parser.add_argument("--memory", nargs=5, type=int, metavar=("R", "K", "d", "T", "SEED"),
                         help="only print peak/trace of one simulate run in this (fresh) process")
     args = parser.parse_args(argv)
@@ -314,7 +345,7 @@ def main(argv=None) -> int:
         parser.error("--repeats: expected an int >= 1")
     print(f"load average at start: {os.getloadavg()[0]:.2f} (1 min), {os.cpu_count()} cores; torch {torch.__version__}, "
           f"numpy {np.__version__}", flush=True)
-    run(quick=args.quick, repeats=args.repeats)
+    run(quick=args.quick, repeats=args.repeats, large=args.large)
     print(f"load average at end: {os.getloadavg()[0]:.2f}", flush=True)
     return 0
 
