@@ -277,13 +277,17 @@ class ReplicationRNG:
     def replications(self) -> int:
         return len(self.seeds)
 
-    def _draw(self, kind: str, shape: Sequence[int], key: str, dtype) -> torch.Tensor:
+    def _stream(self, kind: str, shape: Sequence[int], key: str, dtype) -> _Stream:
+        """The stream of ``kind`` draws of ``[R, *shape]`` named ``key`` (made on first use)."""
         sid = (kind, key, shape, dtype)
         stream = self._streams.get(sid)
         if stream is None:
             shape = tuple(int(s) for s in shape)
             stream = self._streams[sid] = _Stream(self.seeds, f"{kind}/{key}/{shape}", shape, kind, self.block, dtype)
-        return stream.next()
+        return stream
+
+    def _draw(self, kind: str, shape: Sequence[int], key: str, dtype) -> torch.Tensor:
+        return self._stream(kind, shape, key, dtype).next()
 
     def normal(self, shape: Sequence[int] = (), key: str = "default", dtype=torch.float64) -> torch.Tensor:
         """Standard normal draws of shape ``[R, *shape]`` from the stream named ``key``."""

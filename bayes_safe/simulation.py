@@ -124,15 +124,6 @@ def _chunk_steps(R: int) -> int:
     return max(8, min(1024, _CHUNK_NUMBERS // R))
 
 
-def _chosen_rows(features: torch.Tensor, rows: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
-    """``features[rows, actions]``, ``[R, d]``: advanced indexing for small R, a flat ``index_select``
-    for large R (measured at R = 10,000, K = 100, d = 4: 0.3 ms instead of 0.9 ms; the same numbers)."""
-    R, K = features.shape[0], features.shape[1]
-    if R < 64 or not features.is_contiguous():
-        return features[rows, actions]
-    return features.view(R * K, -1).index_select(0, torch.add(actions, rows, alpha=K))
-
-
 def _check_record(record) -> tuple[str, ...]:
     """``record`` as a tuple of trace field names in ``TRACE_FIELDS`` order (None: all)."""
     if record is None:
@@ -239,7 +230,7 @@ def _judge(means: torch.Tensor, units, declared, index: dict, rows: torch.Tensor
 def _run(policy, problem, T: int, seed, *, progress: bool, callback, generator=None,
          record: tuple[str, ...] = TRACE_FIELDS) -> Trace:
     """The loop of ``simulate`` (see its docstring)."""
-    from .envs.problem import expected_table, outcome_metrics
+    from .envs.problem import chosen_rows, expected_table, outcome_metrics
 
     R = int(problem.replications)
     names = [str(n) for n in problem.metric_names]
@@ -326,7 +317,7 @@ def _run(policy, problem, T: int, seed, *, progress: bool, callback, generator=N
                     available = False
                 elif means is not None and checked:
                     means = _as_float64(means, "problem.expected", t, (R, K, M), names)
-            chosen = _chosen_rows(units.features, rows, a)
+            chosen = chosen_rows(units.features, rows, a)
             if lean is not None:
                 lean_step.update(chosen, obs[:, 0])
             else:

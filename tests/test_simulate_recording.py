@@ -15,6 +15,7 @@ import torch
 
 from bayes_safe import TSASC, BayesianLinear, ThompsonSampling, simulate, simulation
 from bayes_safe.envs import Constraint, Problem, Units
+from bayes_safe.envs.problem import chosen_rows
 from bayes_safe.random import ReplicationRNG, replication_seeds, standard_normal
 from bayes_safe.simulation import TRACE_FIELDS
 from bayes_safe.trace import Trace
@@ -211,4 +212,6 @@ def test_the_chosen_rows_are_gathered_exactly_at_any_batch_size():
         features = torch.randn(n, K, D, generator=g, dtype=torch.float64)
         actions = torch.randint(0, K, (n,), generator=g)
         rows = torch.arange(n)
-        assert torch.equal(simulation._chosen_rows(features, rows, actions), features[rows, actions])
+        assert torch.equal(chosen_rows(features, rows, actions), features[rows, actions])
+        table = features[..., 0].contiguous()  # [n, K]: one number per candidate
+        assert torch.equal(chosen_rows(table, rows, actions), table[rows, actions])

@@ -22,7 +22,7 @@ import torch
 
 from .._validation import check_in_range, check_positive_int, check_std
 from ..random import Generator, replication_seeds, standard_normal
-from .problem import Constraint, Problem, Units
+from .problem import Constraint, Problem, Units, chosen_rows
 
 __all__ = ["LinearBandit", "Step", "daulton2019", "kazerouni2017", "kazerouni2017_neurips"]
 
@@ -83,7 +83,6 @@ class LinearBandit(Problem):
         self.optimal_action = reward.argmax(-1)
         self.optimal_reward = self.expected[rows, self.optimal_action, 0]
         self._rows = rows
-        self._row_starts = rows * K  # flat index of each replication's first arm in expected.view(R * K, M)
 
     #: the Problem protocol: replication-separable streams, outputs built here (not re-checked)
     replication_streams = True
@@ -122,12 +121,7 @@ class LinearBandit(Problem):
 
     def outcomes(self, units: Units, actions: torch.Tensor) -> torch.Tensor:
         """Observed metrics ``[R, M]`` of ``actions [R]``: the mean plus ``noise_std`` x the step's noise."""
-        R, K, M = self.expected.shape
-        if R < 64:
-            mean = self.expected[self._rows, actions]
-        else:  # a gather of rows of the flat [R * K, M] table, the same numbers (R = 10,000: 0.05 ms, not 0.45)
-            mean = self.expected.reshape(R * K, M).index_select(0, torch.add(actions, self._row_starts))
-        return torch.addcmul(mean, units.context, self.noise_std)
+        return torch.addcmul(chosen_rows(self.expected, self._rows, actions), units.context, self.noise_std)
 
     def expected_all(self, units: Units) -> torch.Tensor:
         """The mean outcomes of every arm ``[R, K, M]`` (the same every step)."""

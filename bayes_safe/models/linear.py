@@ -878,9 +878,9 @@ class _ThompsonStep:
         if self.stream is not None:
             return self.stream.next()
         m = self.model
-        z = standard_normal(m._column_shape, self.generator, key=self.key)
+        z = standard_normal(m._column_shape, self.generator, key=self.key)  # checks the batch size once
         if type(self.generator) is ReplicationRNG:  # the same stream object serves every later draw
-            self.stream = self.generator._streams.get(("normal", self.key, tuple(m._column_shape[1:]), z.dtype))
+            self.stream = self.generator._stream("normal", m._column_shape[1:], self.key, z.dtype)
         return z
 
     def _setup(self, features_t: torch.Tensor) -> None:
@@ -922,11 +922,5 @@ class _ThompsonStep:
         return scores.argmax(-1) if self.small else scores.max(-1).indices
 
     def update(self, x: torch.Tensor, y: torch.Tensor) -> None:
-        """Add one observation per replication: ``x [R, d]``, ``y [R]`` (``_update_rows``'s
-        conjugate one-row branch: the same two in-place products)."""
-        m = self.model
-        s = m._scale
-        m.precision.addcmul_(x[:, :, None], x[:, None, :], value=s)
-        m.eta.addcmul_(y[:, None], x, value=s)
-        m._count += 1
-        m._factor = m._dirty = None  # _invalidate(None)
+        """Add one observation per replication: ``x [R, d]``, ``y [R]``."""
+        self.model._update_rows(x, y, True)
