@@ -8,7 +8,7 @@ import torch
 from .models import BayesianLinear
 from .policies import CLUCB, CLUCB2ASC, LUCB, TSASC, Greedy, LinUCB, Random, ThompsonSampling
 
-__all__ = ["POLICIES", "make_policy", "ridge_model"]
+__all__ = ["POLICIES", "describe_model", "make_policy", "problem_models", "ridge_model"]
 
 POLICIES = ("ts", "ts-asc", "linucb", "greedy", "random", "lucb", "clucb", "clucb2-asc-c", "clucb2-asc-i")
 
@@ -90,3 +90,57 @@ def make_policy(name: str, env, *, ridge: float | None = None, alpha: float | No
     if declared is not None:
         return TSASC(reward, constraints, constraints=declared)
     return TSASC(reward, constraints, alpha=alpha)
+
+
+def problem_models(problem, replications: int | None) -> list | None:
+    """The posterior models a problem declares through its ``models(replications)`` hook
+    (``bayes_safe.envs.Problem``): one per metric, reward first, checked; None when it declares none
+    (then callers build ridge models and say so).
+
+    Args:
+        problem: a ``Problem`` (or any object with the protocol's ``metric_names``).
+        replications: ``R`` for models with ``batch_shape=[R]`` (``simulate``), or None for
+            one posterior shared by the units (``batch_shape=()``: the A/B tuner's arms).
+    Returns:
+        A list of ``len(problem.metric_names)`` new models, or None.
+    """
+    hook = getattr(problem, "models", None)
+    if not callable(hook):
+        return None
+    name = type(problem).__name__
+    models = hook(replications)
+    if models is None:
+        return None
+    if isinstance(models, (str, bytes)) or not hasattr(models, "__len__"):
+        raise TypeError(f"problem.models: {name}.models({replications!r}) must return a list of models (one per "
+                        f"metric), got {type(models).__name__}")
+    models = list(models)
+    names = list(problem.metric_names)
+    if len(models) != len(names):
+        raise ValueError(f"problem.models: {name}.models({replications!r}) returned {len(models)} models; expected "
+                         f"{len(names)}, one per metric ({', '.join(names)}), reward first")
+    want = () if replications is None else (int(replications),)
+    for metric, model in zip(names, models):
+        for method in ("update", "sample_at"):
+            if not callable(getattr(model, method, None)):
+                raise TypeError(f"problem.models: the model of {metric!r} ({type(model).__name__}) has no {method}(); "
+                                "expected a posterior model such as bayes_safe.BayesianLinear")
+        shape = getattr(model, "batch_shape", None)
+        if shape is not None and tuple(shape) != want:
+            raise ValueError(f"problem.models: the model of {metric!r} has batch_shape {list(shape)}; "
+                             f"{name}.models({replications!r}) must build batch_shape={list(want)}")
+    return models
+
+
+def describe_model(model) -> str:
+    """One line naming a model and its engine, for reports: ``"BayesianLinear (gibbs, logistic)"``."""
+    parts = []
+    engine = getattr(model, "engine_name", None)
+    if engine is not None:
+        if engine == "conjugate":
+            engine = "conjugate NIG" if getattr(model, "noise_prior", None) is not None else "conjugate, known noise"
+        parts.append(str(engine))
+    likelihood = getattr(model, "likelihood", None)
+    if likelihood not in (None, "gaussian"):
+        parts.append(str(likelihood))
+    return type(model).__name__ + (f" ({', '.join(parts)})" if parts else "")

@@ -7,7 +7,7 @@ units, using common random numbers: the randomness of a unit is drawn once, in `
 the outcome of action ``a`` for a unit is the same whichever policy asked (this is what makes
 an A/B test against the baseline paired, and a simulation reproducible).
 
-Metric 0 is the reward (higher is better); metrics 1.. are guarded by ``Constraint``
+Metric 0 is the reward (higher is better); any metric (the reward too) may be guarded by ``Constraint``
 declarations, each with its direction and form:
 
 ```python
@@ -61,7 +61,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,21 +75,35 @@ class Constraint:
     """A guardrail on one metric, judged against the baseline's value (relative) or a fixed level.
 
     Attributes:
-        metric: the metric's name (one of the problem's ``metric_names``, not the reward).
+        metric: the metric's name (one of the problem's ``metric_names``; the reward too: a
+            guardrail on the reward is judged on the reward's own posterior draw).
         bound: the factor of the baseline's value (relative) or the level (absolute).
         at_most: True for a lower-is-better metric (``value <= bound x baseline`` or
             ``value <= bound``); False for higher-is-better (``>=``).
         versus_baseline: True: compared with the baseline action's value of the same unit
             (``bound`` is a factor); False: ``bound`` is a level.
+        confidence: None (default): the papers' single-draw test, an action is allowed when one
+            joint posterior draw meets the bound (TS-ASC as published). A probability in
+            ``(0, 1)``: a chance constraint, an action is allowed when the posterior probability
+            that it meets the bound is at least ``confidence`` (relative: the probability that
+            its value meets the bound against the baseline's, jointly). How each policy
+            evaluates it is in its docstring; ``simulate`` and the tuners count a chance
+            constraint against the true mean, like any other.
+
+    What each layer does with each form: the user guide, "What a guardrail means".
 
     TS-ASC's ``alpha`` (Daulton et al. 2019, section 3.1, the instance-level constraint
     ``E[c | x, a] >= (1 - alpha) E[c | x, b]``) is ``Constraint.relative(metric, at_least=1 - alpha)``.
+
+    The baseline's exemption belongs to relative constraints (it cannot break a bound relative
+    to itself, the papers' rule); an absolute constraint judges the baseline like any action.
     """
 
     metric: str
     bound: float
     at_most: bool = False
     versus_baseline: bool = True
+    confidence: float | None = None
 
     def __post_init__(self):
         if not isinstance(self.metric, str) or not self.metric:
@@ -106,20 +120,30 @@ class Constraint:
                              f"value (e.g. at_most=1.02), got {self.bound}")
         if self.at_most and not self.versus_baseline and self.bound < 0:
             raise ValueError(f"bound: a lower-is-better threshold on {self.metric!r} must be >= 0, got {self.bound}")
+        q = self.confidence
+        if q is not None:
+            if isinstance(q, bool) or not isinstance(q, numbers.Real) or not 0.0 < float(q) < 1.0:
+                raise ValueError(f"confidence: expected None or a probability in (0, 1) (e.g. 0.95) for the "
+                                 f"constraint on {self.metric!r}, got {q!r}")
+            object.__setattr__(self, "confidence", float(q))
 
     @classmethod
-    def relative(cls, metric: str, *, at_least: float | None = None, at_most: float | None = None) -> Constraint:
-        """``metric >= at_least x baseline`` (higher is better) or ``<= at_most x baseline`` (lower is better)."""
+    def relative(cls, metric: str, *, at_least: float | None = None, at_most: float | None = None,
+                 confidence: float | None = None) -> Constraint:
+        """``metric >= at_least x baseline`` (higher is better) or ``<= at_most x baseline`` (lower is better);
+        with ``confidence``, required with at least that posterior probability."""
         if (at_least is None) == (at_most is None):
             raise ValueError(f"Constraint.relative({metric!r}): give exactly one of at_least= and at_most=")
-        return cls(metric, float(at_most if at_most is not None else at_least), at_most is not None, True)
+        return cls(metric, float(at_most if at_most is not None else at_least), at_most is not None, True, confidence)
 
     @classmethod
-    def absolute(cls, metric: str, *, at_least: float | None = None, at_most: float | None = None) -> Constraint:
-        """``metric >= at_least`` or ``metric <= at_most``."""
+    def absolute(cls, metric: str, *, at_least: float | None = None, at_most: float | None = None,
+                 confidence: float | None = None) -> Constraint:
+        """``metric >= at_least`` or ``metric <= at_most``; with ``confidence``, required with at least
+        that posterior probability (``absolute("ae", at_most=0.05, confidence=0.95)``)."""
         if (at_least is None) == (at_most is None):
             raise ValueError(f"Constraint.absolute({metric!r}): give exactly one of at_least= and at_most=")
-        return cls(metric, float(at_most if at_most is not None else at_least), at_most is not None, False)
+        return cls(metric, float(at_most if at_most is not None else at_least), at_most is not None, False, confidence)
 
     @classmethod
     def from_alpha(cls, metric: str, alpha: float) -> Constraint:
@@ -128,6 +152,23 @@ class Constraint:
             raise ValueError(f"alpha: expected a value in [0, 1), got {alpha!r}")
         return cls(metric, 1.0 - float(alpha), False, True)
 
+    @classmethod
+    def from_dict(cls, data: Mapping) -> Constraint:
+        """The inverse of ``to_dict`` (``confidence`` optional: older files have none)."""
+        if not isinstance(data, Mapping):
+            raise TypeError(f"constraint: expected a mapping with metric, bound, at_most, versus_baseline, got "
+                            f"{type(data).__name__}")
+        keys = {"metric", "bound", "at_most", "versus_baseline"}
+        if not keys <= set(data) or not set(data) <= keys | {"confidence"}:
+            raise ValueError(f"constraint: expected the keys {sorted(keys)} (and optionally 'confidence'), got "
+                             f"{sorted(data)}")
+        return cls(data["metric"], data["bound"], data["at_most"], data["versus_baseline"], data.get("confidence"))
+
+    @property
+    def chance(self) -> bool:
+        """Whether this is a chance constraint (``confidence`` set)."""
+        return self.confidence is not None
+
     def threshold(self, baseline_value: torch.Tensor) -> torch.Tensor:
         """The bound in the metric's units: ``bound x baseline_value`` (relative) or ``bound``."""
         if self.versus_baseline:
@@ -135,17 +176,31 @@ class Constraint:
         return torch.full_like(baseline_value, self.bound)
 
     def satisfied(self, values: torch.Tensor, baseline_value: torch.Tensor) -> torch.Tensor:
-        """Which ``values [..., K]`` meet the constraint, given the baseline's ``[...]`` -> bool ``[..., K]``."""
+        """Which ``values [..., K]`` meet the constraint, given the baseline's ``[...]`` -> bool ``[..., K]``.
+
+        The plain inequality, for every action the baseline included: a relative constraint's
+        baseline meets it whenever its value is >= 0 (callers that exempt the baseline say so)."""
         limit = self.threshold(baseline_value)[..., None]
         return values <= limit if self.at_most else values >= limit
 
+    def margin(self, values: torch.Tensor, baseline_value: torch.Tensor) -> torch.Tensor:
+        """How far ``values [..., K]`` are inside the bound (>= 0: met), in the metric's units ``[..., K]``:
+        ``limit - value`` for ``at_most``, ``value - limit`` for ``at_least``."""
+        limit = self.threshold(baseline_value)[..., None]
+        return limit - values if self.at_most else values - limit
+
     def describe(self) -> str:
-        """``"unsubscribe <= 1.02 x baseline"`` and the like, for reports."""
+        """``"unsubscribe <= 1.02 x baseline"``, ``"ae <= 0.05 with P >= 0.95"`` and the like, for reports."""
         op = "<=" if self.at_most else ">="
-        return f"{self.metric} {op} {self.bound:g} x baseline" if self.versus_baseline else f"{self.metric} {op} {self.bound:g}"
+        text = (f"{self.metric} {op} {self.bound:g} x baseline" if self.versus_baseline
+                else f"{self.metric} {op} {self.bound:g}")
+        return text if self.confidence is None else f"{text} with P >= {self.confidence:g}"
 
     def to_dict(self) -> dict:
-        return {"metric": self.metric, "bound": self.bound, "at_most": self.at_most, "versus_baseline": self.versus_baseline}
+        out = {"metric": self.metric, "bound": self.bound, "at_most": self.at_most, "versus_baseline": self.versus_baseline}
+        if self.confidence is not None:
+            out["confidence"] = self.confidence
+        return out
 
 
 @dataclass
@@ -206,12 +261,18 @@ class Problem:
     noise_std: Sequence[float] | None = None
     search_space: tuple = ()
     replication_streams: bool = False
+    fallback: str = "safest"
 
     def draw(self, n: int, generator: torch.Generator) -> Units:  # pragma: no cover - the user's
         raise NotImplementedError
 
     def outcomes(self, units: Units, actions: torch.Tensor) -> torch.Tensor:  # pragma: no cover - the user's
         raise NotImplementedError
+
+    def models(self, replications: int | None) -> Sequence | None:
+        """The problem's own posterior models, one per metric (reward first), or None (the default:
+        the entry points build ridge models from ``noise_std``). See the class docstring."""
+        return None
 
     def expected(self, units: Units, actions: torch.Tensor) -> torch.Tensor | None:
         """Mean outcomes ``[n, M]`` of ``actions`` when the simulator knows them; ``None`` otherwise."""
@@ -271,7 +332,7 @@ def _defines(obj, method: str) -> bool:
 
 def check_problem(problem, what: str = "problem") -> None:
     """Raise ``TypeError`` naming every missing piece of the ``Problem`` protocol, and
-    ``ValueError`` for inconsistent declarations (constraints on unknown metrics or on the reward)."""
+    ``ValueError`` for inconsistent declarations (constraints on unknown metrics, an unknown fallback)."""
     missing = [m for m in REQUIRED_METHODS if not _defines(problem, m)]
     names = getattr(problem, "metric_names", None)
     if (names is None or isinstance(names, str) or not isinstance(names, Sequence) or len(names) < 1
@@ -288,8 +349,9 @@ def check_problem(problem, what: str = "problem") -> None:
             raise TypeError(f"{what}.constraints: expected Constraint declarations, got {type(c).__name__}")
         if c.metric not in names:
             raise ValueError(f"{what}.constraints: {c.metric!r} is not one of the metrics {list(names)}")
-        if c.metric == names[0]:
-            raise ValueError(f"{what}.constraints: {c.metric!r} is the reward (metric 0); constraints guard other metrics")
+    fallback = getattr(problem, "fallback", "safest")
+    if fallback not in ("safest", "baseline"):
+        raise ValueError(f"{what}.fallback: expected 'safest' or 'baseline', got {fallback!r}")
     reps = getattr(problem, "replications", 1)
     if isinstance(reps, bool) or not isinstance(reps, int) or reps < 1:
         raise ValueError(f"{what}.replications: expected a positive int, got {reps!r}")
