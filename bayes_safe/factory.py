@@ -37,22 +37,45 @@ def ridge_model(env, metric: int = 0, ridge: float | None = None) -> BayesianLin
 
 
 def make_policy(name: str, env, *, ridge: float | None = None, alpha: float | None = None, delta: float = 0.001,
-                weight_bound: float | None = None, constraints=None):
+                weight_bound: float | None = None, constraints=None, metric_names=None, fallback: str | None = None,
+                models=None):
     """A policy registered as ``name`` (see ``POLICIES``), with ridge models for ``env``'s metrics.
 
     ``ridge``: None for the problem's own (well-specified) prior, a number for the ridge prior
     ``N(0, sigma^2 / ridge I)`` (see ``ridge_model``).
 
     ``constraints``: for ts-asc (and clucb2-asc-c/-i, relative ``at_least`` form only), one
-    ``bayes_safe.envs.Constraint`` per constraint metric instead of ``alpha`` (see ``TSASC``).
+    ``bayes_safe.envs.Constraint`` per constraint metric instead of ``alpha`` (see ``TSASC``);
+    with ``metric_names`` (ts-asc), any number, matched to the models by metric name (a
+    guardrail on the reward included).
+
+    ``metric_names``, ``fallback`` (ts-asc): passed to ``TSASC``; ``fallback=None`` takes
+    ``env.fallback`` when the problem declares one (``bayes_safe.envs.Problem.fallback``), else
+    ``"safest"``. Policies without constraint models ignore both.
+
+    ``models``: the problem's own posteriors instead of ridge models, one per metric, reward first
+    (``problem_models(problem, R)``); for ts, greedy and ts-asc (ts and greedy use the first,
+    ts-asc all of them). The UCB family builds its confidence sets from ridge models of known
+    noise and refuses them.
     """
     if name not in POLICIES:
         raise ValueError(f"policy: unknown name {name!r}; expected one of {list(POLICIES)}")
     if ridge is not None and not ridge > 0:
         raise ValueError(f"ridge: expected a number > 0 (or None for the problem's own prior), got {ridge}")
+    if models is not None:
+        if isinstance(models, (str, bytes)) or not isinstance(models, (list, tuple)) or len(models) == 0:
+            raise TypeError(f"models: expected a list of models, one per metric (reward first), e.g. "
+                            f"problem_models(problem, R), got {type(models).__name__}")
+        if ridge is not None:
+            raise ValueError("ridge: applies to the ridge models built when models= is not given; the problem's own "
+                             "models were given")
+        if name not in ("ts", "greedy", "ts-asc", "random"):
+            raise ValueError(f"models: {name!r} builds its confidence sets from ridge models of known noise; the "
+                             "problem's own models run with 'ts', 'greedy' or 'ts-asc'")
+        models = list(models)
     if name == "random":
         return Random()
-    reward = ridge_model(env, 0, ridge)
+    reward = models[0] if models is not None else ridge_model(env, 0, ridge)
     if name == "ts":
         return ThompsonSampling(reward)
     if name == "greedy":
@@ -71,15 +94,18 @@ def make_policy(name: str, env, *, ridge: float | None = None, alpha: float | No
         if alpha is None:
             raise ValueError(f"alpha: required for clucb on problem {env.name!r} (which has no alpha of its own); pass --alpha")
         return CLUCB(reward, baseline_reward=env.baseline_expected[:, 0], alpha=alpha, delta=delta, weight_bound=bound)
-    if env.num_metrics < 2:
-        raise ValueError(f"policy: {name!r} needs a problem with a constraint metric; {env.name!r} has none")
+    num_metrics = len(models) if models is not None else env.num_metrics
+    if num_metrics < 2:
+        what = "the models given" if models is not None else f"{env.name!r}"
+        raise ValueError(f"policy: {name!r} needs a problem with a constraint metric; {what} has none")
     if constraints is not None and alpha is not None:
         raise ValueError(f"{name}: give exactly one of alpha= and constraints=, not both")
     if constraints is None:
-        alpha = env.alpha if alpha is None else alpha
+        alpha = getattr(env, "alpha", None) if alpha is None else alpha
         if alpha is None:
             raise ValueError(f"alpha: required for {name} on a problem without its own alpha")
-    declared, constraints = constraints, [ridge_model(env, m, ridge) for m in range(1, env.num_metrics)]
+    declared = constraints
+    constraints = models[1:] if models is not None else [ridge_model(env, m, ridge) for m in range(1, env.num_metrics)]
     if name in ("clucb2-asc-c", "clucb2-asc-i"):
         norms = env.parameters.norm(dim=-1)  # [R, M]
         bound = weight_bound if weight_bound is not None else norms[:, 0]
@@ -87,9 +113,12 @@ def make_policy(name: str, env, *, ridge: float | None = None, alpha: float | No
         mode = "cumulative" if name.endswith("-c") else "instance"
         return CLUCB2ASC(reward, constraints, alpha=alpha, delta=delta, mode=mode, weight_bound=bound,
                          constraint_weight_bounds=cbounds, constraints=declared)
+    if fallback is None:
+        fallback = getattr(env, "fallback", None) or "safest"
+    options = {"metric_names": metric_names, "fallback": fallback}
     if declared is not None:
-        return TSASC(reward, constraints, constraints=declared)
-    return TSASC(reward, constraints, alpha=alpha)
+        return TSASC(reward, constraints, constraints=declared, **options)
+    return TSASC(reward, constraints, alpha=alpha, **options)
 
 
 def problem_models(problem, replications: int | None) -> list | None:

@@ -239,19 +239,35 @@ class _ArmBounds:
             self._nobs = self.model.num_observations.clone()
 
 
-def _alpha_of_constraints(constraints, alpha) -> list[float]:
-    """CLUCB2-ASC's ``alpha`` from ``Constraint`` declarations (relative, at_least only)."""
+def _refuse_confidence(c, j: int, policy: str, delta) -> None:
+    """A chance constraint (``Constraint.confidence``) is not what the UCB family checks: one clear error."""
+    q = getattr(c, "confidence", None)
+    if q is None:
+        return
+    try:
+        level = f"delta={float(delta):g}, i.e. level {1.0 - float(delta):g}"
+    except (TypeError, ValueError):
+        level = f"delta={delta!r}"
+    raise ValueError(f"constraints[{j}]: {policy} judges its guardrails on confidence bounds at level 1 - delta "
+                     f"({level}), not on a posterior probability; drop confidence={q:g} from the constraint on "
+                     f"{c.metric!r} and pass delta={1.0 - q:g} instead (or use TS-ASC for a chance constraint)")
+
+
+def _alpha_of_constraints(constraints, alpha, delta=0.001, policy: str = "CLUCB2-ASC") -> list[float]:
+    """CLUCB2-ASC's (and CLUCB's) ``alpha`` from ``Constraint`` declarations (relative, at_least
+    only, no ``confidence``)."""
     if alpha is not None:
-        raise ValueError("CLUCB2ASC: give exactly one of alpha= and constraints=, not both")
+        raise ValueError(f"{policy.replace('-', '')}: give exactly one of alpha= and constraints=, not both")
     if not isinstance(constraints, (list, tuple)):
         constraints = [constraints]
     out = []
     for j, c in enumerate(constraints):
         if not all(hasattr(c, a) for a in ("metric", "bound", "at_most", "versus_baseline")):
             raise TypeError(f"constraints[{j}]: expected a bayes_safe.envs.Constraint, got {type(c).__name__}")
+        _refuse_confidence(c, j, policy, delta)
         if c.at_most or not c.versus_baseline:
             form = "absolute" if not c.versus_baseline else "relative at_most (lower is better)"
-            raise ValueError(f"constraints[{j}]: CLUCB2-ASC supports only Constraint.relative(metric, at_least=...) "
+            raise ValueError(f"constraints[{j}]: {policy} supports only Constraint.relative(metric, at_least=...) "
                              f"(the paper's alpha form); {c.metric!r} is {form}; use TS-ASC for this constraint")
         out.append(1.0 - float(c.bound))
     return out
@@ -296,10 +312,15 @@ class CLUCB(Policy):
             callable ``(features [R, K, d], baseline [R]) -> [R]`` for baselines whose reward
             changes with the step (contextual problems).
         alpha: tolerated fraction of the baseline's cumulative reward that may be lost, in
-            ``[0, 1)`` (constraint (3)).
+            ``[0, 1)`` (constraint (3)); default 0.01.
         delta: failure probability of the confidence set, in (0, 1).
         weight_bound: ``S >= ||theta*||_2``, a float or a tensor ``[R]``.
         radius_scale: multiplies the radius ``beta_t`` (1: Abbasi-Yadkori's); see ``LUCB``.
+        constraints: instead of ``alpha``, the performance constraint as a declaration on the
+            reward: ``Constraint.relative(reward, at_least=1 - alpha)`` (``Constraint.from_alpha``;
+            one, or a sequence of one). Other forms raise ``ValueError``, and so does a chance
+            constraint (``confidence=``): CLUCB judges constraint (3) on the confidence set, which
+            holds with probability ``1 - delta``; pass ``delta`` for the level.
 
     State (per replication, read-only): ``num_optimistic`` (``m_t = |S_t|``),
     ``num_conservative`` (``n_t``), ``z`` (sum of the optimistic plays' features),
@@ -312,8 +333,15 @@ class CLUCB(Policy):
     optimistic play.
     """
 
-    def __init__(self, model, baseline_reward: torch.Tensor | Callable, alpha: float = 0.01, delta: float = 0.001,
-                 weight_bound: float | torch.Tensor = 1.0, radius_scale: float = 1.0):
+    def __init__(self, model, baseline_reward: torch.Tensor | Callable, alpha: float | None = None, delta: float = 0.001,
+                 weight_bound: float | torch.Tensor = 1.0, radius_scale: float = 1.0, constraints=None):
+        if constraints is not None:
+            if isinstance(constraints, (list, tuple)) and len(constraints) != 1:
+                raise ValueError(f"constraints: CLUCB has one performance constraint (on the reward), got "
+                                 f"{len(constraints)} declarations")
+            (alpha,) = _alpha_of_constraints(constraints, alpha, delta, "CLUCB")
+        elif alpha is None:
+            alpha = 0.01
         R = _batch_size(model, "model")
         self.model = model
         self.alpha = check_in_range(alpha, "alpha", 0.0, 1.0)
@@ -421,7 +449,11 @@ class CLUCB2ASC(Policy):
             (``alpha = 1 - c``; ``Constraint.from_alpha``). Lower-is-better (``at_most``) and
             absolute constraints raise ``ValueError`` (the pessimistic cumulative budget of
             Algorithm 2 is derived for a higher-is-better metric relative to the baseline);
-            use TS-ASC for them.
+            use TS-ASC for them. A chance constraint (``confidence=``) raises ``ValueError``
+            too: the feasibility check already holds on the event that every confidence set
+            holds, of probability at least ``1 - delta`` for the ellipsoid used here (module
+            docstring; Kazerouni et al. 2017, Proposition 1, for their sets), so the level of a
+            guardrail is set by ``delta``, not by a posterior probability.
     """
 
     MODES = ("cumulative", "instance")
@@ -431,7 +463,7 @@ class CLUCB2ASC(Policy):
                  constraint_weight_bounds=None, baseline_lower_bound: float | Sequence[float] = 0.0,
                  radius_scale: float = 1.0, constraints=None):
         if constraints is not None:
-            alpha = _alpha_of_constraints(constraints, alpha)
+            alpha = _alpha_of_constraints(constraints, alpha, delta, "CLUCB2-ASC")
         elif alpha is None:
             alpha = 0.01
         if mode not in self.MODES:

@@ -75,10 +75,14 @@ def encode_policy(policy, enc: Encoder, what: str, model_node) -> dict:
                     state={k: t(getattr(policy, k), f"{what}.{k}") for k in ("z", "v", "w", "num_conservative")})
     elif name == "TSASC":
         declared = getattr(policy, "constraints", None)
-        if declared is not None:  # constraint declarations (direction and form), not alpha
+        if declared is not None:  # constraint declarations (direction, form, confidence), not alpha
             node.update(constraints=[c.to_dict() for c in declared], num_constraints=policy.num_constraints)
         else:
             node.update(alpha=policy.alpha.tolist(), num_constraints=policy.num_constraints)
+        names = getattr(policy, "metric_names", None)
+        if names is not None:
+            node["metric_names"] = list(names)
+        node.update(fallback=policy.fallback, confidence_draws=int(policy.confidence_draws))
     elif name == "BCTS":
         node.update(sigma_online=t(policy.sigma_online, f"{what}.sigma_online"),
                     random_teaching=t(policy.random_teaching, f"{what}.random_teaching"),
@@ -156,11 +160,19 @@ def decode_policy(node, dec: Decoder, where: str):
         return policy
     if name == "TSASC":
         reward, *cons = constraints()
+        # files written before issue 26 have no metric_names, fallback or confidence_draws: the defaults
+        names = node.get("metric_names")
+        if names is not None and (not isinstance(names, list) or not all(isinstance(n, str) for n in names)):
+            dec.fail(f"{where}: field 'metric_names' must be a list of names, got {names!r}")
+        options = {"metric_names": names,
+                   "fallback": dec.field(node, "fallback", str, where) if "fallback" in node else "safest",
+                   "confidence_draws": dec.int_field(node, "confidence_draws", where, minimum=2)
+                   if "confidence_draws" in node else 64}
         if "constraints" in node:
-            declared = _declarations(node, len(cons), dec, where)
-            return build(dec, where, lambda: cls(reward, cons, constraints=declared))
+            declared = _declarations(node, None if names is not None else len(cons), dec, where)
+            return build(dec, where, lambda: cls(reward, cons, constraints=declared, **options))
         alpha = _alphas(node, len(cons), dec, where)
-        return build(dec, where, lambda: cls(reward, cons, alpha=alpha))
+        return build(dec, where, lambda: cls(reward, cons, alpha=alpha, **options))
     # BCTS
     reward, constraint = need("reward", "constraint")
     sigma = t("sigma_online", dtype=_F64, finite=True).clone()
@@ -182,20 +194,22 @@ def _restore(policy, node, dec: Decoder, where: str, shapes: dict) -> None:
         setattr(policy, key, value.clone())
 
 
-def _declarations(node, count: int, dec: Decoder, where: str) -> list:
-    """The saved ``Constraint`` declarations (plain data: metric, bound, at_most, versus_baseline)."""
+def _declarations(node, count: int | None, dec: Decoder, where: str) -> list:
+    """The saved ``Constraint`` declarations (plain data: metric, bound, at_most, versus_baseline and,
+    for a chance constraint, confidence); ``count``: one per constraint model, or None (matched by
+    metric name: any number)."""
     from ..envs.problem import Constraint
 
     items = dec.field(node, "constraints", list, where)
-    if len(items) != count:
+    if count is not None and len(items) != count:
         dec.fail(f"{where}: field 'constraints' must hold {count} declarations (one per constraint model), got {len(items)}")
     out = []
     for j, item in enumerate(items):
-        if not isinstance(item, dict) or set(item) != {"metric", "bound", "at_most", "versus_baseline"}:
-            dec.fail(f"{where}: constraints[{j}] must be an object with metric, bound, at_most and versus_baseline, "
-                     f"got {item!r}")
+        if not isinstance(item, dict):
+            dec.fail(f"{where}: constraints[{j}] must be an object with metric, bound, at_most and versus_baseline "
+                     f"(and optionally confidence), got {item!r}")
         try:
-            out.append(Constraint(**item))
+            out.append(Constraint.from_dict(item))
         except (TypeError, ValueError) as exc:
             dec.fail(f"{where}: constraints[{j}]: {exc}")
     return out
