@@ -100,7 +100,8 @@ def _build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--ridge", type=positive_float, default=None,
                      help="ridge penalty of the Bayesian linear models: prior N(0, noise^2 / RIDGE I) "
                           "(default: a built-in problem's own prior, the one its parameters are drawn from; "
-                          "1 for a --problem module:Class)")
+                          "1 for a --problem module:Class; a class that declares its own models with "
+                          "models(replications) runs those, and --ridge is then an error)")
     sim.add_argument("--out", required=True, type=output_dir, help="output directory")
     sim.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     _add_debug(sim)
@@ -198,10 +199,60 @@ def _writing(out, option: str = "--out", errnos=None):
         raise UsageError(f"{option}: cannot write {out}: {os.strerror(number)}") from exc
 
 
-def _trace_bytes(horizon: int, replications: int, metrics: int) -> int:
+def _trace_bytes(horizon: int, replications: int, metrics: int, constraints: int = 1) -> int:
     """About the size of a trace's NetCDF file: per step and replication, 5 int64/float64
-    values, 3 per metric and a violation byte."""
-    return horizon * replications * (5 * 8 + 3 * 8 * metrics + 1) + 20_000
+    values, 3 per metric, a violation byte and one per constraint."""
+    return horizon * replications * (5 * 8 + 3 * 8 * metrics + 1 + constraints) + 20_000
+
+
+def _model_descriptions(policy, metric_names: list[str]) -> dict[str, str]:
+    """``{metric: "BayesianLinear (conjugate NIG)", ...}``: the model the policy runs for each metric it
+    learns (``bayes_safe.factory.describe_model``); roles that name no metric keep their role."""
+    from .factory import describe_model
+
+    learned = list(getattr(policy, "metric_names", None) or metric_names)
+    out = {}
+    for role, model in dict(policy.models()).items():
+        key = role
+        if role == "reward":
+            key = learned[0]
+        elif role.startswith("constraint") and role[len("constraint"):].isdigit():
+            j = 1 + int(role[len("constraint"):])
+            key = learned[j] if j < len(learned) else role
+        out[key] = describe_model(model)
+    return out
+
+
+def _models_line(source: str, models: dict[str, str], env) -> str:
+    """What the run's models were and where they came from, for the printed output."""
+    listed = ", ".join(f"{metric} {text}" for metric, text in models.items())
+    if source == "problem":
+        return f"models: the problem's own ({type(env).__name__}.models): {listed}"
+    if source == "ridge":
+        return f"models: the ridge default, Bayesian linear with known noise (the problem declares no models): {listed}"
+    return "models: none (the policy learns nothing)"
+
+
+def _violation_lines(info: dict) -> list[str]:
+    """One printed line per declared constraint: its violation rate and the baseline's part in it."""
+    lines = []
+    for entry in info.get("constraints", ()):
+        rate = entry.get("violation_rate")
+        if rate is None:
+            lines.append(f"violations of {entry['constraint']}: unavailable (the problem gives no means)")
+            continue
+        share = entry.get("baseline_share")
+        own = entry.get("baseline_violation_rate_when_played")
+        text = f"violations of {entry['constraint']}: {100 * rate:.1f} % of plays"
+        if entry.get("form") == "relative":  # the baseline's plays cannot break a bound relative to themselves
+            lines.append(text)
+            continue
+        if share is not None:
+            text += f", {100 * share:.1f} % of them plays of the baseline"
+        if own is not None:
+            text += f" (the baseline broke it in {100 * own:.1f} % of its plays)"
+        lines.append(text)
+    return lines
 
 
 def _simulate(args) -> int:
@@ -214,8 +265,9 @@ def _simulate(args) -> int:
     from .simulation import simulate
 
     if ":" in args.problem:  # the user's own problem class
-        env, policy = _own_problem(args)
+        env, policy, source = _own_problem(args)
         num_metrics = len(env.metric_names)
+        metric_names = [str(n) for n in env.metric_names]
     else:
         if args.param:
             raise UsageError("--param: only for a --problem given as module:Class")
@@ -225,7 +277,10 @@ def _simulate(args) -> int:
         env = make_problem(args.problem, **kwargs)
         policy = make_policy(args.policy, env, ridge=args.ridge, alpha=args.alpha)
         num_metrics = env.num_metrics
-    trace_bytes = _trace_bytes(args.horizon, args.replications, num_metrics)
+        metric_names = [str(n) for n in env.metric_names]
+        source = "ridge" if policy.models() else "none"
+    models = _model_descriptions(policy, metric_names)
+    trace_bytes = _trace_bytes(args.horizon, args.replications, num_metrics, len(getattr(env, "constraints", ()) or ()))
     steps_bytes = args.horizon * 120
     with _writing(args.out):  # before the run: a full disk fails now, not after it
         check_free_space(args.out, trace_bytes + steps_bytes + 1_000_000, what="run",
@@ -237,18 +292,25 @@ def _simulate(args) -> int:
         regret_mean, regret_sem = mean_and_sem(trace.regret)
         import pandas as pd
 
-        pd.DataFrame({
+        steps = {
             "step": range(trace.horizon), "regret_mean": regret_mean.numpy(), "regret_sem": regret_sem.numpy(),
             "cumulative_regret_mean": trace.regret.cumsum(0).mean(1).numpy(),
             "violation_rate": trace.violation.double().mean(1).numpy(),
-        }).to_csv(tmp / "steps.csv", index=False)
+        }
+        if trace.constraint_violation is not None and trace.constraint_violation.shape[-1] > 1:
+            for j, label in enumerate(trace.constraint_labels()):  # one column per constraint
+                steps[f"violation_rate[{label}]"] = trace.constraint_violation[..., j].double().mean(1).numpy()
+        pd.DataFrame(steps).to_csv(tmp / "steps.csv", index=False)
         info = summary(trace)
         info.update({"problem": args.problem, "policy": args.policy, "seed": args.seed,
-                     "wall_seconds": time.perf_counter() - start})
+                     "models_source": source, "models": models, "wall_seconds": time.perf_counter() - start})
         atomic_write_json(tmp / "summary.json", info)
         plots.plot_simulation({args.policy: trace}, tmp / "regret.png", title=f"{args.policy} on {args.problem}")
         save_models(policy, tmp / "models")
     print(json.dumps({k: info[k] for k in ("final_cumulative_regret_mean", "violation_rate", "decisions_per_second")}, indent=2))
+    for line in _violation_lines(info):
+        print(line)
+    print(_models_line(source, models, env))
     print(f"wrote {args.out}/trace.nc, steps.csv, summary.json, regret.png, models/")
     return 0
 
@@ -285,13 +347,23 @@ class _ProblemShape:
 
 
 def _own_problem(args):
-    """``simulate --problem module:Class [--param KEY=VALUE]``: the problem (with ``--replications``)
-    and the policy: Bayesian ridge models per metric (noise ``problem.noise_std``, default 1.0),
-    TS-ASC guarding the problem's own ``Constraint`` declarations (one per metric after the reward)."""
+    """``simulate --problem module:Class [--param KEY=VALUE]``: the problem (with ``--replications``),
+    the policy and where its models came from (``"problem"``, ``"ridge"`` or ``"none"``).
+
+    The models are the problem's own when it declares them (``Problem.models(replications)``, read
+    by ``bayes_safe.factory.problem_models``: one per metric, reward first); otherwise Bayesian ridge
+    models per metric (known noise ``problem.noise_std``, default 1.0; prior ``N(0, noise^2 / RIDGE
+    I)``, ``--ridge`` default 1). ``--ridge`` with a problem that declares its models is a usage
+    error (the ridge prior would not be the one that runs). ts and greedy learn the reward's model;
+    ts-asc learns the reward's and one per guarded metric after the reward, and guards every
+    declared ``Constraint`` (the reward's too, on the reward's own draw) with the problem's
+    ``fallback`` (``TSASC(..., constraints=, metric_names=, fallback=)``)."""
     from ._problem_import import load_problem
-    from .factory import make_policy
+    from .factory import ridge_model
+    from .policies import TSASC, Greedy, Random, ThompsonSampling
 
     problem = load_problem(args.problem, dict(args.param or ()))
+    name = type(problem).__name__
     if args.policy not in _OWN_POLICIES:
         raise UsageError(f"--policy: expected one of {', '.join(_OWN_POLICIES)} for a --problem module:Class, "
                          f"got {args.policy!r}")
@@ -300,18 +372,48 @@ def _own_problem(args):
     try:
         problem.replications = args.replications
     except AttributeError:
-        raise UsageError(f"--replications: {type(problem).__name__}.replications cannot be set") from None
-    shape = _ProblemShape(problem)
-    names = list(problem.metric_names)
-    declared = {c.metric: c for c in getattr(problem, "constraints", ()) or ()}
-    constraints = None
-    if args.policy == "ts-asc":
-        missing = [m for m in names[1:] if m not in declared]
-        if len(names) < 2 or missing:
-            raise UsageError(f"--policy: ts-asc needs one Constraint per metric after the reward; "
-                             f"{type(problem).__name__} declares none for {', '.join(missing) or 'its metrics'}")
-        constraints = [declared[m] for m in names[1:]]
-    return problem, make_policy(args.policy, shape, ridge=args.ridge, constraints=constraints)
+        raise UsageError(f"--replications: {name}.replications cannot be set") from None
+    own = _declared_models(problem, args.replications)
+    if own is not None and args.ridge is not None:
+        raise UsageError(f"--ridge: {name} declares its own models ({name}.models); --ridge sets the prior of the "
+                         "ridge default, which runs only for a problem that declares none. Leave --ridge out")
+    names = [str(n) for n in problem.metric_names]
+    declared = tuple(getattr(problem, "constraints", ()) or ())
+    if args.policy == "random":
+        return problem, Random(), "none"
+    shape = _ProblemShape(problem) if own is None else None
+    source = "problem" if own is not None else "ridge"
+    ridge = 1.0 if args.ridge is None else args.ridge
+
+    def model(metric: int):
+        return own[metric] if own is not None else ridge_model(shape, metric, ridge)
+
+    if args.policy == "ts":
+        return problem, ThompsonSampling(model(0)), source
+    if args.policy == "greedy":
+        return problem, Greedy(model(0)), source
+    # ts-asc: the reward's model and one per guarded metric after the reward, in the problem's order
+    guarded = [m for m in range(1, len(names)) if any(c.metric == names[m] for c in declared)]
+    if not guarded:
+        raise UsageError(f"--policy: ts-asc needs a Constraint on a metric after the reward; {name} declares "
+                         f"{'only a guardrail on the reward' if declared else 'no constraint'} (use ts)")
+    policy = TSASC(model(0), [model(m) for m in guarded], constraints=declared,
+                   metric_names=[names[0], *(names[m] for m in guarded)],
+                   fallback=getattr(problem, "fallback", "safest"))
+    return problem, policy, source
+
+
+def _declared_models(problem, replications: int):
+    """``bayes_safe.factory.problem_models(problem, replications)``, its failures one line naming ``--problem``."""
+    from .factory import problem_models
+
+    name = type(problem).__name__
+    try:
+        return problem_models(problem, replications)
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"--problem: {exc}") from exc
+    except Exception as exc:  # the user's hook raised: one line, not a traceback
+        raise UsageError(f"--problem: {name}.models({replications}) raised {type(exc).__name__}: {exc}") from exc
 
 
 def _study(args) -> int:

@@ -13,6 +13,7 @@ __all__ = [
     "moving_average",
     "normalized_constraint",
     "summary",
+    "violation_breakdown",
     "violation_rate",
 ]
 
@@ -68,8 +69,98 @@ def normalized_constraint(trace: Trace, metric: int = 1) -> torch.Tensor:
     return trace.expected[..., metric] / trace.baseline_expected[..., metric]
 
 
+def _share(part: torch.Tensor, whole: torch.Tensor) -> float | None:
+    """``part.sum() / whole.sum()`` of two bool tensors as a float; None when ``whole`` is empty."""
+    n = int(whole.sum())
+    return int(part.sum()) / n if n else None
+
+
+def violation_breakdown(trace: Trace) -> list[dict]:
+    """Per declared constraint (declaration order), how often the plays broke it and how much of
+    that the baseline's own plays caused (``Trace.constraint_violation``; ``simulate`` step 4).
+
+    Each entry: ``constraint`` (its label, ``Trace.constraint_labels``), ``metric``, ``form``
+    (``"relative"`` or ``"absolute"``), ``confidence`` (None for the papers' single-draw test;
+    a chance constraint is counted against the true mean like any other), and
+
+    * ``violations``: the number of plays that broke it; ``violation_rate`` their share of all
+      ``T x R`` plays, with ``violation_rate_sem`` over replications;
+    * ``baseline_share``: the share of those violating plays that were plays of the baseline
+      action (None when there were none);
+    * ``baseline_violation_rate_when_played``: the share of the baseline's plays that broke it
+      (None when the baseline was never played);
+    * ``baseline_violation_rate``: the share of all units whose baseline action breaks it,
+      played or not (from ``baseline_expected``; 0 for a relative constraint, which the
+      baseline action cannot break).
+
+    Every rate is None when the problem gave no means (``trace.regret_available`` False). An
+    empty list when the trace has no ``constraint_violation`` (not recorded, or an older file
+    with several constraints).
+    """
+    broken = trace.constraint_violation
+    if broken is None:
+        return []
+    constraints = trace.constraints()
+    labels = trace.constraint_labels()
+    played = trace.baseline_played
+    names = list(trace.metric_names)
+    out = []
+    for j, label in enumerate(labels):
+        c = constraints[j] if len(constraints) == broken.shape[-1] else None
+        entry = {"constraint": label, "metric": None if c is None else c.metric,
+                 "form": None if c is None else ("relative" if c.versus_baseline else "absolute"),
+                 "confidence": None if c is None else c.confidence}
+        keys = ("violations", "violation_rate", "violation_rate_sem", "baseline_share",
+                "baseline_violation_rate_when_played", "baseline_violation_rate")
+        entry.update(dict.fromkeys(keys))
+        if trace.regret_available:
+            b = broken[..., j]
+            _, s = mean_and_sem(b.double().mean(0))
+            entry.update(violations=int(b.sum()), violation_rate=float(b.double().mean()), violation_rate_sem=float(s))
+            if played is not None:
+                entry["baseline_share"] = _share(b & played, b)
+                entry["baseline_violation_rate_when_played"] = _share(b & played, played)
+            if c is not None and not c.versus_baseline and trace.baseline_expected is not None and c.metric in names:
+                value = trace.baseline_expected[..., names.index(c.metric)]
+                entry["baseline_violation_rate"] = float((~c.satisfied(value[..., None], value)[..., 0]).double().mean())
+            elif c is not None and c.versus_baseline:
+                entry["baseline_violation_rate"] = 0.0
+        out.append(entry)
+    return out
+
+
+def _normalized_constraint_applies(trace: Trace) -> bool:
+    """Whether ``normalized_constraint`` (metric 1 over the baseline's) is a figure of the declared
+    forms: yes unless every constraint declared on metric 1 is absolute (a level, not a ratio to
+    the baseline). Kept for the papers' relative constraints and for problems without declarations."""
+    if len(trace.metric_names) < 2:
+        return False
+    on_metric1 = [c for c in trace.constraints() if c.metric == trace.metric_names[1]]
+    return not on_metric1 or any(c.versus_baseline for c in on_metric1)
+
+
+def _violation_entries(trace: Trace, out: dict) -> None:
+    """``summary``'s violation figures: who caused them (any constraint) and one entry per constraint."""
+    available = trace.regret_available
+    played = trace.baseline_played
+    out["baseline_play_rate"] = float(played.double().mean()) if played is not None else None
+    any_broken = trace.violation
+    out["violation_baseline_share"] = (_share(any_broken & played, any_broken)
+                                       if available and played is not None and any_broken is not None else None)
+    if trace.constraint_violation is not None:
+        out["constraints"] = violation_breakdown(trace)
+
+
 def summary(trace: Trace) -> dict:
     """Headline numbers of a run, as plain floats (mean and SEM over replications).
+
+    ``violation_rate``: the share of plays that broke any declared constraint in expectation
+    (the baseline's plays included); ``violation_baseline_share``: the share of those violating
+    plays that were plays of the baseline action; ``baseline_play_rate``: the share of all plays
+    that were; ``constraints``: one entry per declared constraint (``violation_breakdown``).
+    ``normalized_constraint_last100_*`` (metric 1 over the baseline's, last 100 steps; Daulton
+    et al. 2019 Figure 2b) only when it means something for the declarations: not when metric 1
+    is guarded by absolute constraints only (a cap is a level, not a ratio to the baseline).
 
     When the problem gave no expected outcomes (``trace.regret_available`` False), the regret,
     violation and normalized-constraint entries are ``None`` (unavailable), never 0.
@@ -80,9 +171,10 @@ def summary(trace: Trace) -> dict:
                "mean_per_step_regret": None, "violation_rate": None}
         if trace.alpha is not None:
             out["alpha"] = float(trace.alpha)
-        if len(trace.metric_names) > 1:
+        if _normalized_constraint_applies(trace):
             out["normalized_constraint_last100_mean"] = None
             out["normalized_constraint_last100_sem"] = None
+        _violation_entries(trace, out)
         for k in ("elapsed_seconds", "decisions_per_second"):
             if k in trace.attrs:
                 out[k] = float(trace.attrs[k])
@@ -99,11 +191,12 @@ def summary(trace: Trace) -> dict:
     }
     if trace.alpha is not None:
         out["alpha"] = float(trace.alpha)
-    if len(trace.metric_names) > 1:
+    if _normalized_constraint_applies(trace):
         last = normalized_constraint(trace)[-min(100, trace.horizon):].mean(0)
         m, s = mean_and_sem(last)
         out["normalized_constraint_last100_mean"] = float(m)
         out["normalized_constraint_last100_sem"] = float(s)
+    _violation_entries(trace, out)
     for k in ("elapsed_seconds", "decisions_per_second"):
         if k in trace.attrs:
             out[k] = float(trace.attrs[k])

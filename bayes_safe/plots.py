@@ -60,7 +60,9 @@ def plot_simulation(traces: dict[str, Trace], path=None, title: str | None = Non
 
     Left: cumulative regret; right: the fraction of replications whose played action broke
     a constraint in expectation, per step (the instance-level violation of Daulton et al.
-    2019, s.3.1). Both: mean over replications and a band of 2 standard errors. When a
+    2019, s.3.1; the baseline's plays included, ``Trace.constraint_violation``), with one
+    dashed line per declared constraint when a single run with several is drawn. Both: mean
+    over replications and a band of 2 standard errors. When a
     trace has no regret (its problem gives no expected outcomes), the panels say so in text
     instead of drawing zeros.
     """
@@ -74,7 +76,11 @@ def plot_simulation(traces: dict[str, Trace], path=None, title: str | None = Non
         m, s = mean_and_sem(cumulative_regret(trace))
         _band(ax1, x, m.numpy(), s.numpy(), label)
         m, s = mean_and_sem(trace.violation.double())
-        _band(ax2, x, m.numpy(), s.numpy(), label, clip=(0.0, 1.0))
+        _band(ax2, x, m.numpy(), s.numpy(), label if len(traces) > 1 else "any constraint", clip=(0.0, 1.0))
+        per = trace.constraint_violation
+        if len(traces) == 1 and per is not None and per.shape[-1] > 1:  # one run: each constraint too
+            for j, name in enumerate(trace.constraint_labels()):
+                ax2.plot(x, per[..., j].double().mean(1).numpy(), linestyle="--", linewidth=1, label=name)
     ax1.set(xlabel="step", ylabel="cumulative regret", title="Cumulative regret (mean, 2 SE)")
     ax2.set(xlabel="step", ylabel="violation rate", title="Constraint violations per step (mean, 2 SE)")
     if missing:

@@ -41,14 +41,25 @@ def simulate(policy, env, horizon: int, seed: int | Sequence[int] = 0, *, progre
     2. the policy selects ``[R]`` actions;
     3. ``env.outcomes(units, actions)`` gives the observed ``[R, M]`` metrics (the reward in
        column 0, the constraint metrics after it); the policy updates on the chosen features;
-    4. when the problem knows its mean outcomes (``expected_all`` or ``expected``), the regret
-       is measured against the best action that satisfies every declared ``Constraint`` in
-       expectation (the baseline is always allowed; ``units.valid`` is respected), and a
-       *violation* is a chosen action that breaks a declared constraint in expectation
-       (Daulton et al. 2019, s.3.1: the instance-level constraint ``E[c | x, a] >=
-       (1 - alpha) E[c | x, b]``, judged against the baseline's value for the same unit).
+    4. when the problem knows its mean outcomes (``expected_all`` or ``expected``), every play
+       is judged against the problem's declared ``Constraint`` s on those true means
+       (Daulton et al. 2019, s.3.1: the instance-level constraint ``E[c | x, a] >= (1 - alpha)
+       E[c | x, b]``, judged against the baseline's value for the same unit, generalised to the
+       forms of ``Constraint``): ``trace.constraint_violation [T, R, C]`` marks, per declared
+       constraint in declaration order, the plays whose true means break it, and
+       ``trace.violation`` those that break any. The baseline's plays are counted like any
+       other: an absolute constraint judges the baseline action like any action; a relative
+       one cannot be broken by the baseline action itself (its bound is relative to that
+       action's own value: the papers' rule), so a baseline play never breaks it. A chance
+       constraint (``confidence``) is counted against the true mean like any other: the
+       policy's posterior probability is its own affair, the count is about the truth.
+       ``bayes_safe.metrics.violation_breakdown`` says which share the baseline's plays caused.
+       The regret is measured against the best action that meets every declared constraint
+       in expectation among the allowed ones (``units.valid``; the baseline is always
+       allowed when it meets every constraint, even if masked); a unit for which no action
+       meets them all is compared with its baseline action.
        Without means, regret, expected metrics and violations are unavailable: NaN in the
-       trace and ``trace.attrs["regret_available"] = False``, never zero.
+       trace (violations all False) and ``trace.attrs["regret_available"] = False``, never zero.
 
     Randomness: the policy draws from one ``ReplicationRNG`` (a stream per replication). A
     problem with ``replication_streams = True`` (the built-in linear bandits) draws from the
@@ -79,7 +90,8 @@ def simulate(policy, env, horizon: int, seed: int | Sequence[int] = 0, *, progre
             replication on common random numbers.
         record: the ``Trace`` fields to record, a subset of ``TRACE_FIELDS`` (``"actions"``,
             ``"baseline"``, ``"expected"``, ``"baseline_expected"``, ``"observed"``,
-            ``"optimal_reward"``, ``"regret"``, ``"violation"``), or one name; None (default):
+            ``"optimal_reward"``, ``"regret"``, ``"violation"``, ``"constraint_violation"``), or
+            one name; None (default):
             all of them. Fields not asked for are not computed and are ``None`` in the trace
             (``trace.recorded`` lists the others). An unknown name raises ``ValueError``.
 
@@ -214,17 +226,44 @@ def _check_units(units, R: int, t: int) -> Units:
 
 
 def _judge(means: torch.Tensor, units, declared, index: dict, rows: torch.Tensor):
-    """What a step's mean table ``[R, K, M]`` says: which actions satisfy every declared
-    constraint ``[R, K]``, the baseline's means ``[R, M]`` and the best allowed reward ``[R]``."""
+    """What a step's mean table ``[R, K, M]`` says, per the declared constraints (``simulate``'s
+    docstring, step 4): ``(broken [R, K, C], any_broken [R, K], base_means [R, M], best [R])``.
+
+    ``broken[r, k, j]``: action ``k``'s true means break constraint ``j`` (``Constraint.satisfied``
+    of the action's value against the baseline action's); a relative constraint never marks the
+    baseline action itself (its bound is relative to that action's own value, the papers' rule:
+    without it a negative baseline value would break ``value >= 0.9 x value``), an absolute one
+    judges it like any action. ``best``: the largest true reward among the allowed actions
+    (``units.valid``) that break none, the baseline allowed when it breaks none; a unit with no
+    such action gets its baseline's reward (the comparator of the regret).
+    """
     R, K = means.shape[0], means.shape[1]
-    base_means = means[rows, units.baseline]
-    satisfied = torch.ones(R, K, dtype=torch.bool)
+    base = units.baseline
+    base_means = means[rows, base]
+    columns = []
     for c in declared:
-        satisfied &= c.satisfied(means[..., index[c.metric]], base_means[:, index[c.metric]])
-    feasible = satisfied if units.valid is None else satisfied & units.valid
-    feasible[rows, units.baseline] = True
+        broken = ~c.satisfied(means[..., index[c.metric]], base_means[:, index[c.metric]])
+        if c.versus_baseline:
+            broken[rows, base] = False
+        columns.append(broken)
+    if len(columns) == 1:
+        any_broken = columns[0]
+        broken = any_broken[..., None]
+    elif columns:
+        broken = torch.stack(columns, -1)
+        any_broken = broken.any(-1)
+    else:
+        broken = torch.zeros(R, K, 0, dtype=torch.bool)
+        any_broken = torch.zeros(R, K, dtype=torch.bool)
+    feasible = ~any_broken
+    if units.valid is not None:
+        feasible &= units.valid
+        feasible[rows, base] = ~any_broken[rows, base]  # the baseline is allowed even when masked
     best = means[..., 0].masked_fill(~feasible, float("-inf")).max(-1).values
-    return satisfied, base_means, best
+    if declared or units.valid is not None:
+        none = best == float("-inf")  # no allowed action meets every constraint: the baseline's reward
+        best = torch.where(none, base_means[:, 0], best)
+    return broken, any_broken, base_means, best
 
 
 def _run(policy, problem, T: int, seed, *, progress: bool, callback, generator=None,
@@ -237,16 +276,7 @@ def _run(policy, problem, T: int, seed, *, progress: bool, callback, generator=N
     M = len(names)
     name = str(getattr(problem, "name", None) or type(problem).__name__)
     declared = tuple(getattr(problem, "constraints", ()) or ())
-    needed = getattr(policy, "num_constraints", 0)
-    if needed and needed != M - 1:
-        raise ValueError(f"policy: it models {needed} constraint metrics but problem {name!r} has {M - 1} "
-                         f"({names[1:]}); give one constraint model per constraint metric")
-    for j, c in enumerate(getattr(policy, "constraints", None) or ()):
-        metric = getattr(c, "metric", None)
-        if isinstance(metric, str) and j + 1 < M and metric != names[j + 1]:
-            raise ValueError(f"policy: its constraints[{j}] guards {metric!r} but its constraint model {j} learns "
-                             f"metric {j + 1} of problem {name!r}, {names[j + 1]!r}; declare the "
-                             "constraints in the order of the problem's metric_names")
+    columns = _constraint_columns(policy, names, name)
     models = dict(policy.models()) if callable(getattr(policy, "models", None)) else {}
     for role, m in models.items():
         shape = getattr(m, "batch_shape", None)
@@ -265,6 +295,8 @@ def _run(policy, problem, T: int, seed, *, progress: bool, callback, generator=N
     # the library's own problems return float64 tensors of the right shapes: their outputs are not re-checked
     checked = not getattr(problem, "_trusted_outputs", False)
     rows = torch.arange(R)
+    if columns is not None and columns == list(range(1, M)):
+        columns = slice(1, M)  # a view, as before
     rec = _Recorder(record, T, R, M, declared, index, rows, trusted_baseline=not checked)
     lean = _lean_thompson(policy)
     if lean is not None:
@@ -321,7 +353,7 @@ def _run(policy, problem, T: int, seed, *, progress: bool, callback, generator=N
             if lean is not None:
                 lean_step.update(chosen, obs[:, 0])
             else:
-                policy.update(chosen, obs[:, 0], obs[:, 1:] if M > 1 else None, actions=a)
+                policy.update(chosen, obs[:, 0], obs[:, columns] if columns is not None else None, actions=a)
             rec.step(t, a, units, obs, means)
             if callback is not None:
                 mean = means[rows, a] if means is not None else torch.full((R, M), float("nan"), dtype=torch.float64)
@@ -340,6 +372,39 @@ def _run(policy, problem, T: int, seed, *, progress: bool, callback, generator=N
         attrs["recorded"] = list(record)
         attrs["shape"] = [T, R]
     return Trace(**fields, metric_names=names, alpha=alpha, seeds=seeds, attrs=attrs)
+
+
+def _constraint_columns(policy, names: list[str], name: str) -> list[int] | None:
+    """The problem's metric columns the policy's constraint models learn, in the order of its
+    ``update(..., constraints [R, C])``; None when it learns none.
+
+    A policy with ``metric_names`` (TS-ASC's, reward first) names them; otherwise the policy has
+    one constraint model per metric after the reward, in the problem's order (its
+    ``constraints``, when given, must name those metrics in that order)."""
+    M = len(names)
+    own = getattr(policy, "metric_names", None)
+    if own is not None:
+        own = [str(n) for n in own]
+        unknown = [n for n in own if n not in names]
+        if unknown:
+            raise ValueError(f"policy: its metric_names {own} name {unknown}, not metrics of problem {name!r} "
+                             f"({names})")
+        if own[0] != names[0]:
+            raise ValueError(f"policy: its metric_names start with {own[0]!r} but the reward (metric 0) of problem "
+                             f"{name!r} is {names[0]!r}; give the reward first")
+        return [names.index(n) for n in own[1:]] or None
+    needed = getattr(policy, "num_constraints", 0)
+    if needed and needed != M - 1:
+        raise ValueError(f"policy: it models {needed} constraint metrics but problem {name!r} has {M - 1} "
+                         f"({names[1:]}); give one constraint model per constraint metric (or name the "
+                         "metrics each model learns with metric_names=)")
+    for j, c in enumerate(getattr(policy, "constraints", None) or ()):
+        metric = getattr(c, "metric", None)
+        if isinstance(metric, str) and j + 1 < M and metric != names[j + 1]:
+            raise ValueError(f"policy: its constraints[{j}] guards {metric!r} but its constraint model {j} learns "
+                             f"metric {j + 1} of problem {name!r}, {names[j + 1]!r}; declare the "
+                             "constraints in the order of the problem's metric_names")
+    return list(range(1, M)) if M > 1 else None
 
 
 def _lean_thompson(policy):
@@ -368,10 +433,12 @@ class _Recorder:
     Each step hands over its actions ``[R]``, units, observations ``[R, M]`` and mean table
     ``[R, K, M]`` (or None); ``step`` only keeps references (list appends and identity checks).
     ``flush`` writes the pending steps: one ``torch.stack(out=)`` per per-step field, and the
-    fields judged from the mean table (``expected``, ``regret``, ``violation``, ...) by one
-    gather each over the chunk, which is why a chunk ends when the table changes (fixed arms
-    give the same table, baseline and mask every step: judged once per chunk). Only the fields
-    in ``record`` are computed.
+    fields judged from the mean table (``expected``, ``regret``, ``violation``,
+    ``constraint_violation``, ...) by one gather each over the chunk, which is why a chunk ends
+    when the table changes (fixed arms give the same table, baseline and mask every step: judged
+    once per chunk). Only the fields
+    in ``record`` are computed. With one declared constraint, ``violation`` is a view of
+    ``constraint_violation`` (the same numbers; one gather fills both).
     """
 
     def __init__(self, record: tuple[str, ...], T: int, R: int, M: int, declared, index, rows, trusted_baseline: bool):
@@ -381,18 +448,27 @@ class _Recorder:
         shapes = {"actions": ((T, R), torch.long), "baseline": ((T, R), torch.long),
                   "expected": ((T, R, M), torch.float64), "baseline_expected": ((T, R, M), torch.float64),
                   "observed": ((T, R, M), torch.float64), "optimal_reward": ((T, R), torch.float64),
-                  "regret": ((T, R), torch.float64), "violation": ((T, R), torch.bool)}
+                  "regret": ((T, R), torch.float64), "violation": ((T, R), torch.bool),
+                  "constraint_violation": ((T, R, len(declared)), torch.bool)}
         # made outside inference mode: the trace's tensors are ordinary tensors
         self.out = {f: torch.empty(*shapes[f][0], dtype=shapes[f][1]) for f in record}
-        self.judging = any(f in record for f in ("expected", "baseline_expected", "optimal_reward", "regret", "violation"))
-        self.needs_actions = "actions" in record or any(f in record for f in ("expected", "regret", "violation"))
+        self.C = len(declared)
+        if self.C == 1 and "constraint_violation" in self.out:
+            # one constraint: "any" is that constraint's column (a view; contiguous, as C = 1)
+            self.single = self.out["constraint_violation"][..., 0]
+            if "violation" in self.out:
+                self.out["violation"] = self.single
+        judged = ("expected", "baseline_expected", "optimal_reward", "regret", "violation", "constraint_violation")
+        self.judging = any(f in record for f in judged)
+        self.needs_actions = "actions" in record or any(
+            f in record for f in ("expected", "regret", "violation", "constraint_violation"))
         self.chunk = _chunk_steps(R)
         self.scratch = None if "actions" in record or not self.needs_actions else torch.empty(min(self.chunk, T), R, dtype=torch.long)
         self.t0 = 0
         self.actions: list[torch.Tensor] = []
         self.observed: list[torch.Tensor] = []
         self.baselines: list[tuple[int, torch.Tensor]] = []  # (first step, baseline [R]) of each run of one tensor
-        self.judged = None  # (means, baseline, valid, unsatisfied, base_means, best) of the current table
+        self.judged = None  # (means, baseline, valid, broken, any_broken, base_means, best) of the current table
 
     def step(self, t: int, a: torch.Tensor, units, obs: torch.Tensor, means: torch.Tensor | None) -> None:
         """Keep step ``t``'s tensors (by reference) until its chunk is written."""
@@ -415,10 +491,11 @@ class _Recorder:
                 self.baselines.append((t, base))
 
     def _judge(self, means: torch.Tensor, units):
-        """What a mean table ``[R, K, M]`` says: ``(unsatisfied [R*K] bool, base_means [R, M], best [R])``
-        (see ``_judge``), flattened for the gathers of ``flush``."""
-        satisfied, base_means, best = _judge(means, units, self.declared, self.index, self.rows)
-        return (~satisfied).reshape(-1), base_means, best
+        """What a mean table ``[R, K, M]`` says: ``(broken [R*K, C], any_broken [R*K], base_means [R, M],
+        best [R])`` (see ``_judge``), flattened for the gathers of ``flush``."""
+        broken, any_broken, base_means, best = _judge(means, units, self.declared, self.index, self.rows)
+        R, K = means.shape[0], means.shape[1]
+        return broken.reshape(R * K, self.C), any_broken.reshape(-1), base_means, best
 
     def flush(self, t: int) -> None:
         """Write the pending steps ``[t0, t)`` into the trace's tensors."""
@@ -439,10 +516,10 @@ class _Recorder:
                 out["baseline"][s:end] = base
             self.baselines = [(t, self.baselines[-1][1])]
         if self.judged is not None:
-            means, _, _, unsatisfied, base_means, best = self.judged
+            means, _, _, broken, any_broken, base_means, best = self.judged
             K = means.shape[1]
             flat = None
-            if "expected" in out or "regret" in out or "violation" in out:
+            if any(f in out for f in ("expected", "regret", "violation", "constraint_violation")):
                 flat = torch.add(A, self.rows, alpha=K)  # [n, R]: index of (r, A[., r]) in the flat [R * K] table
             if "expected" in out:
                 torch.index_select(means.reshape(R * K, self.M), 0, flat.reshape(-1),
@@ -454,8 +531,14 @@ class _Recorder:
             if "regret" in out:
                 reward = out["expected"][t0:t, :, 0] if "expected" in out else torch.take(means[..., 0], flat)
                 torch.sub(best, reward, out=out["regret"][t0:t])
-            if "violation" in out:
-                torch.take(unsatisfied, flat, out=out["violation"][t0:t])
+            if "violation" in out:  # with one constraint, this fills constraint_violation too (a view)
+                torch.take(any_broken, flat, out=out["violation"][t0:t])
+            if "constraint_violation" in out:
+                if self.C > 1:
+                    torch.index_select(broken, 0, flat.reshape(-1),
+                                       out=out["constraint_violation"][t0:t].view(n * R, self.C))
+                elif self.C == 1 and "violation" not in out:
+                    torch.take(any_broken, flat, out=self.single[t0:t])
         self.t0 = t
 
     def finish(self, available: bool) -> dict:
@@ -465,6 +548,7 @@ class _Recorder:
             for f in ("expected", "baseline_expected", "optimal_reward", "regret"):
                 if f in out:
                     out[f].fill_(float("nan"))
-            if "violation" in out:
-                out["violation"].fill_(False)
+            for f in ("violation", "constraint_violation"):
+                if f in out:
+                    out[f].fill_(False)
         return {f: out.get(f) for f in TRACE_FIELDS}

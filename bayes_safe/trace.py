@@ -24,16 +24,31 @@ class Trace:
         observed: ``[T, R, M]`` observed (noisy) metrics.
         optimal_reward: ``[T, R]`` expected reward of the best feasible action.
         regret: ``[T, R]`` pseudo-regret ``optimal_reward - expected[..., 0]``.
-        violation: ``[T, R]`` bool, the instance-level violation
-            ``E[c | a_t] < (1 - alpha) E[c | b_t]`` for any constraint metric (all False when
-            the problem has none); for a ``bayes_safe.envs.Problem``, the chosen action breaks
-            one of the problem's declared ``Constraint`` s in expectation.
+        violation: ``[T, R]`` bool: the played action breaks at least one of the problem's
+            declared ``Constraint`` s in expectation (the paper's instance-level violation
+            ``E[c | a_t] < (1 - alpha) E[c | b_t]`` for ``Constraint.from_alpha``; all False when
+            the problem declares none). The baseline's plays are judged too (see
+            ``constraint_violation``).
+        constraint_violation: ``[T, R, C]`` bool, one column per declared constraint in
+            declaration order (``constraint_labels()`` names them): the played action's true
+            means break that constraint (``Constraint.satisfied`` of ``expected`` against
+            ``baseline_expected``). A play of the baseline action is judged like any other
+            under an absolute constraint; under a relative one it meets its own bound by
+            definition (the papers' rule, Daulton et al. 2019 s.3.1), so it never counts. A
+            chance constraint (``confidence`` set) is counted against the true mean like any
+            other. ``violation`` is its ``any`` over constraints. Traces written before this
+            field existed read back with it ``None`` (``[T, R, 1]`` from ``violation`` when
+            they declare one constraint).
         attrs: run information. For a ``Problem``: ``regret_available`` (False when the
             problem gives no expected outcomes: ``expected``, ``baseline_expected``,
             ``optimal_reward`` and ``regret`` are then NaN and ``violation`` is unknown, all
             False) and ``constraints`` (the declarations, ``Constraint.to_dict()`` each). A
             run that recorded a subset of the fields (``simulate(..., record=...)``) adds
             ``recorded`` (the names) and ``shape`` (``[T, R]``).
+
+    Who caused the violations: ``baseline_played`` marks the plays of the baseline action;
+    ``bayes_safe.metrics.violation_breakdown`` gives, per constraint, the violation rate, the
+    share of violating plays that were baseline plays and the baseline's own rate.
 
     A field that was not recorded is ``None`` (``recorded`` lists the others); the methods
     below skip it.
@@ -51,6 +66,7 @@ class Trace:
     alpha: float | None = None
     seeds: list[int] = field(default_factory=list)
     attrs: dict = field(default_factory=dict)
+    constraint_violation: torch.Tensor | None = None
 
     @property
     def regret_available(self) -> bool:
@@ -74,6 +90,31 @@ class Trace:
         return int(T), int(R)
 
     @property
+    def baseline_played(self) -> torch.Tensor | None:
+        """``[T, R]`` bool: the play was the baseline's action (None when ``actions`` or
+        ``baseline`` was not recorded)."""
+        if self.actions is None or self.baseline is None:
+            return None
+        return self.actions == self.baseline
+
+    def constraints(self) -> list:
+        """The problem's declared constraints (``bayes_safe.envs.Constraint``), in declaration
+        order: the columns of ``constraint_violation`` (empty when the trace has none)."""
+        from .envs.problem import Constraint
+
+        return [Constraint.from_dict(c) for c in self.attrs.get("constraints", ()) or ()]
+
+    def constraint_labels(self) -> list[str]:
+        """One distinct label per column of ``constraint_violation``: ``Constraint.describe()``
+        (``"adverse_event <= 0.05"``), suffixed ``#j`` when two declarations read the same; the
+        column index (``"constraint0"``) when the trace holds no declarations."""
+        described = [c.describe() for c in self.constraints()]
+        count = self.constraint_violation.shape[-1] if self.constraint_violation is not None else len(described)
+        if len(described) != count:
+            return [f"constraint{j}" for j in range(count)]
+        return [f"{d} #{j}" if described.count(d) > 1 else d for j, d in enumerate(described)]
+
+    @property
     def horizon(self) -> int:
         return self.shape[0]
 
@@ -90,14 +131,27 @@ class Trace:
             attrs["shape"] = [self.horizon, 1]
         return Trace(**part, metric_names=list(self.metric_names), alpha=self.alpha, seeds=self.seeds[sl], attrs=attrs)
 
+    def _constraint_column(self, label: str) -> str:
+        """``violation_<label>`` with the label's spaces and symbols made column-safe."""
+        safe = label.replace("<=", "le").replace(">=", "ge").replace(" x baseline", "_x_baseline")
+        safe = "".join(ch if ch.isalnum() or ch in "._-" else "_" for ch in safe)
+        return "violation_" + "_".join(filter(None, safe.split("_")))
+
     def to_dataframe(self) -> pd.DataFrame:
-        """Long format: one row per (step, replication); the recorded fields only."""
+        """Long format: one row per (step, replication); the recorded fields only.
+
+        ``constraint_violation`` gives one bool column per constraint, ``violation_<label>``
+        (``violation_adverse_event_le_0.05`` for ``adverse_event <= 0.05``; see
+        ``constraint_labels``)."""
         T, R = self.shape
         data = {"step": np.repeat(np.arange(T), R), "replication": np.tile(np.arange(R), T)}
         for f, column in (("actions", "action"), ("baseline", "baseline"), ("regret", "regret"),
                           ("violation", "violation")):
             if getattr(self, f) is not None:
                 data[column] = getattr(self, f).reshape(-1).numpy()
+        if self.constraint_violation is not None:
+            for j, label in enumerate(self.constraint_labels()):
+                data[self._constraint_column(label)] = self.constraint_violation[..., j].reshape(-1).numpy()
         for m, name in enumerate(self.metric_names):
             for f, column in (("expected", "expected"), ("baseline_expected", "baseline"), ("observed", "observed")):
                 if getattr(self, f) is not None:
@@ -105,20 +159,25 @@ class Trace:
         return pd.DataFrame(data)
 
     def to_xarray(self):
-        """An ``xarray.Dataset`` with dimensions ``step``, ``replication`` and ``metric``."""
+        """An ``xarray.Dataset`` with dimensions ``step``, ``replication``, ``metric`` and, when
+        the trace has per-constraint violations, ``constraint`` (labelled by ``constraint_labels``)."""
         import xarray as xr
 
         dims2, dims3 = ("step", "replication"), ("step", "replication", "metric")
         variables = {}
+        coords = {"step": np.arange(self.horizon), "replication": np.arange(self.replications),
+                  "metric": list(self.metric_names), "seed": ("replication", np.asarray(self.seeds, dtype=np.int64))}
         for f in self.recorded:
             value = getattr(self, f).numpy()
+            if f == "constraint_violation":
+                if value.shape[-1] == 0:  # no declared constraints: nothing to store (read back empty)
+                    continue
+                variables[f] = (("step", "replication", "constraint"), value.astype(np.int8))
+                coords["constraint"] = self.constraint_labels()
+                continue
             variables[_VARIABLES.get(f, f)] = (dims3 if value.ndim == 3 else dims2,
                                               value.astype(np.int8) if f == "violation" else value)
-        ds = xr.Dataset(
-            variables,
-            coords={"step": np.arange(self.horizon), "replication": np.arange(self.replications),
-                    "metric": list(self.metric_names), "seed": ("replication", np.asarray(self.seeds, dtype=np.int64))},
-        )
+        ds = xr.Dataset(variables, coords=coords)
         for k, v in self.attrs.items():
             if isinstance(v, bool):  # netCDF attributes have no bool: 0/1 (read back as bool)
                 ds.attrs[k] = int(v)
@@ -155,11 +214,17 @@ class Trace:
 
         with xr.open_dataset(path, engine="h5netcdf") as ds:
             ds = ds.load()
-        dtypes = {"actions": torch.long, "baseline": torch.long, "violation": torch.bool}
+        dtypes = {"actions": torch.long, "baseline": torch.long, "violation": torch.bool,
+                  "constraint_violation": torch.bool}
         fields = {f: torch.as_tensor(ds[_VARIABLES.get(f, f)].values).to(dtypes.get(f, torch.float64))
                   if _VARIABLES.get(f, f) in ds else None for f in FIELDS}
         attrs = _read_attrs(ds.attrs)
-        if any(v is None for v in fields.values()):  # a trace of some fields only (simulate's record=)
+        declared = len(attrs.get("constraints", ()) or ())
+        # none declared (nothing stored), or a file written before the field existed: with one
+        # declared constraint its column is ``violation`` itself; with several it is unknown
+        if fields["constraint_violation"] is None and fields["violation"] is not None and declared <= 1:
+            fields["constraint_violation"] = fields["violation"][..., None].clone()[..., :declared]
+        if any(fields[f] is None for f in FIELDS if f != "constraint_violation"):  # some fields only (record=)
             attrs.setdefault("recorded", [f for f in FIELDS if fields[f] is not None])
             attrs.setdefault("shape", [int(ds.sizes["step"]), int(ds.sizes["replication"])])
         return cls(**fields, metric_names=[str(m) for m in ds["metric"].values], alpha=ds.attrs.get("alpha"),
@@ -185,7 +250,8 @@ def _read_attrs(attrs) -> dict:
 _BOOL_ATTRS = ("regret_available",)
 
 #: the trace's fields, in order
-FIELDS = ("actions", "baseline", "expected", "baseline_expected", "observed", "optimal_reward", "regret", "violation")
+FIELDS = ("actions", "baseline", "expected", "baseline_expected", "observed", "optimal_reward", "regret", "violation",
+          "constraint_violation")
 
 #: NetCDF variable names that differ from the field names
 _VARIABLES = {"actions": "action"}

@@ -109,16 +109,23 @@ def _reference(policy, problem, T: int, seed: int) -> Trace:
         means = problem.expected_all(units)
         policy.update(units.features[rows, a], obs[:, 0], obs[:, 1:], actions=a)
         base = means[rows, units.baseline]
-        ok = torch.ones(n, means.shape[1], dtype=torch.bool)
+        broken = []  # per declared constraint [n, K]; a relative one never marks the baseline action itself
         for c in problem.constraints:
             m = list(problem.metric_names).index(c.metric)
-            ok &= c.satisfied(means[..., m], base[:, m])
-        feasible = ok if units.valid is None else ok & units.valid
-        feasible[rows, units.baseline] = True
+            no = ~c.satisfied(means[..., m], base[:, m])
+            if c.versus_baseline:
+                no[rows, units.baseline] = False
+            broken.append(no)
+        broken = torch.stack(broken, -1)  # [n, K, C]
+        ok = ~broken.any(-1)
+        feasible = ok.clone() if units.valid is None else ok & units.valid
+        feasible[rows, units.baseline] = ok[rows, units.baseline]  # allowed when it meets them, even if masked
         best = means[..., 0].masked_fill(~feasible, float("-inf")).max(-1).values
+        best = torch.where(feasible.any(-1), best, base[:, 0])
         for f, v in (("actions", a), ("baseline", units.baseline), ("expected", means[rows, a]),
                      ("baseline_expected", base), ("observed", obs), ("optimal_reward", best),
-                     ("regret", best - means[rows, a, 0]), ("violation", ~ok[rows, a])):
+                     ("regret", best - means[rows, a, 0]), ("violation", ~ok[rows, a]),
+                     ("constraint_violation", broken[rows, a])):
             out[f].append(v)
     return Trace(**{f: torch.stack(v) for f, v in out.items()}, metric_names=list(problem.metric_names))
 
@@ -148,7 +155,8 @@ def test_a_full_record_equals_the_plain_loop(make_problem, make_policy, chunks):
 
 
 @pytest.mark.parametrize("record", [("actions",), ("regret", "violation"), ("expected",), ("observed", "baseline"),
-                                    ("optimal_reward", "baseline_expected"), "regret", ()])
+                                    ("optimal_reward", "baseline_expected"), "regret", (),
+                                    ("constraint_violation",), ("violation", "constraint_violation")])
 @pytest.mark.parametrize("make_problem", [FixedArms, Contextual], ids=["fixed-arms", "contextual"])
 def test_a_subset_records_those_fields_only(record, make_problem, chunks):
     T = 73

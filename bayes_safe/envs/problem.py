@@ -291,10 +291,13 @@ def _expected_by_action(problem, units) -> torch.Tensor | None:
     expected = getattr(problem, "expected", None)
     if not callable(expected):
         return None
-    per_action = [expected(units, torch.full((n,), k, dtype=torch.long)) for k in range(K)]
-    if any(m is None for m in per_action):
-        return None
-    return torch.stack([torch.as_tensor(m) for m in per_action], 1)
+    per_action = []
+    for k in range(K):
+        m = expected(units, torch.full((n,), k, dtype=torch.long))
+        if m is None:
+            return None
+        per_action.append(torch.as_tensor(m).clone())  # copied now: the user may fill one buffer per call
+    return torch.stack(per_action, 1)
 
 
 def chosen_rows(table: torch.Tensor, rows: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
