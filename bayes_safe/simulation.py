@@ -229,11 +229,9 @@ def _judge(means: torch.Tensor, units, declared, index: dict, rows: torch.Tensor
     """What a step's mean table ``[R, K, M]`` says, per the declared constraints (``simulate``'s
     docstring, step 4): ``(broken [R, K, C], any_broken [R, K], base_means [R, M], best [R])``.
 
-    ``broken[r, k, j]``: action ``k``'s true means break constraint ``j`` (``Constraint.satisfied``
-    of the action's value against the baseline action's); a relative constraint never marks the
-    baseline action itself (its bound is relative to that action's own value, the papers' rule:
-    without it a negative baseline value would break ``value >= 0.9 x value``), an absolute one
-    judges it like any action. ``best``: the largest true reward among the allowed actions
+    ``broken[r, k, j]``: action ``k``'s true means break constraint ``j`` (``Constraint.violated``:
+    a relative constraint never marks the baseline action itself, an absolute one judges it like
+    any action). ``best``: the largest true reward among the allowed actions
     (``units.valid``) that break none, the baseline allowed when it breaks none; a unit with no
     such action gets its baseline's reward (the comparator of the regret).
     """
@@ -242,10 +240,7 @@ def _judge(means: torch.Tensor, units, declared, index: dict, rows: torch.Tensor
     base_means = means[rows, base]
     columns = []
     for c in declared:
-        broken = ~c.satisfied(means[..., index[c.metric]], base_means[:, index[c.metric]])
-        if c.versus_baseline:
-            broken[rows, base] = False
-        columns.append(broken)
+        columns.append(c.violated(means[..., index[c.metric]], base))
     if len(columns) == 1:
         any_broken = columns[0]
         broken = any_broken[..., None]

@@ -183,6 +183,25 @@ class Constraint:
         limit = self.threshold(baseline_value)[..., None]
         return values <= limit if self.at_most else values >= limit
 
+    def violated(self, values: torch.Tensor, baseline: torch.Tensor) -> torch.Tensor:
+        """Which actions break the constraint in expectation, the rule every counter uses
+        (``simulate``'s violations, the A/B tuner's violation rates) -> bool ``[n, K]``.
+
+        Args:
+            values: the true means of the guarded metric for every candidate, ``[n, K]``.
+            baseline: the baseline action of each unit, ``[n]`` (long).
+
+        The baseline's own plays count like any other under an absolute constraint; under a
+        relative one the baseline action never breaks a bound relative to its own value (the
+        papers' rule; without it a negative baseline value would break ``value >= 0.9 x value``).
+        A chance constraint is counted against the true mean like any other.
+        """
+        rows = torch.arange(values.shape[0])
+        broken = ~self.satisfied(values, values[rows, baseline])
+        if self.versus_baseline:
+            broken[rows, baseline] = False
+        return broken
+
     def margin(self, values: torch.Tensor, baseline_value: torch.Tensor) -> torch.Tensor:
         """How far ``values [..., K]`` are inside the bound (>= 0: met), in the metric's units ``[..., K]``:
         ``limit - value`` for ``at_most``, ``value - limit`` for ``at_least``."""
