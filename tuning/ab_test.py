@@ -198,6 +198,21 @@ def _prefix(kind: str) -> str:
     return kind.replace("-", "_") + "_"
 
 
+def _violation_names(problem) -> tuple[str, ...]:
+    """The per-unit violation rates ``problem`` reports (its optional ``violation_metric_names()``)."""
+    names = getattr(problem, "violation_metric_names", None)
+    return tuple(names()) if callable(names) else ()
+
+
+def _share_se(flags: torch.Tensor) -> tuple[float, float]:
+    """A share of ``n`` units in %, and its binomial SE with the share shrunk to ``(k + 0.5) / (n + 1)``
+    in the SE only: 0 (or all) of ``n`` units is not known exactly, and a zero SE would tell Ax so."""
+    n = flags.numel()
+    k = float(flags.sum())
+    shrunk = (k + 0.5) / (n + 1)
+    return 100.0 * k / n, 100.0 * math.sqrt(shrunk * (1 - shrunk) / n)
+
+
 def _mean_se(values: torch.Tensor) -> tuple[float, float]:
     n = values.numel()
     if n == 0:
@@ -214,7 +229,9 @@ class ABTest:
     Args:
         problem: the problem (default: ``VideoUploadProblem``); a ``bayes_safe.envs.Problem`` (your
             own: ``draw``, ``outcomes``, constraint declarations) is wrapped in
-            ``bayes_safe.tuning.SimulatedProblem`` (TS-ASC with one tuned tolerance per constraint).
+            ``bayes_safe.tuning.SimulatedProblem`` (TS-ASC with one tuned tolerance per constraint, on
+            the problem's own models when it declares them, else ridge models; per-unit violation
+            rates when it knows its means).
         n_users: units per arm (every arm sees the same units).
         batches: the stream arrives in this many batches; learning arms refit after each
             (except the last: nothing is decided after it).
@@ -240,6 +257,12 @@ class ABTest:
     ``m`` (the tuned arm's level), ``baseline_m`` (the baseline's level) and, for each
     compared arm ``c``, ``c_m_change`` and ``c_m``; and the problem's level metrics (``v``,
     ``c_v``). Metrics whose value is undefined (e.g. no unit in a metric's mask) are left out.
+
+    Per-unit violation rates: a problem with ``violation_metric_names()`` and
+    ``unit_violations(env, units, actions) -> {name: bool [n]}`` (``SimulatedProblem`` of a problem
+    that knows its means) gets, per name ``v``, the share of units (in %) whose played action
+    violates: ``v`` for the tuned arm, ``baseline_v`` for the baseline's own plays and ``c_v`` for
+    each compared arm, with the binomial SE of one run (``_share_se``; then combined over replicates).
     """
 
     problem: ABProblem = field(default_factory=VideoUploadProblem)
@@ -290,10 +313,13 @@ class ABTest:
             return list(self.problem.metric_names())
         base = list(self.problem.metric_names())
         levels = list(self.problem.level_metric_names())
+        violations = list(_violation_names(self.problem))
         names = [f"{m}_change" for m in base] + base + [f"baseline_{m}" for m in base] + levels
+        names += violations + [f"baseline_{v}" for v in violations]
         for kind in self.compare:
             p = _prefix(kind)
             names += [f"{p}{m}_change" for m in base] + [f"{p}{m}" for m in base] + [f"{p}{v}" for v in levels]
+            names += [f"{p}{v}" for v in violations]
         return names
 
     def config(self) -> dict | None:
@@ -359,6 +385,7 @@ class ABTest:
             # the units' stream: the trial's environment is a bayes_safe.envs.Problem (draw(n, generator))
             stream = torch.Generator().manual_seed(int(seeds[0]))
             records: dict[str, list] = {"units": [], "baseline": [], **{kind: [] for kind in arms}}
+            actions: dict[str, list] = {kind: [] for kind in arms}
             for b, n in enumerate(sizes):
                 units = env.draw(n, stream)
                 records["units"].append(units)
@@ -368,10 +395,33 @@ class ABTest:
                     a = policy.select(units.features, units.baseline, generator=gens[kind], valid=units.valid)
                     out = env.outcomes(units, a)
                     records[kind].append(out)
+                    actions[kind].append(a)
                     if b < len(sizes) - 1:
                         reward, constraints = self.problem.feedback(env, units, out)
                         policy.update(units.features[rows, a], reward, constraints, actions=a)
-            return self._summarize(env, records, parameters)
+            result = self._summarize(env, records, parameters)
+            result.update(self._violations(env, records["units"], actions))
+            return result
+
+    def _violations(self, env, units: list, actions: dict) -> dict[str, tuple[float, float]]:
+        """Per-unit violation rates (% of units, binomial SE of this run) of every arm, the baseline
+        included (its own plays: ``units.baseline``); none when the problem does not count them."""
+        names = _violation_names(self.problem)
+        if not names:
+            return {}
+        played = {"baseline_": [u.baseline for u in units]}
+        for k, kind in enumerate(actions):
+            played["" if k == 0 else _prefix(kind)] = actions[kind]
+        out: dict[str, tuple[float, float]] = {}
+        for prefix, acts in played.items():
+            per_batch = [self.problem.unit_violations(env, u, a) for u, a in zip(units, acts)]
+            if any(v is None for v in per_batch):
+                continue
+            for name in names:
+                flags = torch.cat([v[name].reshape(-1) for v in per_batch]).bool()
+                if flags.numel():
+                    out[f"{prefix}{name}"] = _share_se(flags)
+        return out
 
     def _summarize(self, env, records: dict, parameters: Mapping) -> dict[str, tuple[float, float]]:
         def metrics_of(outs):

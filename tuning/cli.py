@@ -28,6 +28,7 @@ argument types come from ``bayes_safe._cli_args``, which both command lines shar
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import time
@@ -71,6 +72,9 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="run trials on a Dask distributed scheduler (tcp://host:8786) instead of local processes")
     p.add_argument("--no-progress", action="store_true", help="print no line per trial")
     p.add_argument("--verbose", action="store_true", help="show Ax's own log")
+    p.add_argument("--no-rerun", action="store_true",
+                   help="do not re-run the best point with fresh seeds before the report names it (the report then "
+                        "only compares its SEM with the study's typical SEM)")
     p.add_argument("--mlflow", nargs="?", const="", default=None, metavar="URI",
                    help="log every finished trial (parameters, each metric's mean and SEM, feasibility, timings) to "
                         "MLflow: no value: a file store in OUT/mlruns; or a directory, file: URI, "
@@ -103,7 +107,12 @@ def add_tune_parser(subparsers) -> argparse.ArgumentParser:
                    help="a constructor argument of the problem class (repeat; VALUE read as JSON when it is, e.g. seed=3)")
     p.add_argument("--users", type=positive_int, default=2_000, help="units per arm of each A/B test (default 2,000)")
     p.add_argument("--batches", type=positive_int, default=4, help="batches per A/B test (the policy refits after each; default 4)")
-    p.add_argument("--ridge", type=float, default=1.0, help="ridge penalty of the Bayesian linear models (default 1)")
+    p.add_argument("--ridge", type=float, default=1.0, help="ridge penalty of the default Bayesian linear models, "
+                   "used when the problem declares no models of its own (default 1)")
+    p.add_argument("--max-violations", action="append", type=key_value, default=None, metavar="METRIC=SHARE",
+                   help="also constrain the per-unit violation rate of METRIC's constraint: at most SHARE of the units "
+                        "(e.g. adverse_event=0.01 adds 'adverse_event_violations <= 1', in %%; repeat; needs a problem "
+                        "with expected means)")
     p.add_argument("--no-compare", action="store_true", help="do not also run vanilla TS in each trial")
     p = sub.add_parser("logged-data", help="start a tuning study whose trials are off-policy estimates from logs "
                        "(train on part of the logs, estimate value and violations on the rest)")
@@ -124,20 +133,28 @@ def add_tune_parser(subparsers) -> argparse.ArgumentParser:
                    help="default outcome constraint violation_macro <= this (default 0.2)")
     p.add_argument("--epochs", type=positive_int, default=8, help="training epochs per trial (default 8)")
     p.add_argument("--holdout", type=open_fraction, default=0.3, help="share of the logs held out for the estimates (default 0.3)")
-    p = sub.add_parser("decision-log", help="tune a served TS-ASC's alpha from its decision log: each trial is TS-ASC at "
-                       "the trial's alpha on the served posterior, estimated off-policy (self-normalised IPS) from the log")
+    p = sub.add_parser("decision-log", help="tune a served TS-ASC from its decision log: each trial is TS-ASC on the "
+                       "served posterior with the trial's tolerance of each declared constraint (or alpha, for a TS-ASC "
+                       "built with alpha), its reward and guarded metrics estimated off-policy (self-normalised IPS) "
+                       "from the log, every declared constraint checked in its own form and direction")
     _common(p)
     _study_options(p)
     p.add_argument("--log", required=True, type=Path, metavar="LOG",
                    help="the decision log the service wrote (.sqlite, bayes_safe.online.DecisionLog)")
     p.add_argument("--state", required=True, type=Path, metavar="STATE_DIR",
                    help="the served Decider's state directory (its TS-ASC posterior)")
-    p.add_argument("--alpha-max", type=open_fraction, default=0.5, help="search alpha in [0, ALPHA_MAX] (default 0.5)")
-    p.add_argument("--min-ratio", type=probability, default=0.9,
-                   help="default outcome constraint constraint0_ratio >= this (default 0.9)")
+    p.add_argument("--alpha-max", type=open_fraction, default=None,
+                   help="a TS-ASC built with alpha: search alpha in [0, ALPHA_MAX] (default 0.5)")
+    p.add_argument("--min-ratio", type=probability, default=None,
+                   help="a TS-ASC built with alpha: outcome constraint constraint0_ratio >= this (default 0.9); a TS-ASC "
+                        "that declares constraints is checked against its declared bounds instead")
     p.add_argument("--draws", type=positive_int, default=200,
                    help="posterior draws per logged decision for the trial policy's probabilities (default 200)")
     p.add_argument("--boot", type=positive_int, default=200, help="bootstrap resamples of the ratios' SEs (default 200)")
+    p.add_argument("--max-unsupported", type=probability, default=0.05,
+                   help="a TS-ASC that declares constraints: outcome constraint unsupported <= this, the share of a "
+                        "trial's choices where the served policy gave no chance, which the log cannot estimate "
+                        "(default 0.05; 1 to only report it)")
     r = sub.add_parser("resume", help="continue a stored study (after a crash, or with more --trials) and rewrite its report")
     _common(r)
     r.add_argument("--trials", type=positive_int, default=None, help="completed trials to reach (default: the stored target)")
@@ -180,6 +197,13 @@ def _value(mean_se, metric: str, se: bool = True) -> str:
     m, s = mean_se
     if metric.endswith("_change"):
         return f"{m:+.2f} ± {s:.2f} %" if se else f"{m:+.2f} %"
+    if metric.endswith("_violations") or "_violations_" in metric:  # a share of units, in %
+        return f"{m:.2f} ± {s:.2f} %" if se else f"{m:.2f} %"
+    if se and math.isfinite(s) and s > 0:  # a level: two significant digits of its SEM (0.0400 ± 0.0040)
+        from .report import _decimals
+
+        d = _decimals(s, least=0)
+        return f"{m:.{d}f} ± {s:.{d}f}"
     return f"{m:.4g} ± {s:.2g}" if se else f"{m:.4g}"
 
 
@@ -255,7 +279,7 @@ _OPTION_OF = {"source": "--source", "options": "--column", "method": "--method",
 
 #: LoggedAlpha's argument names -> the ``tune decision-log`` options that set them
 _DECISION_LOG_OPTION_OF = {"log": "--log", "state": "--state", "alpha_max": "--alpha-max", "min_ratio": "--min-ratio",
-                           "num_draws": "--draws", "n_boot": "--boot"}
+                           "num_draws": "--draws", "n_boot": "--boot", "max_unsupported": "--max-unsupported"}
 
 
 def _as_option(message: str, option_of: dict[str, str] = _OPTION_OF) -> str:
@@ -374,10 +398,13 @@ def _custom_ab_test(args):
 
     params = dict(args.param or ())
     problem = load_problem(args.problem, params)
+    limits = dict(args.max_violations or ())
     try:
-        wrapped = SimulatedProblem(problem, ridge=args.ridge, import_path=args.problem, params=params)
-    except ValueError as exc:
-        raise ValueError(f"--problem: {exc}") from None
+        wrapped = SimulatedProblem(problem, ridge=args.ridge, import_path=args.problem, params=params,
+                                   max_violations=limits or None)
+    except (ValueError, TypeError) as exc:
+        option = "--max-violations" if str(exc).startswith("max_violations") else "--problem"
+        raise ValueError(f"{option}: {exc}") from None
     return ABTest(wrapped, n_users=args.users, batches=args.batches, compare=() if args.no_compare else None,
                   replicates=args.replicates)
 
@@ -386,15 +413,21 @@ def _build_ab_test(args):
     if args.tune_command == "custom":
         return _custom_ab_test(args)
     if args.tune_command == "decision-log":
-        from bayes_safe.online.tuning import LoggedAlpha
+        import warnings
+
+        from bayes_safe.online.tuning import LegacyAlphaWarning, LoggedAlpha
 
         from .ab_test import ABTest
 
         try:
-            problem = LoggedAlpha(args.log, args.state, alpha_max=args.alpha_max, min_ratio=args.min_ratio,
-                                  num_draws=args.draws, n_boot=args.boot)
-        except (ValueError, TypeError, FileNotFoundError) as exc:
-            raise ValueError(_as_option(str(exc), _DECISION_LOG_OPTION_OF)) from None
+            with warnings.catch_warnings():
+                # a new study: --alpha-max / --min-ratio on a policy that declares constraints is an error, not
+                # the legacy alpha study a stored one resumes as
+                warnings.simplefilter("error", LegacyAlphaWarning)
+                problem = LoggedAlpha(args.log, args.state, alpha_max=args.alpha_max, min_ratio=args.min_ratio,
+                                      num_draws=args.draws, n_boot=args.boot, max_unsupported=args.max_unsupported)
+        except (ValueError, TypeError, FileNotFoundError, LegacyAlphaWarning) as exc:
+            raise ValueError(_as_option(" ".join(str(exc).split()), _DECISION_LOG_OPTION_OF)) from None
         return ABTest(problem, replicates=args.replicates)
     if args.tune_command == "logged-data":
         from .ab_test import ABTest
@@ -506,6 +539,8 @@ def run_tune(args) -> int:
             module = sys.modules.get(own.partition(":")[0])
             print(f"problem class: {own} from {getattr(module, '__file__', None) or '?'} "
                   f"(parameters {study.ab_test.problem.params or {}})", flush=True)
+        if callable(getattr(study.ab_test.problem, "models_text", None)):
+            print(study.ab_test.problem.models_text().replace("`", ""), flush=True)
         trials = args.trials or study.properties.get("target_trials") or study.counts().get("COMPLETED", 0)
         # the study's own parallelism (stored as each run starts, so it survives a crash) unless --parallel
         parallel = (args.parallel or study.properties.get("parallel")
@@ -560,6 +595,8 @@ def run_tune(args) -> int:
         what += f"; {ab_test.replicates} replicate{'s' if ab_test.replicates > 1 else ''} per trial"
         print(f"study {study.name!r} in {storage.display_url(url)}: {trials} trials, {parallel} in flight, {what}",
               flush=True)
+        if callable(getattr(ab_test.problem, "models_text", None)):
+            print(ab_test.problem.models_text().replace("`", ""), flush=True)
         n_sobol = study.properties.get("sobol_trials")
         if n_sobol is not None and n_sobol >= trials:
             print(f"note: all {trials} trials are Sobol (--sobol {n_sobol}); the study never reaches BoTorch "
@@ -598,7 +635,7 @@ def run_tune(args) -> int:
     except RuntimeError as exc:
         print(f"bayes-safe tune: error: {exc}", file=sys.stderr)
         return 1
-    result = write_report(study, args.out)
+    result = write_report(study, args.out, rerun=not args.no_rerun)
     best = result["best"]
     print(f"done in {time.perf_counter() - start:.0f} s: {summary['trials_completed']} trials this run; Ax "
           f"{summary['ax_seconds_per_trial']:.2f} s per trial, simulation {summary['sim_seconds_per_trial']:.1f} s per trial")
@@ -610,6 +647,16 @@ def run_tune(args) -> int:
         print(f"{label} (model): trial {best['trial']} " + " ".join(f"{k}={v:.4g}" for k, v in best["parameters"].items())
               + f" | {obj} predicted {_value(best['predicted'][obj], obj, se=False)}, observed "
               f"{_value(best['observed'][obj], obj)}{chance}{edge}")
+        rerun = result.get("rerun")
+        if rerun and obj in rerun["metrics"]:
+            print(f"re-run of trial {best['trial']} with fresh seeds ({rerun['replicates']} replicates): {obj} "
+                  f"{_value(rerun['metrics'][obj], obj)} (the trial: {_value(best['observed'][obj], obj)})"
+                  + ("" if rerun.get("feasible") is None else
+                     f" | meets every outcome constraint: {'yes' if rerun['feasible'] else 'no'}"))
+        check = result.get("sem_check")
+        if check and check.get("small"):
+            print(f"warning: the chosen trial's SEM of {check['metric']} is {check['ratio']:.2f} x the study's median "
+                  "(below a third): its estimate is less certain than its SEM says (see report.md)")
     else:
         print("best point: none (no model; see report.md)")
     for metric, res in (result.get("cv") or {}).items():

@@ -24,6 +24,10 @@ Choices (the paper tunes by grid search and keeps the best macro violation rate,
 * the default objective maximises the held-out SNIPS value ``reward`` subject to
   ``violation_macro <= max_violation`` (0.2 by default: a bound that depends on the data and
   the constraint benchmark; set your own);
+* other outcomes the logs record are estimated too (``metric_columns`` of a file; a decision
+  log's constraint values): each trial reports the trained policy's off-policy mean ``m`` and the
+  logging policy's ``baseline_m``, which an outcome constraint can bound
+  (``--constraint "adverse_event <= 0.05"``);
 * a trial is a pure function of ``(parameters, seed)``: the seed draws the split (stratified by
   domain), the policy's initialisation, the shuffles and the bootstrap.
 """
@@ -59,32 +63,58 @@ _DATA_CACHE: dict = {}
 
 def _load(source: str, options: Mapping):
     """The logged data of ``source`` (cached per process: every trial of a study reads the same logs)."""
+    return _load_all(source, options)[0]
+
+
+def _load_metrics(source: str, options: Mapping) -> dict:
+    """``{name: values [N]}`` of the other outcomes ``source`` logs, in its rows' order: a file's
+    ``metric_columns``; a decision log's constraint values (``constraint{j}``, when every decision
+    with feedback has them); none for the built-in sources."""
+    return _load_all(source, options)[1]
+
+
+def _load_all(source: str, options: Mapping):
     from bayes_safe.offline import LoggedData, load_open_bandit, skill_routing_logs
 
     key = (source, repr(sorted(options.items())))
-    data = _DATA_CACHE.get(key)
-    if data is None:
+    entry = _DATA_CACHE.get(key)
+    if entry is None:
         opts = dict(options)
+        metric_columns = list(opts.pop("metric_columns", None) or ())
+        metrics: dict = {}
         if source == "synthetic":
             data = skill_routing_logs(n=int(opts.pop("n", 50_000)), seed=int(opts.pop("seed", 0)), **opts)
         elif source == "open-bandit":
             data = load_open_bandit(**opts)
         elif is_decision_log(source):
+            import numpy as np
+
             from bayes_safe.online import DecisionLog
 
             log = DecisionLog(source, read_only=True)
             try:
                 data = log.to_logged_data()
+                values = log.to_dataframe(with_feedback_only=True)["constraints"].tolist()
             finally:
                 log.close()
-        elif str(source).lower().endswith(".parquet"):
-            data = LoggedData.from_parquet(source, **opts)
+            widths = {None if v is None else len(v) for v in values}
+            if len(widths) == 1 and None not in widths:
+                table = np.array(values, dtype=np.float64).reshape(len(values), -1)
+                if np.isfinite(table).all():
+                    metrics = {f"constraint{j}": table[:, j] for j in range(table.shape[1])}
         else:
-            data = LoggedData.from_csv(source, **opts)
+            import pandas as pd
+
+            parquet = str(source).lower().endswith(".parquet")
+            data = (LoggedData.from_parquet if parquet else LoggedData.from_csv)(source, **opts)
+            if metric_columns:
+                frame = pd.read_parquet(source, columns=metric_columns) if parquet else pd.read_csv(
+                    source, usecols=metric_columns)
+                metrics = {str(c): frame[c].to_numpy(dtype=float, na_value=float("nan")) for c in metric_columns}
         if len(_DATA_CACHE) >= 2:
             _DATA_CACHE.pop(next(iter(_DATA_CACHE)))
-        _DATA_CACHE[key] = data
-    return data
+        entry = _DATA_CACHE[key] = (data, metrics)
+    return entry
 
 
 def _one_line(exc: BaseException) -> str:
@@ -134,6 +164,7 @@ def check_file_source(source, options: Mapping, benchmark=None) -> None:
         _check_decision_log(path, options, benchmark)
         return
     accepted = [k for k in inspect.signature(LoggedData.from_dataframe).parameters if k not in ("cls", "df")]
+    accepted.append("metric_columns")  # other logged outcomes, estimated off-policy (evaluate_offline's metrics)
     unknown = sorted(set(options) - set(accepted))
     if unknown:
         raise ValueError(f"options: unknown column argument(s) {unknown} for a file source; expected some of {accepted}")
@@ -185,10 +216,23 @@ def check_file_source(source, options: Mapping, benchmark=None) -> None:
         raise ValueError(f"source: {path} cannot be read ({_one_line(exc)})") from None
     if len(df) == 0:
         raise ValueError(f"source: {path} has a header but no rows of logs")
+    columns = {k: v for k, v in options.items() if k != "metric_columns"}
     try:
-        data = LoggedData.from_dataframe(df, **options)
+        data = LoggedData.from_dataframe(df, **columns)
     except (KeyError, ValueError, TypeError) as exc:
         raise ValueError(f"source: {path}: {_one_line(exc)}") from None
+    from bayes_safe.offline import offline_metric_names
+    from bayes_safe.offline.estimators import metric_values
+
+    taken = set(offline_metric_names(benchmark))
+    for col in options.get("metric_columns") or ():
+        if str(col) in taken:
+            raise ValueError(f"options: metric_columns names {col!r}, a metric the trials report themselves; rename the "
+                             "column")
+        try:
+            metric_values(pd.to_numeric(df[col], errors="coerce").reset_index(drop=True), data, f"metric column {col!r}")
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"source: {path}: {_one_line(exc)}") from None
     if benchmark is not None:
         if data.logging_probs is None:
             raise ValueError(f"source: {path}: the constraint benchmark {benchmark!r} needs the full logging "
@@ -212,7 +256,9 @@ class LoggedDataProblem(ABProblem):
             feedback, one domain; no column arguments).
         options: keyword arguments of the source: ``n``, ``seed`` for ``"synthetic"``;
             ``behavior``, ``campaigns`` for ``"open-bandit"``; the column names of
-            ``from_dataframe`` for a file.
+            ``from_dataframe`` for a file, and ``metric_columns``: other logged outcomes (e.g.
+            an adverse event) whose off-policy means the trials report as ``m`` and ``baseline_m``
+            (a decision log reports its feedback's constraint values as ``constraint{j}``).
         logged_data: logs already in memory (a ``LoggedData``),
             instead of ``source``. Such a study cannot be resumed from the command line
             (pass the same A/B test to ``Study.load <tuning.Study.load>``).
@@ -311,7 +357,11 @@ class LoggedDataProblem(ABProblem):
     def metric_names(self) -> tuple[str, ...]:
         from bayes_safe.offline import offline_metric_names
 
-        return tuple(offline_metric_names(self.benchmark))
+        return tuple(offline_metric_names(self.benchmark, list(self._metrics())))
+
+    def _metrics(self) -> dict:
+        """The other logged outcomes of the source (``_load_metrics``)."""
+        return {} if self.logged_data is not None else _load_metrics(str(self.source), self.options)
 
     def known_parameters(self) -> tuple[str, ...]:
         """The hyperparameters the training method reads (a misspelled trial parameter is an error)."""
@@ -365,4 +415,4 @@ class LoggedDataProblem(ABProblem):
                                          batch_size=self.batch_size)
         params = {**self.defaults, **{k: float(v) for k, v in parameters.items()}}
         return evaluate_offline(data, factory, params, seed=int(seed), constraints=cons, holdout=float(self.holdout),
-                                n_boot=self.n_boot)
+                                n_boot=self.n_boot, metrics=self._metrics() or None)

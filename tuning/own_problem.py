@@ -7,20 +7,40 @@
   generator seeded from the trial's seed (so a trial is a pure function of its parameters and
   seed), and gives ``problem.outcomes`` (converted to float64 ``[n, M]``, NaN an error naming
   the metric);
-* the arms are TS-ASC (``"ts-asc"``, tuned) and vanilla Thompson sampling (``"ts"``, compared),
-  with conjugate Bayesian ridge models (``BayesianLinear``, prior ``N(0, sigma^2 / ridge I)``,
-  known noise ``sigma``): one per metric, ``batch_shape=()`` (one posterior shared by the units
-  of a batch). ``sigma`` is ``problem.noise_std[m]`` when the problem declares it, else 1.0 (the
-  protocol's default; declare 0.5 for a 0/1 metric, the largest standard deviation it can have);
-* TS-ASC guards every declared constraint with its own bound, set by one tuned parameter per
-  constraint, ``tolerance_<metric>``: for a relative constraint the factor's distance from 1
-  (``at_most``: the policy keeps ``metric <= (1 + t) x baseline``; ``at_least``:
-  ``metric >= (1 - t) x baseline``, i.e. the paper's alpha); for an absolute one the margin
-  added to the level in the metric's units (``at_most``: ``metric <= level + t``; ``at_least``:
-  ``metric >= level - t``). The declared bound itself is the study's outcome constraint, on what
-  the A/B test measures: ``relative(m, at_most=1.02)`` -> ``m_change <= 2`` (% vs the
-  baseline), ``relative(m, at_least=0.99)`` -> ``m_change >= -1``, ``absolute(m, at_most=v)``
-  -> ``m <= v`` (the arm's mean level);
+* the arms are TS-ASC (``"ts-asc"``, tuned) and vanilla Thompson sampling (``"ts"``, compared).
+  Their posteriors are **the problem's own** when it declares them (``Problem.models``, read by
+  ``bayes_safe.factory.problem_models(problem, None)``: one model per metric, reward first,
+  ``batch_shape=()``, i.e. one posterior shared by the units of a batch); only a problem that
+  declares none gets the **ridge default**: conjugate Bayesian ridge models
+  (``BayesianLinear``, prior ``N(0, sigma^2 / ridge I)``, known noise ``sigma``), ``sigma`` from
+  ``problem.noise_std[m]`` when declared, else 1.0 (the protocol's default; declare 0.5 for a
+  0/1 metric, the largest standard deviation it can have). ``describe`` and the report say
+  which ran (``bayes_safe.factory.describe_model``). TS learns the reward model; TS-ASC the
+  reward model and one model per guarded metric other than the reward;
+* TS-ASC (Daulton et al. 2019, Algorithm 1, with the constraint forms of
+  ``bayes_safe.envs.Constraint``) is built with every declared constraint, matched to its model
+  by metric name (``TSASC(..., metric_names=...)``): a guardrail on the reward is judged on the
+  reward's own draw, a chance constraint keeps its ``confidence``; the problem's ``fallback``
+  (``"safest"`` or ``"baseline"``) says what it plays when no action is allowed;
+* each constraint's bound in the policy is set by one tuned parameter, ``tolerance_<metric>``:
+  for a relative constraint the factor's distance from 1 (``at_most``: the policy keeps
+  ``metric <= (1 + t) x baseline``; ``at_least``: ``metric >= (1 - t) x baseline``, i.e. the
+  paper's alpha); for an absolute one the margin added to the level in the metric's units
+  (``at_most``: ``metric <= level + t``; ``at_least``: ``metric >= level - t``). The declared
+  bound itself is the study's outcome constraint, on what the A/B test measures:
+  ``relative(m, at_most=1.02)`` -> ``m_change <= 2`` (% vs the baseline),
+  ``relative(m, at_least=0.99)`` -> ``m_change >= -1``, ``absolute(m, at_most=v)`` -> ``m <= v``
+  (the arm's mean level). A guardrail on the reward is the exception: its level would constrain
+  the objective's own metric, which Ax refuses in a single-objective study (and maximising the
+  reward already pushes it up); its per-unit violation rate is reported and can be bounded;
+* **per-unit violations**: when the problem knows its means (``expected`` / ``expected_all``,
+  read by ``bayes_safe.envs.problem.expected_table``), each arm's share of units whose played
+  action breaks a declared constraint in expectation is reported, in % of units, as
+  ``<metric>_violations`` (tuned arm), ``baseline_<metric>_violations`` (the baseline's own plays)
+  and ``ts_<metric>_violations``: the definition ``simulate`` counts (``Constraint.violated``
+  of the true means: the baseline's plays count under an absolute constraint and never under a
+  relative one; a chance constraint counted against the true mean). ``max_violations={"m": 0.01}``
+  adds the outcome constraint ``m_violations <= 1`` (at most 1 % of units), beside the level;
 * the objective is ``<reward>_change``, maximised; every metric ``m`` is reported as ``m_change``
   (% change against the baseline, paired delta-method SE), ``m`` and ``baseline_m``.
 
@@ -31,8 +51,9 @@ capped at 0.9 for ``at_least``), absolute ``[-s, s]`` with ``s = |level| / 4`` (
 A study of a problem class importable by ``module:Class`` (not ``__main__``, not defined inside
 a function) stores that path and the constructor's parameters (read back from the instance's
 attributes of the same names, as a dataclass keeps them; or given as ``params=``), so
-``bayes-safe tune resume`` rebuilds it; ``load_problem_class`` is how it (and ``--problem``)
-imports one. Otherwise the study is resumed in Python (``Study.load(..., ab_test=...)``).
+``bayes-safe tune resume`` rebuilds it, and with it the problem's own models;
+``load_problem_class`` is how it (and ``--problem``) imports one. Otherwise the study is resumed
+in Python (``Study.load(..., ab_test=...)``).
 """
 
 from __future__ import annotations
@@ -47,9 +68,17 @@ from collections.abc import Mapping
 import torch
 
 from bayes_safe.envs.ab_problem import ABProblem
-from bayes_safe.envs.problem import Constraint, Units, check_problem, outcome_metrics
+from bayes_safe.envs.problem import (
+    Constraint,
+    Units,
+    check_problem,
+    expected_table,
+    outcome_metrics,
+)
+from bayes_safe.envs.tolerance import _numbered, default_range, policy_constraint, tolerance_name
 
-__all__ = ["SimulatedProblem", "import_problem", "load_problem_class", "outcome_constraint", "tolerance_name"]
+__all__ = ["SimulatedProblem", "import_problem", "load_problem_class", "outcome_constraint", "tolerance_name",
+           "violation_name"]
 
 #: the arms a trial of a custom problem can run
 ARMS = ("ts-asc", "ts")
@@ -116,33 +145,9 @@ def _constructor_params(problem) -> dict | None:
 
 
 # ---------------------------------------------------------------------- constraints
-def tolerance_name(constraint: Constraint) -> str:
-    """``tolerance_<metric>``: the tuned parameter that sets the policy's bound for ``constraint``."""
-    return "tolerance_" + "".join(ch if ch.isalnum() or ch == "_" else "_" for ch in constraint.metric)
-
-
-def policy_constraint(constraint: Constraint, tolerance: float) -> Constraint:
-    """The bound TS-ASC keeps for ``constraint`` with tolerance ``t`` (see the module docstring)."""
-    t = float(tolerance)
-    if constraint.versus_baseline:
-        factor = 1 + t if constraint.at_most else 1 - t
-        if factor <= 0:
-            raise ValueError(f"{tolerance_name(constraint)}: {t:g} leaves no factor > 0 of the baseline's "
-                             f"{constraint.metric}; expected < 1")
-        return Constraint(constraint.metric, factor, constraint.at_most, True)
-    level = constraint.bound + t if constraint.at_most else constraint.bound - t
-    if constraint.at_most and level < 0:
-        level = 0.0
-    return Constraint(constraint.metric, level, constraint.at_most, False)
-
-
-def default_range(constraint: Constraint) -> dict:
-    if constraint.versus_baseline:
-        slack = max(2 * abs(constraint.bound - 1), 0.02)
-        high = slack if constraint.at_most else min(slack, 0.9)
-        return {"name": tolerance_name(constraint), "low": 0.0, "high": round(float(high), 10)}
-    s = round(abs(constraint.bound) / 4, 10) or 0.1
-    return {"name": tolerance_name(constraint), "low": -float(s), "high": float(s)}
+def violation_name(constraint: Constraint) -> str:
+    """``<metric>_violations``: the A/B test's per-unit violation rate (% of units) of ``constraint``."""
+    return "".join(ch if ch.isalnum() or ch == "_" else "_" for ch in constraint.metric) + "_violations"
 
 
 def outcome_constraint(constraint: Constraint) -> str:
@@ -163,6 +168,9 @@ class _Batch:
     baseline: torch.Tensor
     valid: torch.Tensor | None
     units: Units
+    #: the problem's mean table ``[n, K, M]`` (``expected_table``), computed once for every arm
+    means: torch.Tensor | None = None
+    judged: bool = False
 
     def __len__(self) -> int:
         return int(self.features.shape[0])
@@ -233,16 +241,50 @@ def _check_outcomes(problem, out, n: int, where: str) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------- the ABProblem
+def _check_max_violations(value, names: list[str], declared, problem_name: str) -> dict[str, float]:
+    """``{violation metric: largest share}`` from ``max_violations`` (keys: a guarded metric, which
+    bounds every constraint on it, or a violation metric's own name; values: shares in [0, 1])."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise TypeError(f"max_violations: expected a mapping of metric to share of units, e.g. {{'adverse_event': 0.01}}, "
+                        f"got {type(value).__name__}")
+    by_metric: dict[str, list[str]] = {}
+    for c, name in zip(declared, names):
+        by_metric.setdefault(c.metric, []).append(name)
+    out: dict[str, float] = {}
+    for key, share in value.items():
+        if key in by_metric:
+            targets = by_metric[key]
+        elif key in names:
+            targets = [key]
+        else:
+            raise ValueError(f"max_violations: {key!r} is not a guarded metric of problem {problem_name!r}; expected one "
+                             f"of {sorted(by_metric) or 'none (it declares no constraints)'}")
+        if isinstance(share, bool) or not isinstance(share, (int, float)) or not math.isfinite(share) or not 0 <= share <= 1:
+            raise ValueError(f"max_violations: {key!r} expects a share of units in [0, 1] (0.01 for 1 %), got {share!r}")
+        for t in targets:
+            out[t] = float(share)
+    return out
+
+
 class SimulatedProblem(ABProblem):
     """A user's ``Problem`` as an ``ABProblem``: TS-ASC tuned against its baseline (module docstring).
 
     Args:
         problem: an instance of a ``bayes_safe.envs.Problem`` (``draw``, ``outcomes``,
-            ``metric_names``, ``constraints``).
-        ridge: the ridge penalty of the Bayesian linear models (prior ``N(0, sigma^2 / ridge I)``).
+            ``metric_names``, ``constraints``; optionally ``models``, ``fallback``,
+            ``expected`` / ``expected_all``).
+        ridge: the ridge penalty of the default Bayesian linear models (prior
+            ``N(0, sigma^2 / ridge I)``); not used when the problem declares its own models.
         import_path, params: the ``"module:Class"`` and constructor arguments that rebuild the
             problem when a stored study is resumed (found from the instance by default: its
             class's import path and the constructor arguments read from its attributes).
+        max_violations: ``{metric: share}``, e.g. ``{"adverse_event": 0.01}``: an outcome
+            constraint on the per-unit violation rate of every constraint on ``metric``
+            (``adverse_event_violations <= 1``, in % of units), beside the declared level. Needs
+            a problem that knows its means. A violation metric's own name
+            (``"adverse_event_violations_2"``) picks one of several constraints on a metric.
     """
 
     policies = ARMS
@@ -251,7 +293,10 @@ class SimulatedProblem(ABProblem):
     observed_label = "A/B test mean"
     trial_work = "simulation"
 
-    def __init__(self, problem, *, ridge: float = 1.0, import_path: str | None = None, params: Mapping | None = None):
+    def __init__(self, problem, *, ridge: float = 1.0, import_path: str | None = None, params: Mapping | None = None,
+                 max_violations: Mapping | None = None):
+        from bayes_safe.factory import describe_model, problem_models
+
         if isinstance(problem, ABProblem):
             raise TypeError("problem: already an ABProblem; pass it to ABTest directly")
         check_problem(problem, "problem")
@@ -264,13 +309,38 @@ class SimulatedProblem(ABProblem):
         self.params = dict(params) if params is not None else (
             _constructor_params(problem) if self.import_path is not None else None)
         self.declared = tuple(getattr(problem, "constraints", ()) or ())
+        self.fallback = getattr(problem, "fallback", "safest")
         names = list(problem.metric_names)
-        self.metric_columns = [names.index(c.metric) for c in self.declared]
+        guarded = {c.metric for c in self.declared}
+        #: the metrics TS-ASC learns besides the reward: every guarded one (a reward guardrail uses the reward's model)
+        self.model_columns = [j for j, m in enumerate(names) if j > 0 and m in guarded]
+        if self.declared and not self.model_columns:
+            self.model_columns = list(range(1, len(names)))  # only the reward guarded: the others learned, unguarded
         self.noise = self._noise(names)
-        own = tuple(getattr(problem, "search_space", ()) or ())
-        self.parameters = own or tuple(default_range(c) for c in self.declared)
+        # the problem's own models, checked now (a bad hook fails here, not in a worker): None -> the ridge default
+        own = problem_models(problem, None)
+        self.own_models = own is not None
+        self._model_names = [describe_model(m) for m in own] if own is not None else None
+        self.violation_names = tuple(_numbered([violation_name(c) for c in self.declared]))
+        clash = [v for v in self.violation_names if v in names or f"baseline_{v}" in names]
+        if clash:
+            raise ValueError(f"problem.metric_names: {clash[0]!r} is the name of the violation rate the A/B test reports; "
+                             "rename the metric")
+        self.max_violations = _check_max_violations(max_violations, list(self.violation_names), self.declared, self.name)
+        self._knows_means = None
+        own_space = tuple(getattr(problem, "search_space", ()) or ())
+        self.parameters = own_space or tuple(
+            {**default_range(c), "name": n} for c, n in zip(self.declared, self.tolerance_names()))
         self.objective = f"{names[0]}_change"
-        self.outcome_constraints = tuple(outcome_constraint(c) for c in self.declared)
+        # a guardrail on the reward is the objective's own metric: Ax refuses an outcome constraint on the
+        # objective (single-objective studies), so its average level is not one; its per-unit violation rate is
+        # reported and max_violations can bound it
+        self.outcome_constraints = tuple(outcome_constraint(c) for c in self.declared if c.metric != names[0])
+        if self.max_violations:
+            if not self.knows_means():
+                raise ValueError(f"max_violations: problem {self.name!r} gives no expected means (define expected or "
+                                 "expected_all), so per-unit violations cannot be counted")
+            self.outcome_constraints += tuple(f"{v} <= {100 * share:.10g}" for v, share in self.max_violations.items())
         ranges = [p["name"] if isinstance(p, Mapping) else getattr(p, "name", None) for p in self.parameters]
         self.surface = tuple(ranges[:2]) if len(ranges) >= 2 else None
         self._dim = None
@@ -288,13 +358,53 @@ class SimulatedProblem(ABProblem):
     def metric_names(self) -> tuple[str, ...]:
         return tuple(self.problem.metric_names)
 
+    def tolerance_names(self) -> list[str]:
+        """``tolerance_<metric>`` per declared constraint (``_2``, ... for a second constraint on one metric)."""
+        return _numbered([tolerance_name(c) for c in self.declared])
+
     def known_parameters(self) -> tuple[str, ...]:
-        return tuple(tolerance_name(c) for c in self.declared)
+        return tuple(self.tolerance_names())
+
+    def knows_means(self) -> bool:
+        """Whether the problem gives its mean outcomes (``expected`` / ``expected_all``), asked once
+        on a probe unit: then the A/B test reports per-unit violation rates."""
+        if self._knows_means is None:
+            probe = self.problem.draw(1, torch.Generator().manual_seed(0))
+            self._knows_means = bool(self.declared) and expected_table(self.problem, probe) is not None
+        return self._knows_means
+
+    def violation_metric_names(self) -> tuple[str, ...]:
+        """The per-unit violation rates an A/B test reports (``ABTest`` adds ``baseline_`` and the
+        compared arms' prefixes): one per declared constraint when the problem knows its means."""
+        return self.violation_names if self.knows_means() else ()
 
     def config(self) -> dict | None:
         if self.import_path is None or self.params is None:
             return None
-        return {"name": "import", "import": self.import_path, "params": dict(self.params), "ridge": self.ridge}
+        out = {"name": "import", "import": self.import_path, "params": dict(self.params), "ridge": self.ridge}
+        if self.max_violations:
+            out["max_violations"] = dict(self.max_violations)
+        return out
+
+    def model_names(self) -> dict[str, str]:
+        """``{metric: model}`` of the metrics the arms learn (reward first), e.g.
+        ``{"efficacy": "BayesianLinear (conjugate NIG)", ...}``."""
+        from bayes_safe.factory import describe_model
+
+        names = self.metric_names()
+        used = [0, *self.model_columns] if self.declared else [0]
+        if self._model_names is not None:
+            return {names[j]: self._model_names[j] for j in used}
+        return {names[j]: describe_model(self.model(j)) for j in used}
+
+    def models_text(self) -> str:
+        """Which models the arms run, and whose they are (the report's and ``describe``'s words)."""
+        listed = ", ".join(f"`{m}` {d}" for m, d in self.model_names().items())
+        if self.own_models:
+            return f"models: the problem's own (`{type(self.problem).__name__}.models`): {listed}"
+        noise = ", ".join(f"{v:g}" for v in (self.noise[j] for j in [0, *self.model_columns]))
+        return (f"models: the ridge default (the problem declares no `models`): {listed}, prior N(0, sigma^2 / {self.ridge:g} I), "
+                f"known noise sigma = {noise}")
 
     def describe(self, ab_test) -> str:
         guards = "; ".join(c.describe() for c in self.declared) or "no constraints"
@@ -303,6 +413,17 @@ class SimulatedProblem(ABProblem):
                 f"{ab_test.batches} batches (the policy refits after each); tuned arm `{ab_test.policy}`")
         if ab_test.compare:
             text += ", compared arms " + ", ".join(f"`{c}`" for c in ab_test.compare)
+        text += "; " + self.models_text()
+        if self.declared and ab_test.policy == "ts-asc":
+            text += f"; fallback when no action is allowed: `{self.fallback}`"
+        reward_guards = [c for c in self.declared if c.metric == self.metric_names()[0]]
+        if reward_guards:
+            text += ("; the guardrail on the reward (" + ", ".join(f"`{c.describe()}`" for c in reward_guards)
+                     + ") is enforced by the policy but is no outcome constraint on the objective's own metric "
+                     "(Ax refuses one); its per-unit violation rate is reported")
+        if self.violation_metric_names():
+            text += ("; per-unit violation rates (% of units whose played action breaks a constraint in expectation, "
+                     "the baseline's plays included): " + ", ".join(f"`{v}`" for v in self.violation_metric_names()))
         return text
 
     @property
@@ -313,7 +434,8 @@ class SimulatedProblem(ABProblem):
         return (f"Bayesian optimisation of TS-ASC's tolerances ({tol}) on the problem `{self.name}`: each trial is a "
                 f"simulated A/B test of one parameterization against the baseline policy on common random numbers. "
                 f"Objective: raise `{reward}`; constraints as declared: {guards}. Metrics are % changes against the "
-                f"baseline with paired delta-method standard errors.")
+                f"baseline with paired delta-method standard errors. The arms run "
+                + ("the problem's own models." if self.own_models else "the ridge default models (the problem declares none)."))
 
     # -- the trial
     def make_env(self, parameters: Mapping, seed: int) -> _Env:
@@ -327,7 +449,7 @@ class SimulatedProblem(ABProblem):
         return self._dim
 
     def model(self, metric: int):
-        """The conjugate Bayesian ridge model of metric ``metric`` (a new posterior)."""
+        """The default conjugate Bayesian ridge model of metric ``metric`` (a new posterior)."""
         import pyro.distributions as dist
 
         from bayes_safe.models import BayesianLinear
@@ -337,31 +459,71 @@ class SimulatedProblem(ABProblem):
         prior = dist.Normal(torch.zeros((), dtype=torch.float64), scale).expand([self.dim()]).to_event(1)
         return BayesianLinear(prior, noise_std=sigma, batch_shape=())
 
+    def arm_models(self, columns) -> list:
+        """New posteriors of the metrics ``columns``: the problem's own (``Problem.models(None)``) when
+        it declares them, else the ridge default."""
+        from bayes_safe.factory import problem_models
+
+        own = problem_models(self.problem, None) if self.own_models else None
+        if self.own_models and own is None:
+            raise ValueError(f"problem.models: {type(self.problem).__name__}.models(None) returned None in this "
+                             "process, but returned models when the study was built")
+        return [own[j] for j in columns] if own is not None else [self.model(j) for j in columns]
+
     def policy_constraints(self, parameters: Mapping) -> list[Constraint]:
         """The constraints TS-ASC keeps for ``parameters`` (a tolerance not given: the declared bound)."""
         out = []
-        for c in self.declared:
-            name = tolerance_name(c)
-            if name in parameters:
-                out.append(policy_constraint(c, parameters[name]))
-            else:
-                out.append(c)
+        for c, name in zip(self.declared, self.tolerance_names()):
+            out.append(policy_constraint(c, parameters[name]) if name in parameters else c)
         return out
 
     def make_policy(self, kind: str, parameters: Mapping, env, *, seed: int, refit_every: int):
         from bayes_safe.policies import TSASC, ThompsonSampling
 
         if kind == "ts":
-            return ThompsonSampling(self.model(0))
+            return ThompsonSampling(self.arm_models([0])[0])
         if kind == "ts-asc":
             if not self.declared:
                 raise ValueError(f"policy: 'ts-asc' needs a constraint; problem {self.name!r} declares none (use 'ts')")
-            models = [self.model(j) for j in self.metric_columns]
-            return TSASC(self.model(0), models, constraints=self.policy_constraints(parameters))
+            names = self.metric_names()
+            reward, *constraint_models = self.arm_models([0, *self.model_columns])
+            return TSASC(reward, constraint_models, constraints=self.policy_constraints(parameters),
+                         metric_names=[names[j] for j in (0, *self.model_columns)], fallback=self.fallback)
         raise ValueError(f"policy: expected one of {list(ARMS)} for problem {self.name!r}, got {kind!r}")
 
     def feedback(self, env, units, outcomes):
-        return outcomes[:, 0], (outcomes[:, self.metric_columns] if self.metric_columns else None)
+        return outcomes[:, 0], (outcomes[:, self.model_columns] if self.model_columns else None)
 
     def unit_metrics(self, env, units, outcomes) -> dict:
         return {m: (outcomes[:, j], None) for j, m in enumerate(self.metric_names())}
+
+    def _means(self, batch: _Batch) -> torch.Tensor | None:
+        """The batch's mean table ``[n, K, M]`` (float64), once for all arms; None when unknown."""
+        if not batch.judged:
+            table = expected_table(self.problem, batch.units)
+            if table is not None:
+                table = torch.as_tensor(table).double()
+                n, K = batch.features.shape[:2]
+                M = len(self.metric_names())
+                if table.shape != (n, K, M):
+                    raise ValueError(f"{type(self.problem).__name__}.expected_all: expected means [n={n}, K={K}, M={M}], "
+                                     f"got shape {tuple(table.shape)}")
+                bad = ~torch.isfinite(table)
+                if bad.any():
+                    metric = self.metric_names()[int(bad.reshape(-1, M).any(0).nonzero()[0])]
+                    raise ValueError(f"{type(self.problem).__name__}.expected_all: metric {metric!r} has NaN or inf means")
+            batch.means, batch.judged = table, True
+        return batch.means
+
+    def unit_violations(self, env, units: _Batch, actions: torch.Tensor) -> dict | None:
+        """``{<metric>_violations: bool [n]}``: which units' played ``actions`` break each declared
+        constraint in expectation (``Constraint.violated`` of the true means, the rule ``simulate``
+        counts by; a chance constraint against the true mean). None
+        when the problem does not know its means."""
+        table = self._means(units)
+        if table is None or not self.declared:
+            return None
+        rows = torch.arange(len(units))
+        names = list(self.metric_names())
+        return {name: c.violated(table[..., names.index(c.metric)], units.baseline)[rows, actions.long()]
+                for c, name in zip(self.declared, self.violation_names)}

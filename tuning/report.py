@@ -26,11 +26,36 @@ from bayes_safe.io import atomic_output_dir
 __all__ = ["trial_rows", "write_report"]
 
 
-def _fmt(v, se=None, digits=2, signed=True) -> str:
+def _decimals(se=None, bound=None, least: int = 2, most: int = 10) -> int:
+    """Decimals that let a value be read against its SEM and its bound: two significant digits of
+    the SEM, one decimal more than the bound has (``0.05`` -> 3), at least ``least``."""
+    d = least
+    if isinstance(se, (int, float)) and math.isfinite(se) and se > 0:
+        d = max(d, 1 - math.floor(math.log10(se)))
+    if isinstance(bound, (int, float)) and math.isfinite(bound) and bound != 0:
+        text = f"{abs(bound):.10f}".rstrip("0")
+        d = max(d, len(text.partition(".")[2]) + 1)
+    return min(d, most)
+
+
+def _fmt(v, se=None, digits=2, signed=True, bound=None) -> str:
+    """``+1.23 ± 0.45``; ``digits=None`` chooses the decimals from the SEM and the bound (``_decimals``)."""
     if v is None or (isinstance(v, float) and not math.isfinite(v)):
         return "n/a"
+    if digits is None:
+        digits = _decimals(se, bound)
     s = f"{v:+.{digits}f}" if signed else f"{v:.{digits}f}"
     return s if se is None else f"{s} ± {se:.{digits}f}"
+
+
+def _fmt_metric(study, metric: str, mean_se) -> str:
+    """A metric's ``mean ± SEM`` with enough digits to read it against its outcome constraint's bound:
+    a % change signed, a level (``adverse_event 0.0452 ± 0.0031`` against 0.05) unsigned."""
+    if not mean_se:
+        return "n/a"
+    mean, se = (list(mean_se) + [None])[:2]
+    bound = next((b for w, _, b in study.constraints if list(w) == [metric]), None)
+    return _fmt(mean, se, digits=None, signed=_is_change(metric), bound=bound)
 
 
 def _param(v) -> str:
@@ -114,7 +139,12 @@ def _summary_text(study, rows) -> list[str]:
     if declared:
         lines += [("Constraints as the problem declares them (the policy keeps its own bound, set by the tuned "
                    "tolerance; the study's outcome constraint is the declared bound):"), ""]
-        lines += [f"- `{c.describe()}` ({'lower' if c.at_most else 'higher'} is better)" for c in declared]
+        reward = problem.metric_names()[0] if callable(getattr(problem, "metric_names", None)) else None
+        lines += [f"- `{c.describe()}` ({'lower' if c.at_most else 'higher'} is better)"
+                  + (" -- a guardrail on the reward: the policy enforces it, but it is no outcome constraint (Ax refuses "
+                     "one on the objective's own metric)" + ("; its per-unit violation rate is below" if _violation_metrics(study)
+                                                             else "") if c.metric == reward else "")
+                  for c in declared]
         lines.append("")
     if not done:
         return lines + ["No completed trial yet.", ""]
@@ -135,7 +165,28 @@ def _summary_text(study, rows) -> list[str]:
         lines.append(f"- `{obj}`: {'lowered' if study.minimize else 'raised'} in {len(better)} of {len(done)} trials; "
                      f"{sum(1 for r in better if study.is_feasible(r['metrics']))} of them also meet every outcome constraint.")
     lines.append(f"- Observed feasible trials: {len(feasible)} of {len(done)}.")
+    lines += _violation_summary(study, done)
     return lines + [""]
+
+
+def _violation_summary(study, done) -> list[str]:
+    """Per-unit violation rates over the completed trials: the tuned arm's range, the compared arms'
+    and the baseline's (its own plays: the same units, every trial)."""
+    names = _violation_metrics(study)
+    if not names or not done:
+        return []
+    lines = [("- Per-unit violation rates (% of units whose played action breaks the constraint in expectation, "
+              "as `simulate` counts them; median over trials, range):")]
+    arms = [("tuned arm", ""), *[(f"`{c}`", c.replace("-", "_") + "_") for c in study.ab_test.compare], ("baseline", "baseline_")]
+    for v in names:
+        parts = []
+        for label, prefix in arms:
+            vals = sorted(r["metrics"][prefix + v][0] for r in done if prefix + v in r["metrics"])
+            if vals:
+                parts.append(f"{label} {vals[len(vals) // 2]:.2f} % ({vals[0]:.2f} to {vals[-1]:.2f})")
+        if parts:
+            lines.append(f"  - `{v}`: " + "; ".join(parts))
+    return lines
 
 
 def _noise_text(study, rows) -> list[str]:
@@ -384,6 +435,58 @@ def _finding_text(trade: dict) -> list[str]:
     return lines + ["", f"**Finding reproduced: {verdict}.**", ""]
 
 
+def _violation_metrics(study) -> list[str]:
+    """The tuned arm's per-unit violation rates the A/B test reports (``*_violations``, % of units)."""
+    names = getattr(study.ab_test.problem, "violation_metric_names", None)
+    return list(names()) if callable(names) and not getattr(study.ab_test.problem, "offline", False) else []
+
+
+def _rerun_text(study, best, rerun, sem_check, why: str | None = None) -> list[str]:
+    """The winner's-curse check of the best point: its re-run with fresh seeds (or why there is
+    none), and whether the chosen trial's SEM is far below the study's typical SEM."""
+    obj = study.objective_name
+    lines = []
+    if rerun:
+        o = best["observed"].get(obj)
+        r = (rerun.get("metrics") or {}).get(obj)
+        text = (f"**Re-run with fresh seeds** (the winner's-curse check): before naming it, trial {best['trial']}'s "
+                f"parameterization ran again as {rerun['replicates']} new A/B tests (seed {rerun['seed']}, "
+                f"{rerun.get('seconds', 0):.1f} s), free of the selection that made it the best among "
+                f"{len(study.observed())} noisy trials.")
+        if o and r:
+            diff = r[0] - o[0]
+            se = math.hypot(o[1], r[1])
+            z = diff / se if se > 0 else float("nan")
+            unit = " %" if _is_change(obj) else ""
+            text += (f" `{obj}`: the trial {_fmt_metric(study, obj, o)}{unit}, the re-run {_fmt_metric(study, obj, r)}{unit} "
+                     f"(difference {diff:+.{_decimals(se)}f}{unit}, "
+                     f"{z:+.1f} combined SEs).")
+            sign = -1 if study.minimize else 1
+            if math.isfinite(z) and sign * z < -2:
+                text += (" **The re-run is significantly worse: the trial's estimate was lucky (winner's curse); "
+                         "read the re-run as this parameterization's value.**")
+            else:
+                text += " The re-run agrees with the trial within two combined SEs."
+        if study.constraints and rerun.get("feasible") is not None:
+            text += (" The re-run's means meet every outcome constraint." if rerun["feasible"] else
+                     " **The re-run's means do not meet every outcome constraint.**")
+        lines += [text, ""]
+    else:
+        lines += [(f"The best point was not re-run with fresh seeds ({why or 'not asked'}): its estimate is the "
+                   "trial's own, chosen as the best among noisy trials, and biased in its favour (winner's curse)."), ""]
+    if sem_check:
+        if sem_check["small"]:
+            lines += [(f"**Warning: the chosen trial's SEM of `{sem_check['metric']}` ({sem_check['sem']:.3g}) is "
+                       f"{sem_check['ratio']:.2f} x the median SEM of the study's {sem_check['trials']} trials "
+                       f"({sem_check['median_sem']:.3g}), below a third**: more likely its replicates agreed by chance "
+                       "than this parameterization is less noisy; its interval is too narrow and the model trusts it too "
+                       "much." + (" The re-run above is the fairer estimate." if rerun else "")), ""]
+        else:
+            lines += [(f"The chosen trial's SEM of `{sem_check['metric']}` is {sem_check['ratio']:.2f} x the median of "
+                       f"the study's {sem_check['trials']} trials (not below a third)."), ""]
+    return lines
+
+
 def _best_json(result) -> dict | None:
     """``best.json``: the report's best point, and what Ax's ``Client.get_best_parameterization()``
     answers on the stored study (``ax``), with whether they agree."""
@@ -392,6 +495,9 @@ def _best_json(result) -> dict | None:
     if best is None and not ax_best:
         return None
     out = dict(best) if best is not None else {"trial": None}
+    if best is not None:
+        out["rerun"] = result.get("rerun")
+        out["sem_check"] = result.get("sem_check")
     if ax_best is not None:
         out["ax"] = ax_best
         out["agrees_with_ax"] = best is not None and ax_best.get("trial") == best["trial"]
@@ -425,17 +531,21 @@ def _cv_figure(study, cv: dict, out: Path) -> str:
 
 
 def write_report(study, out, *, grid: int = 30, title: str | None = None, export: bool = True,
-                 note: str | None = None) -> dict:
+                 note: str | None = None, rerun: bool | int = True) -> dict:
     """Write the figures, ``report.md``, ``trials.csv``, ``best.json`` and (``export``) ``study.json`` into ``out``.
 
     ``grid``: points per axis of the response surfaces; ``title`` of the report; ``note``: a
-    paragraph added under the title (e.g. where the run came from).
+    paragraph added under the title (e.g. where the run came from); ``rerun``: before the report
+    names the best point, re-run it with fresh seeds (``Study.rerun``; ``True``: the study's
+    replicates per trial, at least 2; a number: that many replicates; ``False``: no re-run, the
+    report then only compares the chosen trial's SEM with the study's typical SEM).
 
-    Returns ``{"best": ..., "figures": [...], "tradeoff": ...}``.
+    Returns ``{"best": ..., "rerun": ..., "sem_check": ..., "figures": [...], "tradeoff": ...}``.
     """
     out = Path(out)
     rows = trial_rows(study)
-    result: dict = {"figures": [], "best": None, "tradeoff": {}, "notes": [], "cv": {}, "ax_best": None}
+    result: dict = {"figures": [], "best": None, "tradeoff": {}, "notes": [], "cv": {}, "ax_best": None,
+                    "rerun": None, "sem_check": None}
     model = None
     n_done = sum(1 for r in rows if r["status"] == "COMPLETED")
     with atomic_output_dir(out) as tmp:
@@ -452,6 +562,20 @@ def write_report(study, out, *, grid: int = 30, title: str | None = None, export
                 except Exception as exc:  # noqa: BLE001
                     result["notes"].append(f"Cross-validation failed: {type(exc).__name__}: {exc}")
             result["ax_best"] = study.ax_best()
+            if result["best"] is not None:
+                result["sem_check"] = study.sem_ratio(result["best"]["trial"])
+                result["rerun_note"] = None if rerun else "not asked: `rerun=False`, `--no-rerun`"
+                if not rerun:  # a re-run stored by an earlier report of the same best trial is still shown
+                    stored = (study.properties.get("reruns") or {}).get(str(result["best"]["trial"]))
+                    result["rerun"] = stored if isinstance(stored, dict) else None
+                else:
+                    try:
+                        result["rerun"] = study.rerun(result["best"]["trial"],
+                                                      None if rerun is True else int(rerun))
+                    except Exception as exc:  # noqa: BLE001 - the report still names the trial, and says so
+                        result["rerun_note"] = "the re-run failed; see the notes"
+                        result["notes"].append(f"The re-run of the best point failed ({type(exc).__name__}: {exc}); "
+                                               "its estimate is the trial's own.")
         else:
             result["notes"].append("Fewer than two completed trials: no model, no response surfaces.")
         center = None
@@ -524,7 +648,8 @@ def _markdown(study, rows, result, title, export=True, note=None) -> str:
         lines += ["No model-based best point (see the notes below)." if result["notes"] else "No completed trial yet.", ""]
         bo = study.best_observed()
         if bo is not None:
-            lines += [f"Best observed feasible trial: {bo[0]} (`{obj}` {_fmt(*bo[1][obj])} %).", ""]
+            lines += [(f"Best observed feasible trial: {bo[0]} (`{obj}` {_fmt_metric(study, obj, bo[1][obj])}"
+                       f"{' %' if _is_change(obj) else ''})."), ""]
     else:
         params = ", ".join(f"{k} = {_param(v)}" for k, v in best["parameters"].items())
         rule = f"Chosen by the model's posterior: {best['rule']}."
@@ -536,17 +661,31 @@ def _markdown(study, rows, result, title, export=True, note=None) -> str:
         edge = (f"It sits on a bound of the search space ({'; '.join(best['on_bounds'])}): the optimum may lie beyond "
                 "it; consider widening the range." if best.get("on_bounds") else
                 "It sits inside the search space (no parameter at a bound).")
+        rerun = result.get("rerun")
+        rerun_metrics = (rerun or {}).get("metrics") or {}
+        rerun_head = (f" re-run ({rerun['replicates']} fresh replicates) |" if rerun else "")
         lines += [f"Trial {best['trial']}: {params}.", "", rule, "", *([how, ""] if how else []), edge, "",
-                  f"| metric | predicted (model mean ± sd) | observed ({problem.observed_label} ± SE) |",
-                  "|---|---|---|"]
-        for m in [obj] + [c for w, _, _ in study.constraints for c in w]:
-            p = best["predicted"].get(m)
+                  *_rerun_text(study, best, rerun, result.get("sem_check"), result.get("rerun_note")),
+                  f"| metric | predicted (model mean ± sd) | observed ({problem.observed_label} ± SE) |{rerun_head}",
+                  "|---|---|---|" + ("---|" if rerun else "")]
+
+        def row(m, p):
             o = best["observed"].get(m)
-            lines.append(f"| {m} | {_fmt(*p) if p else 'n/a'} | {_fmt(*o) if o else 'n/a'} |")
+            cells = [m, _fmt_metric(study, m, p) if p else ("n/a" if p is None and m in modelled else ""),
+                     _fmt_metric(study, m, o) if o else "n/a"]
+            if rerun:
+                cells.append(_fmt_metric(study, m, rerun_metrics.get(m)) if m in rerun_metrics else "n/a")
+            return "| " + " | ".join(cells) + " |"
+
+        modelled = [obj] + [c for w, _, _ in study.constraints for c in w]
+        for m in modelled:
+            lines.append(row(m, best["predicted"].get(m)))
+        violations = _violation_metrics(study)
         extra = [m for m in sorted(best["observed"]) if m.endswith("_change") and m not in best["predicted"]
                  and not any(m.startswith(c.replace('-', '_') + '_') for c in ab.compare)]
+        extra += [m for v in violations for m in (v, f"baseline_{v}") if m in best["observed"] and m not in modelled]
         for m in extra:
-            lines.append(f"| {m} | | {_fmt(*best['observed'][m])} |")
+            lines.append(row(m, False))
         lines.append("")
     ax_best = result.get("ax_best")
     if ax_best and "trial" in ax_best:
@@ -577,7 +716,9 @@ def _markdown(study, rows, result, title, export=True, note=None) -> str:
     def pct(m):
         return f"{m} %" if _is_change(m) else m
 
-    header = ["trial", "node", "status", *study.parameter_names, pct(obj), *[pct(c) for c in cons]]
+    rates = [v for v in _violation_metrics(study) if v not in cons]
+    header = ["trial", "node", "status", *study.parameter_names, pct(obj), *[pct(c) for c in cons],
+              *[f"{v} (% of units)" for v in rates]]
     if has_ts:
         header += [f"vanilla TS {obj} %", "vanilla TS " + "/".join(cons) + " %"]
     header.append("sim s")
@@ -586,11 +727,12 @@ def _markdown(study, rows, result, title, export=True, note=None) -> str:
         m = r["metrics"]
         cells = [str(r["trial"]), str(r["node"] or ""), r["status"].lower() + (f" (re-run of {r['rerun_of']})" if r["rerun_of"] is not None else ""),
                  *[_param(r["parameters"].get(p, "")) for p in study.parameter_names],
-                 _fmt(*m[obj]) if obj in m else ""]
-        cells += [_fmt(*m[c]) if c in m else "" for c in cons]
+                 _fmt_metric(study, obj, m[obj]) if obj in m else ""]
+        cells += [_fmt_metric(study, c, m[c]) if c in m else "" for c in cons]
+        cells += [_fmt_metric(study, v, m[v]) if v in m else "" for v in rates]
         if has_ts:
-            cells.append(_fmt(*m["ts_" + obj]) if "ts_" + obj in m else "")
-            cells.append(" / ".join(_fmt(*m["ts_" + c]) for c in cons if "ts_" + c in m))
+            cells.append(_fmt_metric(study, obj, m["ts_" + obj]) if "ts_" + obj in m else "")
+            cells.append(" / ".join(_fmt_metric(study, c, m["ts_" + c]) for c in cons if "ts_" + c in m))
         cells.append(f"{r['sim_seconds']:.1f}" if isinstance(r["sim_seconds"], (int, float)) else "")
         lines.append("| " + " | ".join(cells) + " |")
     failed = [r for r in rows if r["status"] == "FAILED"]

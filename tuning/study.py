@@ -757,6 +757,9 @@ class Study:
         ab = self.ab_test
         offline = bool(getattr(ab.problem, "offline", False))
         units = None if offline else ab.n_users
+        names = getattr(ab.problem, "violation_metric_names", None)
+        rates = list(names()) if callable(names) and not offline else []
+        shares = set(rates) | {f"{c.replace('-', '_')}_{v}" for c in getattr(ab, "compare", ()) for v in rates}
         rows = []
         for weights, op, bound in self.constraints:
             if len(weights) != 1:
@@ -787,9 +790,14 @@ class Study:
             if warn:
                 confirm = bound_m - 1.96 * se if op == "<=" else bound_m + 1.96 * se
                 text += (f" WARNING: the bound is closer to {ref_text} than the minimum detectable change: a trial near "
-                         f"{ref_text} cannot be told feasible from infeasible; a trial is confirmed feasible (95 % "
-                         f"interval inside the bound) only when its observed value is {'below' if op == '<=' else 'above'} "
-                         f"{confirm:.3g}{unit}.")
+                         f"{ref_text} cannot be told feasible from infeasible; ")
+                if metric in shares and op == "<=" and confirm < 0:
+                    # a per-unit violation rate cannot go below 0 %: even a trial with none is not confirmed
+                    text += (f"no trial can be confirmed feasible (95 % interval inside the bound) at this size: that "
+                             f"needs an observed rate below {confirm:.3g} %, and a rate is at least 0 %.")
+                else:
+                    text += (f"a trial is confirmed feasible (95 % interval inside the bound) only when its observed value "
+                             f"is {'below' if op == '<=' else 'above'} {confirm:.3g}{unit}.")
                 if needed:
                     text += f" About {needed:,} units per arm would make the bound's distance one MDC."
                 elif units:
@@ -1161,6 +1169,68 @@ class Study:
                 f"no completed trial is predicted feasible with probability {confidence:g}: the trial most likely feasible")
         return {"trial": i, "parameters": p, "predicted": pred, "observed": observed[i], "p_feasible": prob,
                 "confident": bool(confident), "confidence": confidence, "on_bounds": self.on_bounds(p), "rule": rule}
+
+    def rerun_seed(self, index: int) -> int:
+        """The seed of the confirmation re-run of trial ``index``: fresh, never a trial's
+        (``seed * 100003 + i``) nor the pilot's, and the same every time it is asked."""
+        import numpy as np
+
+        state = np.random.SeedSequence([self.seed, int(index), 27_644_437]).generate_state(1, dtype=np.uint32)
+        return int(state[0]) & 0x7FFFFFFF
+
+    def rerun(self, index: int, replicates: int | None = None, *, refresh: bool = False) -> dict:
+        """Re-run trial ``index``'s parameterization with fresh seeds (the winner's-curse check).
+
+        The best point is the trial that looked best among many noisy ones, so its own estimate
+        is biased in its favour (a trial with a lucky draw, or a small SEM by chance, wins). A
+        re-run with seeds no trial used measures the same parameterization again, free of the
+        selection: ``replicates`` independent A/B tests (default the study's own per-trial count,
+        at least 2 so the re-run has its own spread), combined as a trial is
+        (``bayes_safe.tuning.ab_test.combine_replicates``). Stored in the study's properties
+        (``reruns``), so a report written again does not run it again unless ``refresh``.
+
+        Returns ``{"trial", "parameters", "seed", "replicates", "metrics" {m: [mean, sem]},
+        "feasible" (the re-run's means meet every outcome constraint), "seconds"}``.
+        """
+        from .ab_test import combine_replicates
+
+        trial = self.experiment.trials[int(index)]
+        if trial.arm is None:
+            raise ValueError(f"index: trial {index} has no parameters to re-run")
+        reruns = self.properties.setdefault("reruns", {})
+        replicates = max(2, int(getattr(self.ab_test, "replicates", 1))) if replicates is None else int(replicates)
+        key = str(int(index))
+        done = reruns.get(key)
+        if not refresh and isinstance(done, dict) and done.get("replicates") == replicates:
+            return done
+        params = dict(trial.arm.parameters)
+        seed = self.rerun_seed(int(index))
+        start = time.perf_counter()
+        metrics, _ = combine_replicates(self.ab_test.evaluate_replicates(params, seed, replicates=replicates))
+        out = {"trial": int(index), "parameters": params, "seed": seed, "replicates": replicates,
+               "metrics": {k: [float(m), float(se)] for k, (m, se) in metrics.items()},
+               "feasible": self.is_feasible(metrics) if self.constraints else None,
+               "seconds": time.perf_counter() - start}
+        reruns[key] = out
+        self._save_properties()
+        return out
+
+    def sem_ratio(self, index: int, metric: str | None = None) -> dict | None:
+        """How trial ``index``'s SEM of ``metric`` (default the objective) compares with the study's
+        typical SEM: ``{"metric", "sem", "median_sem", "ratio", "trials", "small"}``, ``small`` when
+        the ratio is below 1/3 (a trial whose replicates agreed by chance: its estimate is less
+        certain than its SEM says, and the model trusts it more than it should). None without
+        at least 3 completed trials reporting the metric."""
+        metric = metric or self.objective_name
+        observed = self.observed()
+        sems = sorted(m[metric][1] for m in observed.values() if metric in m)
+        if len(sems) < 3 or index not in observed or metric not in observed[index]:
+            return None
+        median = sems[len(sems) // 2] if len(sems) % 2 else 0.5 * (sems[len(sems) // 2 - 1] + sems[len(sems) // 2])
+        sem = observed[index][metric][1]
+        ratio = sem / median if median > 0 else float("nan")
+        return {"metric": metric, "sem": sem, "median_sem": median, "ratio": ratio, "trials": len(sems),
+                "small": bool(median > 0 and ratio < 1 / 3)}
 
     def cross_validate(self, model=None) -> dict:
         """Leave-one-out cross-validation of the model (Ax's ``cross_validate``): every completed
