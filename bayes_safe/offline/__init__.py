@@ -10,7 +10,7 @@ Five lines::
 
 Modules: ``.data`` (``LoggedData``), ``.constraints`` (eq. 1-2, benchmarks as JSON),
 ``.policy``, ``.training`` (IPS, quadratic, Algorithm 1, Algorithm 2),
-``.estimators`` (IPS, SNIPS, DM, DR, bootstrap, violation rates), ``.synthetic``
+``.estimators`` (IPS, SNIPS, DM, DR of the reward and of every logged metric, bootstrap, violation rates), ``.synthetic``
 (skill routing), ``.open_bandit`` (the Open Bandit Dataset sample), ``.evaluation``
 (off-policy trials for the tuning loop).
 """
@@ -28,6 +28,8 @@ from .estimators import (
     cross_fit_rewards,
     direct_method,
     doubly_robust,
+    estimate_metrics,
+    estimate_ratio,
     estimate_value,
     evaluate_policy,
     fit_reward_model,
@@ -66,6 +68,8 @@ __all__ = [
     "cross_fit_rewards",
     "direct_method",
     "doubly_robust",
+    "estimate_metrics",
+    "estimate_ratio",
     "estimate_value",
     "evaluate_offline",
     "evaluate_policy",

@@ -14,6 +14,15 @@ Confidence intervals are percentile bootstraps over logged rounds (rows resample
 replacement; the reward model is held fixed across resamples, so its fitting noise is not
 in the interval). The standard error reported is the bootstrap standard deviation.
 
+Every logged metric, not only the reward: the estimators are linear in the logged outcome, so
+the same weights estimate the target policy's mean of any per-round metric ``c_i`` logged
+with the round (an adverse event, a latency) by putting ``c_i`` in place of ``r_i`` (and, for
+DM/DR, a model of ``c`` in place of ``q``). ``estimate_metrics`` does it for a table of
+metrics (``{name: values [N]}`` or a pandas frame of the logged rows), ``estimate_ratio``
+gives a metric's ratio between two policies (e.g. against always playing each round's logged
+baseline action: a relative guardrail, Daulton et al. 2019, s.3.1) with a paired bootstrap
+over the same resampled rows.
+
 The reward model (the paper is silent; it uses no DM/DR), ``fit_reward_model``: for 0/1
 rewards ``LogisticRewardModel``, one L2-penalised logistic regression per action (calibrated
 on sparse clicks; see ``fit_reward_model`` for the Open Bandit numbers), otherwise
@@ -36,7 +45,9 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+from collections.abc import Mapping
 
+import numpy as np
 import torch
 
 from .._validation import check_in_range
@@ -52,10 +63,13 @@ __all__ = [
     "cross_fit_rewards",
     "direct_method",
     "doubly_robust",
+    "estimate_metrics",
+    "estimate_ratio",
     "estimate_value",
     "evaluate_policy",
     "fit_reward_model",
     "ips",
+    "metric_values",
     "snips",
     "violation_rates",
     "violation_reduction",
@@ -103,12 +117,15 @@ def _weights(probs: torch.Tensor, data: LoggedData) -> torch.Tensor:
     return p[torch.arange(len(data)), data.actions] / data.propensities
 
 
-def _terms(name: str, probs: torch.Tensor, data: LoggedData, q: torch.Tensor | None):
-    """Per-row numerator and denominator terms: the estimate is ``sum(num) / sum(den)``."""
+def _terms(name: str, probs: torch.Tensor, data: LoggedData, q: torch.Tensor | None,
+           values: torch.Tensor | None = None):
+    """Per-row numerator and denominator terms: the estimate is ``sum(num) / sum(den)``.
+
+    ``values``: the logged outcome ``[N]`` (float64) in place of ``data.rewards`` (another metric)."""
     if name not in ESTIMATORS:
         raise ValueError(f"estimator: unknown name {name!r}; expected one of {list(ESTIMATORS)}")
     _check_data(data)
-    r = data.rewards.to(torch.float64)
+    r = data.rewards.to(torch.float64) if values is None else values
     ones = torch.ones(len(data), dtype=torch.float64)
     if name == "ips":
         return _weights(probs, data) * r, ones
@@ -116,7 +133,7 @@ def _terms(name: str, probs: torch.Tensor, data: LoggedData, q: torch.Tensor | N
         w = _weights(probs, data)
         return w * r, w
     if q is None:
-        raise ValueError(f"q: the {name} estimator needs reward-model predictions q [N, A]")
+        raise ValueError(f"q: the {name} estimator needs outcome-model predictions q [N, A]")
     if not torch.is_tensor(q):
         raise TypeError(f"q: expected a tensor of reward predictions [{len(data)}, {data.n_actions}], got {type(q).__name__}")
     q = q.to(torch.float64)
@@ -208,11 +225,211 @@ class Estimate:
 
 
 def estimate_value(probs: torch.Tensor, data: LoggedData, estimator: str = "snips", q: torch.Tensor | None = None,
-                   *, n_boot: int = 1000, level: float = 0.95, seed: int = 0) -> Estimate:
-    """One estimator (``"ips"``, ``"snips"``, ``"dm"``, ``"dr"``) with a bootstrap interval."""
-    num, den = _terms(estimator, probs, data, q)
+                   *, values=None, n_boot: int = 1000, level: float = 0.95, seed: int = 0) -> Estimate:
+    """One estimator (``"ips"``, ``"snips"``, ``"dm"``, ``"dr"``) with a bootstrap interval.
+
+    ``values``: another logged metric ``[N]`` (a tensor, array or pandas Series of the logged
+    rows, see ``estimate_metrics``) estimated in place of the reward; ``q`` is then a model of
+    that metric."""
+    values = None if values is None else metric_values(values, data, "values")
+    num, den = _terms(estimator, probs, data, q, values)
     low, high, se = bootstrap_ci(num, den, n_boot=n_boot, level=level, seed=seed)
     return Estimate(float(num.sum() / den.sum()), low, high, se)
+
+
+# ---------------------------------------------------------------------- every logged metric
+def metric_values(values, data: LoggedData, name: str = "values") -> torch.Tensor:
+    """A logged metric as float64 ``[N]``, one value per row of ``data``.
+
+    ``values``: a tensor, array or list of ``N`` values in the rows' order, or a pandas Series
+    indexed like the frame ``data`` was loaded from (``LoggedData.from_dataframe`` keeps its
+    index as ``row_labels``): the Series is then aligned by those labels, so the frame's own
+    column serves a split or subset of the data too. Missing or non-finite values are an error
+    naming the metric and the rows (an outcome the log did not record cannot be estimated).
+    """
+    _check_data(data)
+    n = len(data)
+    if hasattr(values, "index") and hasattr(values, "to_numpy") and getattr(values, "ndim", 1) == 1:  # a Series
+        labels = data.row_labels
+        if labels is not None and values.index.is_unique and bool(values.index.isin(labels).sum() == len(labels)) \
+                and len(set(labels.tolist())) == len(labels):
+            values = values.loc[list(labels)]  # aligned by the logged frame's index
+        elif len(values) != n:
+            raise ValueError(f"{name}: a Series of {len(values)} values whose index does not hold the {n} logged rows' "
+                             f"labels (a Series is aligned by the index of the frame the data was loaded from)")
+        arr = torch.tensor(values.to_numpy(dtype=float, na_value=float("nan")), dtype=torch.float64)
+    elif torch.is_tensor(values):
+        arr = values.detach().to(torch.float64)
+    else:
+        try:
+            arr = torch.as_tensor(np.array(values, dtype=np.float64))
+        except (TypeError, ValueError):
+            raise TypeError(f"{name}: expected {n} numbers (a tensor, array, list or pandas Series), got "
+                            f"{type(values).__name__}") from None
+    arr = arr.reshape(-1) if arr.dim() > 1 and arr.numel() == n else arr
+    if arr.dim() != 1 or arr.shape[0] != n:
+        raise ValueError(f"{name}: expected one value per logged row ({n}), got shape {list(arr.shape)}")
+    bad = ~torch.isfinite(arr)
+    if bool(bad.any()):
+        rows = (data.row_labels[bad.numpy()] if data.row_labels is not None else bad.nonzero().reshape(-1).numpy())
+        raise ValueError(f"{name}: missing or non-finite values in {int(bad.sum())} logged rows, e.g. "
+                         f"{[x.item() if hasattr(x, 'item') else x for x in rows[:10]]}; an outcome the log did not "
+                         f"record cannot be estimated (drop those rows first)")
+    return arr
+
+
+def _with_outcome(data: LoggedData, values: torch.Tensor) -> LoggedData:
+    """``data`` with the metric ``values`` in place of the rewards (to fit an outcome model of it)."""
+    return dataclasses.replace(data, rewards=values.to(torch.float32), expected_rewards=None)
+
+
+def _metric_table(metrics, data: LoggedData, reward: str | None) -> dict[str, torch.Tensor]:
+    """``{name: values [N]}``: the reward (under ``reward``, unless None) and every metric of ``metrics``."""
+    table: dict[str, torch.Tensor] = {}
+    if reward is not None:
+        table[str(reward)] = data.rewards.to(torch.float64)
+    if metrics is None:
+        if not table:
+            raise ValueError("metrics: expected at least one metric (metrics=None and reward=None leave none)")
+        return table
+    if hasattr(metrics, "columns") and hasattr(metrics, "index"):  # a pandas DataFrame: every column a metric
+        items = [(str(c), metrics[c]) for c in metrics.columns]
+    elif isinstance(metrics, Mapping):
+        items = [(str(k), v) for k, v in metrics.items()]
+    else:
+        raise TypeError(f"metrics: expected a mapping {{name: values [N]}} or a pandas DataFrame of the logged rows, "
+                        f"got {type(metrics).__name__}")
+    for name, values in items:
+        if name in table:
+            raise ValueError(f"metrics: {name!r} is given twice (reward={reward!r} names the logged reward; "
+                             "pass reward=None or rename the metric)")
+        table[name] = metric_values(values, data, f"metrics[{name!r}]")
+    if not table:
+        raise ValueError("metrics: expected at least one metric, got none")
+    return table
+
+
+def estimate_metrics(probs: torch.Tensor, data: LoggedData, metrics=None, estimators=("ips", "snips", "dr"), *,
+                     reward: str | None = "reward", q: Mapping | None = None, n_boot: int = 1000, level: float = 0.95,
+                     seed: int = 0) -> dict[str, dict[str, Estimate]]:
+    """Off-policy estimates of the mean of every logged metric under the target ``probs [N, A]``.
+
+    What a policy would have given for each outcome the log records: its reward and, say, its
+    adverse-event rate, each by IPS, SNIPS, DM or DR (module docstring) with a bootstrap interval.
+
+    Args:
+        probs: ``[N, A]`` target-policy probabilities on ``data``.
+        metrics: ``{name: values [N]}`` (tensors, arrays or pandas Series aligned by the logged
+            frame's index, see ``metric_values``) or a pandas DataFrame whose columns are the
+            metrics (e.g. ``df[["adverse_event"]]`` of the frame the data was loaded from).
+        estimators: names among ``ESTIMATORS``.
+        reward: the name the logged reward gets in the result (first); None leaves it out.
+        q: ``{name: [N, A] predictions}`` of an outcome model per metric for DM/DR; a metric
+            without one gets ``cross_fit_rewards`` of its own values (logistic for a 0/1 metric,
+            ridge otherwise; two folds seeded by ``seed``).
+        n_boot, level, seed: of the bootstrap intervals (every estimate resamples the same rows).
+
+    Returns:
+        ``{metric: {estimator: Estimate}}``, the reward first.
+    """
+    _check_probs(probs, data)
+    if isinstance(estimators, str):
+        estimators = (estimators,)
+    estimators = tuple(estimators)
+    unknown = [e for e in estimators if e not in ESTIMATORS]
+    if unknown or not estimators:
+        raise ValueError(f"estimators: expected names among {list(ESTIMATORS)}, got {list(estimators)}")
+    if q is not None and not isinstance(q, Mapping):
+        raise TypeError(f"q: expected a mapping {{metric: predictions [N, A]}}, got {type(q).__name__}")
+    table = _metric_table(metrics, data, reward)
+    extra = sorted(set(q or ()) - set(table))
+    if extra:
+        raise ValueError(f"q: predictions for metrics {extra} that are not estimated; the metrics are {list(table)}")
+    out: dict[str, dict[str, Estimate]] = {}
+    for name, values in table.items():
+        model = (q or {}).get(name)
+        if model is None and any(e in ("dm", "dr") for e in estimators):
+            model = cross_fit_rewards(_with_outcome(data, values), seed=seed)
+        out[name] = {}
+        for e in estimators:
+            num, den = _terms(e, probs, data, model, values)
+            low, high, se = bootstrap_ci(num, den, n_boot=n_boot, level=level, seed=seed)
+            out[name][e] = Estimate(float(num.sum() / den.sum()), low, high, se)
+    return out
+
+
+def _reference_probs(reference, data: LoggedData) -> torch.Tensor:
+    """``[N, A]`` probabilities from ``reference``: a table of probabilities or ``[N]`` actions (one-hot)."""
+    try:
+        ref = reference if torch.is_tensor(reference) else torch.as_tensor(np.array(reference, dtype=np.float64))
+    except (TypeError, ValueError):
+        raise TypeError(f"reference: expected probabilities [N, A] or actions [N], got {type(reference).__name__}") from None
+    if ref.dim() == 2:
+        return _check_probs(ref, data)
+    if ref.dim() != 1 or ref.shape[0] != len(data) or (ref.dtype.is_floating_point
+                                                        and not bool((ref == ref.round()).all())):
+        raise ValueError(f"reference: expected probabilities [{len(data)}, {data.n_actions}] or one integer action per "
+                         f"logged row [{len(data)}] (e.g. each round's baseline), got shape {list(ref.shape)}")
+    actions = ref.to(torch.int64)
+    if bool(((actions < 0) | (actions >= data.n_actions)).any()):
+        raise ValueError(f"reference: expected actions in [0, {data.n_actions}), got values from "
+                         f"{int(actions.min())} to {int(actions.max())}")
+    return torch.nn.functional.one_hot(actions, data.n_actions).to(torch.float64)
+
+
+def estimate_ratio(probs: torch.Tensor, reference, data: LoggedData, values=None, estimator: str = "snips", *,
+                   q: torch.Tensor | None = None, n_boot: int = 1000, level: float = 0.95, seed: int = 0) -> Estimate:
+    """A metric's off-policy mean under ``probs`` over its mean under ``reference``, with a paired bootstrap.
+
+    The relative form of a guardrail (Daulton et al. 2019, s.3.1: ``E[c | x, a] >= (1 - alpha)
+    E[c | x, b]``; ``bayes_safe.envs.Constraint.relative``) read at the level of the log: both
+    means are estimated with ``estimator`` from the same logged rows, and every bootstrap
+    resample draws the same rows for both, so the interval and the standard error are those of
+    the ratio itself.
+
+    Args:
+        probs: ``[N, A]`` the target policy's probabilities.
+        reference: ``[N, A]`` probabilities, or ``[N]`` actions (e.g. each round's logged baseline:
+            "always the baseline"; estimated from the rounds that played it).
+        values: the metric ``[N]`` (``metric_values``); None: the logged reward.
+        estimator: ``"ips"``, ``"snips"``, ``"dm"`` or ``"dr"`` (the last two need ``q``, a model of the metric).
+
+    Returns:
+        ``Estimate`` of the ratio (``se``: the bootstrap standard deviation over resamples where
+        the reference's mean is not 0).
+
+    Raises:
+        ValueError: when the reference's estimated mean is 0 (e.g. no logged round played the
+            reference's actions): the ratio is undefined.
+    """
+    ref = _reference_probs(reference, data)
+    values = None if values is None else metric_values(values, data, "values")
+    num, den = _terms(estimator, probs, data, q, values)
+    rnum, rden = _terms(estimator, ref, data, q, values)
+    top, bottom = float(num.sum() / den.sum()), float(rnum.sum() / rden.sum())
+    if not math.isfinite(bottom) or bottom == 0.0:
+        raise ValueError("reference: its estimated mean is 0 or undefined on these rows (no logged round played its "
+                         "actions, or the metric is 0 on every such round); the ratio cannot be estimated")
+    if isinstance(n_boot, bool) or not isinstance(n_boot, numbers.Integral) or int(n_boot) < 2:
+        raise ValueError(f"n_boot: expected an int >= 2, got {n_boot!r}")
+    check_in_range(level, "level", 0.0, 1.0, low_open=True, high_open=True)
+    n = len(data)
+    g = torch.Generator().manual_seed(int(seed))
+    chunk = max(1, min(int(n_boot), 4_000_000 // n))
+    stats, done = [], 0
+    while done < n_boot:
+        b = min(chunk, int(n_boot) - done)
+        idx = torch.randint(n, (b, n), generator=g)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            stats.append((num[idx].sum(1) / den[idx].sum(1)) / (rnum[idx].sum(1) / rden[idx].sum(1)))
+        done += b
+    s = torch.cat(stats)
+    s = s[torch.isfinite(s)]
+    if s.numel() < 2:
+        return Estimate(top / bottom, float("nan"), float("nan"), float("nan"))
+    alpha = (1 - float(level)) / 2
+    lo, hi = torch.quantile(s, torch.tensor([alpha, 1 - alpha], dtype=torch.float64))
+    return Estimate(top / bottom, float(lo), float(hi), float(s.std()))
 
 
 # ---------------------------------------------------------------------- reward model
@@ -397,7 +614,7 @@ def violation_reduction(rate: float, ips_rate: float) -> float:
 
 def evaluate_policy(probs: torch.Tensor, data: LoggedData, constraints: ReplicationConstraints | None = None, *,
                     q: torch.Tensor | None = None, estimators=ESTIMATORS, n_boot: int = 1000, level: float = 0.95,
-                    seed: int = 0) -> dict:
+                    seed: int = 0, metrics=None) -> dict:
     """Every estimator (with bootstrap interval) and, given constraints, the violation rates.
 
     Args:
@@ -405,10 +622,12 @@ def evaluate_policy(probs: torch.Tensor, data: LoggedData, constraints: Replicat
             ``bayes_safe.offline.policy.policy_probs``).
         q: ``[N, A]`` reward predictions for DM/DR; default: ``cross_fit_rewards``.
         seed: of the bootstrap and of the cross-fitting folds.
+        metrics: other logged metrics to estimate under ``probs`` (``estimate_metrics``: a
+            mapping ``{name: values [N]}`` or a pandas DataFrame of the logged rows).
 
     Returns:
         ``{"ips": Estimate.to_dict(), ..., "true_value": float (synthetic data only),
-        "violations": violation_rates(...)}``.
+        "violations": violation_rates(...), "metrics": {name: {estimator: Estimate.to_dict()}}}``.
     """
     _check_data(data)
     if isinstance(estimators, str):
@@ -429,4 +648,7 @@ def evaluate_policy(probs: torch.Tensor, data: LoggedData, constraints: Replicat
         out["true_value"] = float((_check_probs(probs, data) * data.expected_rewards.to(torch.float64)).sum(1).mean())
     if constraints is not None:
         out["violations"] = violation_rates(probs, data, constraints)
+    if metrics is not None:
+        est = estimate_metrics(probs, data, metrics, estimators, reward=None, n_boot=n_boot, level=level, seed=seed)
+        out["metrics"] = {name: {e: v.to_dict() for e, v in by.items()} for name, by in est.items()}
     return out

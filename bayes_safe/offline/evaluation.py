@@ -17,7 +17,11 @@ Metrics (``sem`` = standard error):
 * with constraints and a logging distribution: ``violation_macro``, ``violation_micro``
   (binomial standard errors: ``sqrt(p (1 - p) / n)`` for micro,
   ``sqrt(sum_k p_k (1 - p_k) / n_k) / M`` for macro) and ``replication`` (mean ``R(x)``,
-  its standard error over contexts).
+  its standard error over contexts);
+* with ``metrics`` (other outcomes the logs record, e.g. an adverse event): for each ``m``,
+  ``m`` (the policy's SNIPS mean of it on the held-out part, bootstrap standard error: the
+  estimators are linear in the logged outcome, ``estimate_value(..., values=)``) and
+  ``baseline_m`` (the logging policy's, the held-out mean).
 
 Example (tune Algorithm 1's ``eta, gamma`` against the Open Bandit logs)::
 
@@ -30,15 +34,17 @@ Example (tune Algorithm 1's ``eta, gamma`` against the Open Bandit logs)::
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Mapping
 
+import numpy as np
 import torch
 from torch import nn
 
 from .constraints import ReplicationConstraints, replication_rate
 from .data import LoggedData
-from .estimators import estimate_value, fit_reward_model
+from .estimators import estimate_value, fit_reward_model, metric_values
 from .policy import check_policy_output, mask_probs, mlp_policy, policy_probs
 from .training import make_method, train_policy
 
@@ -70,6 +76,7 @@ def evaluate_offline(
     constraints: ReplicationConstraints | None = None,
     holdout: float | None = 0.3,
     n_boot: int = 500,
+    metrics: Mapping | None = None,
 ) -> dict[str, tuple[float, float]]:
     """Estimate the metrics of the policy ``policy_factory(params, train, seed)`` off-policy.
 
@@ -84,6 +91,9 @@ def evaluate_offline(
             evaluates on all rows and passes all rows to the factory (for fixed policies only:
             a trained policy would be scored on its own training data).
         n_boot: bootstrap resamples for the value's standard error.
+        metrics: other logged outcomes to estimate, ``{name: values}`` with one value per row of
+            ``logged_data`` (``bayes_safe.offline.estimators.metric_values``: a tensor, array or a
+            pandas Series aligned by the logged frame's index).
 
     Returns:
         ``{metric: (mean, sem)}`` (module docstring).
@@ -94,14 +104,21 @@ def evaluate_offline(
         raise TypeError(f"policy_factory: expected a callable (params, train, seed) -> policy, got {policy_factory!r}")
     if not isinstance(params, Mapping):
         raise TypeError(f"params: expected a mapping of parameter names to values, got {type(params).__name__}")
+    table = _metric_table(metrics, logged_data, constraints)
     if holdout is None:
         train, test = logged_data, logged_data
+        rows = np.arange(len(logged_data))
     else:
         h = float(holdout)
         if not 0 < h < 1:
             raise ValueError(f"holdout: expected a share in (0, 1) or None, got {holdout!r}")
-        parts = logged_data.split((1 - h, h), seed=seed, names=("train", "test"))
-        train, test = parts["train"], parts["test"]
+        # the split does not read row labels: positions as labels say which rows each part holds
+        tagged = dataclasses.replace(logged_data, row_labels=np.arange(len(logged_data)))
+        parts = tagged.split((1 - h, h), seed=seed, names=("train", "test"))
+        rows = parts["test"].row_labels
+        labels = logged_data.row_labels
+        train, test = (dataclasses.replace(parts[k], row_labels=None if labels is None else labels[parts[k].row_labels])
+                       for k in ("train", "test"))
     policy = policy_factory(dict(params), train, int(seed))
     probs = _probs_of(policy, test)
     out: dict[str, tuple[float, float]] = {}
@@ -133,6 +150,28 @@ def evaluate_offline(
             var = (per[use] * (1 - per[use]) / counts[use]).sum() / float(use.sum()) ** 2
             out["violation_macro"] = (macro, float(var.sqrt()))
         out["replication"] = (float(rate.mean()), float(rate.std() / math.sqrt(rate.numel())))
+    for i, (name, values) in enumerate(table.items()):
+        v = values[torch.as_tensor(rows, dtype=torch.int64)]
+        e = estimate_value(probs, test, "snips", values=v, n_boot=n_boot, seed=seed + 4 + i)
+        out[name] = (e.value, e.se)
+        out[f"baseline_{name}"] = (float(v.mean()), float(v.std() / math.sqrt(v.numel())) if v.numel() > 1 else 0.0)
+    return out
+
+
+def _metric_table(metrics, data: LoggedData, constraints) -> dict[str, torch.Tensor]:
+    """``{name: values [N]}`` of ``metrics``, checked (finite, one per row; names not the trial's own)."""
+    if metrics is None:
+        return {}
+    if not isinstance(metrics, Mapping):
+        raise TypeError(f"metrics: expected a mapping {{name: values}} of other logged outcomes, got {type(metrics).__name__}")
+    taken = set(offline_metric_names(constraints))
+    out = {}
+    for name, values in metrics.items():
+        name = str(name)
+        if name in taken or name.startswith("baseline_"):
+            raise ValueError(f"metrics: {name!r} clashes with a metric evaluate_offline reports ({sorted(taken)}) "
+                             "or its baseline_ names; rename it")
+        out[name] = metric_values(values, data, f"metrics[{name!r}]")
     return out
 
 
@@ -161,12 +200,15 @@ def _reward_change(probs: torch.Tensor, test: LoggedData, n_boot: int, seed: int
     return value, float(s.std()) if s.numel() > 1 else float("nan")
 
 
-def offline_metric_names(constraints: ReplicationConstraints | None = None) -> list[str]:
+def offline_metric_names(constraints: ReplicationConstraints | None = None, metrics=()) -> list[str]:
     """The metrics ``evaluate_offline`` reports (``violation_*`` and ``replication`` only
-    with constraints; ``reward_change`` is left out of a trial whose held-out logs have no reward)."""
+    with constraints; ``reward_change`` is left out of a trial whose held-out logs have no reward;
+    ``m`` and ``baseline_m`` for each name of ``metrics``)."""
     names = ["reward", "reward_change", "baseline_reward", "reward_ips", "reward_dr"]
     if constraints is not None:
         names += ["violation_macro", "violation_micro", "replication"]
+    for m in metrics or ():
+        names += [str(m), f"baseline_{m}"]
     return names
 
 
