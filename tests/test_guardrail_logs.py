@@ -309,3 +309,15 @@ def test_a_served_policy_whose_propensities_cannot_be_computed_is_refused_in_one
         assert str(info.value).startswith("state: ") and "\n" not in str(info.value)
     else:  # issue 27 fixed: the state scores the log
         assert LoggedAlpha(served / "log.sqlite", tmp_path / "gibbs-state", num_draws=10).tune == "constraints"
+
+
+def test_numpy_and_pandas_target_probabilities_give_the_tensor_estimate():
+    df, *_ = _logged_frame(500, seed=3)
+    data = _frame_data(df)
+    probs = np.full((len(df), LEVELS), 1 / LEVELS)
+    want = estimate_metrics(torch.as_tensor(probs), data, df[["adverse_event"]], "snips", reward=None, n_boot=20)
+    for given in (probs, pd.DataFrame(probs, index=df.index)):
+        got = estimate_metrics(given, data, df[["adverse_event"]], "snips", reward=None, n_boot=20)
+        assert got["adverse_event"]["snips"].value == want["adverse_event"]["snips"].value
+    with pytest.raises(ValueError, match=r"probs: expected shape \[500, 7\]"):
+        estimate_metrics(probs[:, :3], data, df[["adverse_event"]], "snips", reward=None)

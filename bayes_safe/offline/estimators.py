@@ -87,10 +87,27 @@ def _check_data(data) -> None:
                         f"got {type(data).__name__}")
 
 
+def _check_estimators(estimators) -> tuple[str, ...]:
+    """``estimators`` (one name or several) as a tuple of names among ``ESTIMATORS``."""
+    if isinstance(estimators, str):
+        estimators = (estimators,)
+    estimators = tuple(estimators)
+    unknown = [e for e in estimators if e not in ESTIMATORS]
+    if unknown or not estimators:
+        raise ValueError(f"estimators: expected names among {list(ESTIMATORS)}, got {list(estimators)}")
+    return estimators
+
+
 def _check_probs(probs: torch.Tensor, data: LoggedData) -> torch.Tensor:
-    """``probs [N, A]`` as float64 after checking it is a table of probabilities: finite,
-    non-negative, every row summing to 1 (tolerance ``ROW_SUM_TOL``)."""
+    """``probs [N, A]`` (a tensor, a numpy array or a pandas frame) as float64 after checking it is a
+    table of probabilities: finite, non-negative, every row summing to 1 (tolerance ``ROW_SUM_TOL``)."""
     _check_data(data)
+    if not torch.is_tensor(probs) and hasattr(probs, "shape") and hasattr(probs, "__array__"):
+        import numpy as np
+
+        array = np.asarray(probs)
+        if array.dtype.kind in "biuf":  # numbers (bool is refused below by dtype)
+            probs = torch.tensor(array)  # a copy: a pandas frame may hand over a read-only view
     if not torch.is_tensor(probs) or tuple(probs.shape) != (len(data), data.n_actions):
         shape = list(probs.shape) if torch.is_tensor(probs) else type(probs).__name__
         raise ValueError(f"probs: expected shape [{len(data)}, {data.n_actions}] (rounds, actions), got {shape}")
@@ -333,12 +350,7 @@ def estimate_metrics(probs: torch.Tensor, data: LoggedData, metrics=None, estima
         ``{metric: {estimator: Estimate}}``, the reward first.
     """
     _check_probs(probs, data)
-    if isinstance(estimators, str):
-        estimators = (estimators,)
-    estimators = tuple(estimators)
-    unknown = [e for e in estimators if e not in ESTIMATORS]
-    if unknown or not estimators:
-        raise ValueError(f"estimators: expected names among {list(ESTIMATORS)}, got {list(estimators)}")
+    estimators = _check_estimators(estimators)
     if q is not None and not isinstance(q, Mapping):
         raise TypeError(f"q: expected a mapping {{metric: predictions [N, A]}}, got {type(q).__name__}")
     table = _metric_table(metrics, data, reward)
@@ -630,12 +642,7 @@ def evaluate_policy(probs: torch.Tensor, data: LoggedData, constraints: Replicat
         "violations": violation_rates(...), "metrics": {name: {estimator: Estimate.to_dict()}}}``.
     """
     _check_data(data)
-    if isinstance(estimators, str):
-        estimators = (estimators,)
-    estimators = tuple(estimators)
-    unknown = [e for e in estimators if e not in ESTIMATORS]
-    if unknown or not estimators:
-        raise ValueError(f"estimators: expected names among {list(ESTIMATORS)}, got {list(estimators)}")
+    estimators = _check_estimators(estimators)
     _check_probs(probs, data)
     if constraints is not None and not isinstance(constraints, ReplicationConstraints):
         raise TypeError(f"constraints: expected a ReplicationConstraints or None, got {type(constraints).__name__}")
