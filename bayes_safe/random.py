@@ -308,24 +308,45 @@ class DrawBatch(ReplicationRNG):
     counts. The numbers come from one ``torch.Generator`` (seeded, or the caller's), drawn in
     one vectorised call per model.
 
+    ``standard_normal(shape, draws)`` / ``standard_uniform`` return ``[S, *shape]`` whatever
+    ``shape`` is, so a model without a batch shape (the one-stream case) draws ``[S, d]``; a
+    model aligns its ``S`` draws with features that carry a replication axis its batch shape
+    lacks (``BayesianLinear.sample_at``: ``[S, 1, K]`` at features ``[1, K, d]``).
+
+    **Model state.** Propensity draws never change a model's state beyond what one ordinary
+    draw does. Models whose draw is a function of fixed posterior parameters (conjugate,
+    NUTS / SVI draws, the probit GP's ``q(w)``, per-arm) keep nothing. Chain engines (Gibbs,
+    Langevin), whose ordinary draw advances the chain, make the ``S`` draws from a copy of the
+    current state (see their ``draw``); with ``played=True`` (the ``Decider``: the first draw is
+    the action played) the model's chain then continues from the first draw's state, exactly as
+    after one ordinary ``select``; with ``played=False`` (``Policy.action_probabilities``, a
+    query) the chain is left as it was.
+
     Args:
         num_draws: ``S`` (>= 1).
         replications: ``R``, the batch the models keep.
         generator: a ``torch.Generator`` (None: a fresh one seeded with ``seed``).
         seed: the seed of that fresh generator.
+        played: whether the first draw is played (see above).
     """
 
-    def __init__(self, num_draws: int, replications: int = 1, generator: torch.Generator | None = None, seed: int = 0):
+    def __init__(self, num_draws: int, replications: int = 1, generator: torch.Generator | None = None, seed: int = 0,
+                 *, played: bool = False):
         if isinstance(num_draws, bool) or not isinstance(num_draws, (int, np.integer)) or num_draws < 1:
             raise ValueError(f"num_draws: expected an int >= 1, got {num_draws!r}")
         super().__init__([0] * int(replications), block=1)
         self.num_draws = int(num_draws)
+        self.played = bool(played)
         if generator is not None and not isinstance(generator, torch.Generator):
             raise TypeError(f"generator: expected a torch.Generator or None, got {type(generator).__name__}")
         self.generator = generator if generator is not None else torch.Generator().manual_seed(int(seed))
 
     def _draw(self, kind: str, shape, key: str, dtype) -> torch.Tensor:
-        size = (self.num_draws, self.replications, *(int(s) for s in shape))
+        return self._full(kind, (self.replications, *(int(s) for s in shape)), dtype)
+
+    def _full(self, kind: str, shape: tuple, dtype) -> torch.Tensor:
+        """``[S, *shape]`` numbers (``shape`` as the model asked, with or without a batch axis)."""
+        size = (self.num_draws, *shape)
         if kind == "normal":
             return torch.randn(size, generator=self.generator, dtype=dtype)
         return torch.rand(size, generator=self.generator, dtype=dtype)
@@ -345,6 +366,8 @@ def _check_batch(generator: ReplicationRNG, shape: tuple[int, ...]) -> None:
 def standard_normal(shape: Sequence[int], generator: Generator = None, key: str = "default", dtype=torch.float64) -> torch.Tensor:
     """``N(0, 1)`` draws of ``shape`` from any generator kind (see module docstring)."""
     if isinstance(generator, ReplicationRNG):
+        if isinstance(generator, DrawBatch):
+            return generator._full("normal", tuple(int(s) for s in shape), dtype)
         if not shape or shape[0] != generator.replications:
             _check_batch(generator, tuple(shape))
         return generator._draw("normal", tuple(shape[1:]), key, dtype)
@@ -355,6 +378,8 @@ def standard_uniform(shape: Sequence[int], generator: Generator = None, key: str
     """``U[0, 1)`` draws of ``shape`` from any generator kind (see module docstring)."""
     shape = tuple(int(s) for s in shape)
     if isinstance(generator, ReplicationRNG):
+        if isinstance(generator, DrawBatch):
+            return generator._full("uniform", shape, dtype)
         _check_batch(generator, shape)
         return generator.uniform(shape[1:], key=key, dtype=dtype)
     return torch.rand(shape, generator=generator, dtype=dtype)

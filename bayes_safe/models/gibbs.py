@@ -64,7 +64,14 @@ import numpy as np
 import torch
 import torch.distributions as tdist
 
-from ..random import Generator, ReplicationRNG, standard_gamma, standard_normal, standard_uniform
+from ..random import (
+    DrawBatch,
+    Generator,
+    ReplicationRNG,
+    standard_gamma,
+    standard_normal,
+    standard_uniform,
+)
 
 __all__ = [
     "GibbsLinearPosterior",
@@ -633,21 +640,26 @@ class GibbsLinearPosterior:
         a = a0 + 0.5 * self.n
         st.s2 = (b0 + 0.5 * rss.clamp_min(0.0)) / _gamma(a, generator, key + "/noise")
 
-    def sweep(self, st: _State, generator: Generator = None, key: str = "gibbs") -> None:
-        """One full sweep ``latents | w``, ``w | scales, latents``, ``scales | w``, ``s2 | w`` in place on ``st``."""
+    def sweep(self, st: _State, generator: Generator = None, key: str = "gibbs",
+              batch: DrawBatch | None = None) -> torch.Tensor | None:
+        """One full sweep ``latents | w``, ``w | scales, latents``, ``scales | w``, ``s2 | w`` in place on ``st``.
+
+        With ``batch`` (a ``DrawBatch`` of ``S``): the weight step draws ``S`` weights from its
+        conditional ``N(Lambda^-1 eta, Lambda^-1)`` (normals from ``batch``, everything else from
+        ``generator``), the sweep goes on from the first and the ``[S, *b, d]`` weights are returned."""
         key = key + "/gibbs"
         n = self.n
         z = extra = None
         if self.prior.kind == "laplace":  # one stream call per sweep: w's normals and the lasso step's
             normals = standard_normal((*self.batch_shape, self.dim, 2), generator, key=key + "/wl")
             z, extra = normals[..., :1], normals  # [..., 0]: the weights' normals, [..., 1]: the lasso's
+        if batch is not None:
+            z = standard_normal((*self.batch_shape, self.dim, 1), batch, key=key + "/w")  # [S, *b, d, 1]
         if self.likelihood == "gaussian":
             if st.s2 is not None:
                 self._weight_step(st, generator, key, self._xty, None, 1.0 / st.s2, z)
             else:
                 self._weight_step(st, generator, key, None, None, 1.0 / self._noise_var, z)
-            if st.s2 is not None:
-                self._noise_step(st, generator, key)
         elif self.likelihood == "probit":
             X, y = self._X[..., :n, :], self._y[..., :n]
             mu = (X @ st.w[..., None])[..., 0]
@@ -660,7 +672,13 @@ class GibbsLinearPosterior:
             omega = polya_gamma(psi, generator, key=key + "/pg", terms=self.pg_terms)
             prec = (X * omega[..., None]).mT @ X
             self._weight_step(st, generator, key, (X.mT @ (y - 0.5)[..., None])[..., 0], prec, 1.0, z)
+        draws = None
+        if batch is not None:  # S weights of the same conditional; the chain goes on from the first
+            draws, st.w = st.w, st.w[0].clone()
+        if self.likelihood == "gaussian" and st.s2 is not None:
+            self._noise_step(st, generator, key)
         self._scale_step(st, generator, key, extra)
+        return draws
 
     # ------------------------------------------------------------------ queries
     def _pending_burn_in(self) -> bool:
@@ -668,12 +686,54 @@ class GibbsLinearPosterior:
 
     def draw(self, generator: Generator = None, key: str = "weights") -> torch.Tensor:
         """Advance the chain by ``sweeps`` sweeps (plus ``burn_in`` if the data at least doubled
-        since the last draw) and return the weights, ``[*b, d]``."""
+        since the last draw) and return the weights, ``[*b, d]``.
+
+        Under a ``DrawBatch`` of ``S`` (propensities, ``action_probabilities``): ``[S, *b, d]``
+        weights, made on a copy of the chain (``_draw_batch``)."""
+        if isinstance(generator, DrawBatch):
+            return self._draw_batch(generator, key)
         count = self.sweeps + (self.burn_in if self._pending_burn_in() else 0)
         for _ in range(count):
             self.sweep(self.state, generator, key)
         self._n_at_draw = self.n
         return self.state.w
+
+    def _draw_batch(self, batch: DrawBatch, key: str) -> torch.Tensor:
+        """``S = batch.num_draws`` draws ``[S, *b, d]`` without moving the chain beyond one ordinary draw.
+
+        How: on a copy of the chain state, the draw's sweeps run as an ordinary draw would (the
+        latent variables, Polya-Gamma or truncated normals, and the scales, from
+        ``batch.generator``) up to the last weight step, which draws ``S`` weights from its
+        Gaussian conditional at once (``S`` triangular solves with the Cholesky factor it
+        computes anyway). The ``S`` draws are independent given the sweep's latent variables,
+        which the played draw shares, so ``(1 + n_a) / S`` estimates the probability of the
+        played action given everything drawn before its weights: a valid propensity (that
+        randomness does not depend on the outcome).
+
+        With ``batch.played`` (the ``Decider``) the chain then continues from the first draw, as
+        after one ordinary draw. Otherwise (``action_probabilities``, a query) the chain is left
+        exactly as it was, and the draws come in up to 20 groups, each from its own copy of the
+        chain with its own latent variables, so that the estimate averages over them too.
+
+        Cost: the sweeps of one ordinary draw plus ``S`` solves of a ``d x d`` triangular system
+        (about the cost of one more sweep at ``S = 200``, ``d = 6`` and a few hundred rows; a
+        sweep of a 0/1 likelihood grows with the rows ``n``); a query pays that per group.
+        """
+        count = self.sweeps + (self.burn_in if self._pending_burn_in() else 0)
+        S, shared = batch.num_draws, batch.generator
+        groups = 1 if batch.played else min(S, 20)
+        saved = self.last_conditional
+        out = []
+        for g, size in enumerate(int(c.numel()) for c in torch.arange(S).tensor_split(groups)):
+            st = self.state.clone()
+            for _ in range(count - 1):
+                self.sweep(st, shared, key)
+            out.append(self.sweep(st, shared, key, batch=DrawBatch(size, batch.replications, shared)))
+            if g == 0 and batch.played:
+                self.state, saved = st, self.last_conditional
+                self._n_at_draw = self.n
+        self.last_conditional = saved
+        return out[0] if groups == 1 else torch.cat(out)
 
     def fit(self, generator: Generator = None) -> None:
         """Run ``burn_in`` sweeps now (e.g. after one large ``update``)."""

@@ -67,7 +67,7 @@ import torch
 from pyro.poutine.messenger import Messenger
 from torch.distributions import biject_to
 
-from ..random import Generator, standard_normal, standard_uniform
+from ..random import DrawBatch, Generator, standard_normal, standard_uniform
 from .gibbs import append_rows, empty_data
 
 __all__ = ["LANGEVIN_OPTIONS", "LangevinLinearPosterior"]
@@ -800,13 +800,71 @@ class LangevinLinearPosterior:
     def draw(self, generator: Generator = None, key: str = "weights") -> torch.Tensor:
         """Advance every chain by ``steps`` MALA steps (plus ``burn_in`` steps if the data at least
         doubled since the last draw; the preconditioner is refreshed first when the data doubled since
-        its last refresh) and return the weights ``[*b, d]``."""
+        its last refresh) and return the weights ``[*b, d]``.
+
+        Under a ``DrawBatch`` of ``S`` (propensities, ``action_probabilities``): ``[S, *b, d]``
+        weights from copies of the chain (``_draw_batch``)."""
+        if isinstance(generator, DrawBatch):
+            return self._draw_batch(generator, key)
         count = self.steps + (self.burn_in if self._pending_burn_in() else 0)
         if self._refresh_due():
             self.refresh_preconditioner()
         self._advance(count, generator, key + "/mala")
         self._n_at_draw = self.n
         return self._cache[2]
+
+    def _fork(self) -> LangevinLinearPosterior:
+        """A copy of the chain that can move without moving this one (the data and prior are shared:
+        the steps replace the state's tensors, they never write into them)."""
+        chain = object.__new__(type(self))
+        chain.__dict__.update(self.__dict__)  # (not copy.copy: __getstate__ drops the cached evaluation)
+        chain.factor, chain.theta, chain.log_step = self.factor.clone(), self.theta.clone(), self.log_step.clone()
+        chain.accept_rate = self.accept_rate.clone()
+        return chain
+
+    def _draw_batch(self, batch: DrawBatch, key: str) -> torch.Tensor:
+        """``S = batch.num_draws`` draws ``[S, *b, d]`` without moving the chain beyond one ordinary draw.
+
+        How: the steps of an ordinary draw but the last (the burn-in when the data doubled, and
+        the preconditioner refresh when due) run once; then ``S`` copies of that state each take
+        the last MALA step with their own proposal and accept/reject uniform (from
+        ``batch.generator``). The ``S`` draws are independent given the shared state, so
+        ``(1 + n_a) / S`` estimates the probability of the played action given it.
+
+        With ``batch.played`` (the ``Decider``) the shared steps run on the chain itself and it
+        continues from the first copy, exactly as after one ordinary draw. Otherwise
+        (``action_probabilities``) everything runs on a copy and the chain is left as it was.
+
+        Cost: ``S`` MALA steps, one copy at a time (a log-density gradient each; the prior part
+        at the shared state is evaluated once for all): about ``S`` times an ordinary draw
+        (measured: 16 draws 7-10 ms, d = 4, a log-scale prior, one replication), plus the shared
+        steps. Lower ``num_draws`` for a Langevin model that must decide fast.
+        """
+        shared = batch.generator
+        base = self if batch.played else self._fork()
+        count = base.steps + (base.burn_in if base._pending_burn_in() else 0)
+        if base._refresh_due():
+            base.refresh_preconditioner()
+        base._advance(count - 1, shared, key + "/mala")
+        if count >= 1:
+            base._require_gradients()
+            recorded = base._recorded_step()  # recorded once here, not once per copy (it depends on the model alone)
+            value, grad, w, graph = base._current()
+            if recorded is not None and (graph is None or graph.grad is None):
+                # the prior part with its gradient at the shared state, evaluated once for all the copies
+                base._cache = (value, grad, w, base._current_prior()[1])
+            for name in ("_step_graph", "_step_graph_tried", "_graph", "_graph_tried"):
+                self.__dict__[name] = base.__dict__[name]
+        out, first = [], None
+        for _ in range(batch.num_draws):
+            chain = base._fork()
+            chain._advance(1, shared, key + "/mala")
+            out.append(chain._cache[2])
+            first = chain if first is None else first
+        if batch.played:
+            self.__dict__.update(first.__dict__)
+            self._n_at_draw = self.n
+        return torch.stack(out)
 
     def fit(self, generator: Generator = None) -> None:
         """Refresh the preconditioner and run ``burn_in`` steps now (e.g. after one large ``update``)."""

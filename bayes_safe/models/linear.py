@@ -58,7 +58,14 @@ from .._validation import (
     check_positive_int,
     check_std,
 )
-from ..random import Generator, ReplicationRNG, standard_gamma, standard_normal, standard_uniform
+from ..random import (
+    DrawBatch,
+    Generator,
+    ReplicationRNG,
+    standard_gamma,
+    standard_normal,
+    standard_uniform,
+)
 from ..threads import single_thread
 
 __all__ = ["BayesianLinear", "check_real_support", "gaussian_prior_parameters"]
@@ -450,6 +457,12 @@ class BayesianLinear:
         X, y, single = self._rows(X, y)
         self._update_rows(X, y, single)
 
+    def _update_checked(self, X: torch.Tensor, y: torch.Tensor) -> None:
+        """``update`` of one row per batch element that a policy has checked already (float64
+        ``X [*batch, d]`` and ``y [*batch]`` of this model's shapes, scanned for NaN): the same
+        update without ``_rows``' second look at them."""
+        self._update_rows(X, y, X.dim() == len(self.batch_shape) + 1)
+
     def _update_rows(self, X: torch.Tensor, y: torch.Tensor, single: bool, weight: torch.Tensor | None = None) -> None:
         """Trusted update (inputs already validated). ``weight [*batch]`` in {0, 1} masks batch
         elements that receive no observation (per-arm models)."""
@@ -462,8 +475,9 @@ class BayesianLinear:
             s = self._scale
             # in place: one fused op each instead of building X X^T and adding it
             if single:
-                self.precision.addcmul_(X[..., :, None], X[..., None, :], value=s)
-                self.eta.addcmul_(y[..., None], X, value=s)
+                # unsqueeze: the views of X[..., :, None] and X[..., None, :] at a third of the call cost
+                self.precision.addcmul_(X.unsqueeze(-1), X.unsqueeze(-2), value=s)
+                self.eta.addcmul_(y.unsqueeze(-1), X, value=s)
                 if self.noise_prior is not None:
                     self._sq = self._sq + y * y
                     self._a = self._a + (0.5 if weight is None else 0.5 * weight)
@@ -613,6 +627,13 @@ class BayesianLinear:
         are those of the dense batched solve.
         """
         L = self._factor
+        if rhs.dim() == L.dim() + 1 and rhs.shape[-1] == 1 and rhs.shape[0] > 1:
+            # S draws at once (a DrawBatch: rhs [S, *batch, d, 1]): one solve with S right-hand
+            # columns per factor, instead of the S broadcast copies of the factor and S one-column
+            # solves the batched call makes (R = 1, d = 4, S = 200: 19 us against 44). Each column
+            # is the same back substitution, though not always in the same rounding (a few ulp).
+            cols = rhs[..., 0].movedim(0, -1)  # [*batch, d, S]
+            return torch.linalg.solve_triangular(L.mT, cols, upper=True).movedim(-1, 0)[..., None]
         if L.dim() < 3 or L.stride(0) != 0 or rhs.dim() != 3:
             return torch.linalg.solve_triangular(L.mT, rhs, upper=True)
         R, d = rhs.shape[0], self.dim
@@ -739,12 +760,12 @@ class BayesianLinear:
         if self._chain_engine:
             return self.engine.draw(generator, key)
         self._refit_if_due(generator, key)
-        shape = self._sample_shape
         S = self._draws.shape[0]
+        # [*b] stored draws picked uniformly ([num_draws, *b] under a DrawBatch: the stored draws do not change)
         idx = (standard_uniform(self.batch_shape, generator, key=key) * S).long().clamp_max(S - 1)
         flat = self._draws.reshape(S, -1, self.dim)
-        picked = flat[idx.reshape(-1), torch.arange(flat.shape[1])]
-        return picked.reshape(shape)
+        picked = flat[idx.reshape(-1, flat.shape[1]), torch.arange(flat.shape[1])]
+        return picked.reshape(*idx.shape, self.dim)
 
     def sample_at(self, features, generator: Generator = None, key: str = "weights") -> torch.Tensor:
         """One joint draw of ``f(x) = x^T w`` at candidate features ``[*batch, k, d]`` -> ``[*batch, k]``."""
@@ -752,7 +773,30 @@ class BayesianLinear:
             features = as_tensor(features, "features")
         if features.dim() < 2 or features.shape[-1] != self.dim:
             raise ValueError(f"features: expected shape [*batch_shape, k, {self.dim}], got {list(features.shape)}")
+        if self.conjugate and self.noise_prior is None and features.dim() == len(self.batch_shape) + 2:
+            # ``sample``'s draw kept as the solve's column [.., d, 1]: w^T X^T without the reshaping
+            # views (the same operations and numbers; a tenth of a decision at R = 1)
+            z = standard_normal(self._column_shape, generator, key=key)
+            if self._factor is None or self._dirty is not None:
+                self._factorize()
+            rhs = self._u + z
+            if rhs.dim() == self._factor.dim() + 1 and rhs.shape[0] > 1 and features.dim() == 3:
+                # S draws (a DrawBatch, rhs [S, R, d, 1]): one solve with S right-hand columns and one
+                # product [R, K, d] x [R, d, S] (R = 1, d = 4, K = 5, S = 200: 20 us against 60 for S
+                # broadcast solves and S products); the same sums, not always in the same rounding
+                cols = torch.linalg.solve_triangular(self._factor.mT, rhs[..., 0].movedim(0, -1), upper=True)
+                return torch.bmm(features, cols).movedim(-1, 0)  # [S, R, K]
+            w = self._solve_upper(rhs)
+            if w.dim() == 3:  # [R, d, 1]: bmm, half matmul's call cost (the same product)
+                return torch.bmm(w.mT, _transposed(features)).squeeze(-2)
+            return (w.mT @ _transposed(features))[..., 0, :]
         w = self.sample(generator, key=key)
+        extra = features.dim() - 2 - len(self.batch_shape)
+        if extra > 0 and w.dim() > len(self.batch_shape) + 1:
+            # S draws (a DrawBatch) of a model with fewer batch axes than the features (the unbatched
+            # model at features [1, k, d]): [S, 1, d], so that the result keeps the features' axes
+            lead = w.dim() - len(self.batch_shape) - 1
+            w = w.reshape(*w.shape[:lead], *(1,) * extra, *w.shape[lead:])
         f = (w[..., None, :] @ _transposed(features))[..., 0, :]
         if self.likelihood == "gaussian":
             return f
@@ -766,7 +810,7 @@ class BayesianLinear:
         if not self._refit_due():
             return
         seeds = None
-        if isinstance(generator, ReplicationRNG):
+        if isinstance(generator, ReplicationRNG) and not isinstance(generator, DrawBatch):
             u = standard_uniform(self.batch_shape, generator, key=key + "/refit").reshape(-1)
             seeds = (u * 2**31).long().tolist()
         self._fit(seeds)

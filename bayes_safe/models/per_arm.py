@@ -64,6 +64,8 @@ class PerArmLinear:
         except (TypeError, ValueError, RuntimeError):
             raise TypeError(f"actions: expected integer arm indices (shape {list(self.batch_shape)}), "
                             f"got {type(actions).__name__}") from None
+        if not self.batch_shape and c.dim() == 2 and c.shape[0] == 1 and y.numel() == 1 and a.numel() == 1:
+            c, y, a = c[0], y.reshape(()), a.reshape(())  # the one-stream case given a batch of one (a Decider)
         if tuple(c.shape) != (*self.batch_shape, self.dim):
             if c.dim() == len(self.batch_shape) + 2 and c.shape[-2] == self.num_arms:
                 c = c[..., 0, :]  # all rows of per-arm features are the shared context
@@ -89,6 +91,12 @@ class PerArmLinear:
     def sample_at(self, features, generator: Generator = None, key: str = "weights") -> torch.Tensor:
         features = self._features(features)
         w = self.sample(generator, key=key)
+        extra = features.dim() - 2 - len(self.batch_shape)
+        if extra > 0 and w.dim() > len(self.batch_shape) + 2:
+            # S draws (a DrawBatch: propensities) of a model with fewer batch axes than the features
+            # (no batch shape, features [1, K, d]): [S, 1, K, d], so the result keeps the features' axes
+            lead = w.dim() - len(self.batch_shape) - 2
+            w = w.reshape(*w.shape[:lead], *(1,) * extra, *w.shape[lead:])
         return (features * w).sum(-1)
 
     def _features(self, features) -> torch.Tensor:

@@ -110,7 +110,7 @@ from torch import nn
 from .. import _validation
 from .._extras import require
 from .._validation import as_tensor, check_finite, check_positive_int
-from ..random import Generator, ReplicationRNG, standard_normal
+from ..random import DrawBatch, Generator, ReplicationRNG, standard_normal
 from .linear import _cholesky
 
 gpytorch = require("gpytorch", "ProbitGP (the probit GP over learned features)")
@@ -639,8 +639,13 @@ class ProbitGP:
         One weight vector ``w ~ q(w)`` is drawn for each of the ``R`` contexts (independent
         across contexts, as independent Thompson decisions are) and shared by its ``K``
         candidates, so the draw is joint over the candidates of a context.
+
+        Under a ``DrawBatch`` of ``S`` (the ``Decider``'s propensities, ``action_probabilities``):
+        ``[S, R, K]``, ``S`` independent draws of ``q(w)`` in one call (``S x p`` normals and one
+        ``[S, p] x [p, p]`` product; the features are computed once); the model keeps nothing
+        of them (the reward and constraint views share the same ``S`` draws, as one decision's).
         """
-        if isinstance(generator, ReplicationRNG) and generator.replications > 1:
+        if isinstance(generator, ReplicationRNG) and generator.replications > 1 and not isinstance(generator, DrawBatch):
             # a ReplicationRNG of R > 1 streams is how ``bayes_safe.simulate`` runs R replications
             raise _refuse_replications(generator.replications)
         phi = self.features(features)

@@ -276,6 +276,12 @@ class Policy:
         error ``sqrt(p (1 - p) / num_draws)``. A deterministic policy (Greedy, the UCB
         family) gets probability 1 on its choice and standard error 0.
 
+        A query: no model's state changes (a Gibbs or Langevin chain is not advanced; its draws
+        come from copies of the chain, see ``GibbsLinearPosterior._draw_batch`` and
+        ``LangevinLinearPosterior._draw_batch`` for how and at what cost; NUTS / SVI models run a
+        refit that is due first, as any draw would). Works with every engine, and with models
+        without a batch shape (the one-stream case: features ``[K, d]`` give ``[1, K]``).
+
         Args:
             features: candidates ``[R, K, d]`` (or one context ``[K, d]``), as for ``select``.
             baseline, valid: as for ``select``.

@@ -102,7 +102,15 @@ import torch
 
 from .._validation import check_in_range
 from ..random import DrawBatch, Generator, ReplicationRNG
-from .base import Policy, check_model, check_select_inputs, check_update_inputs, masked_argmax
+from . import _fast
+from .base import (
+    Policy,
+    _model_dims,
+    check_model,
+    check_select_inputs,
+    check_update_inputs,
+    masked_argmax,
+)
 
 __all__ = ["FALLBACKS", "TSASC"]
 
@@ -225,15 +233,28 @@ class TSASC(Policy):
     def _feasible(self, features, baseline, generator: Generator = None) -> torch.Tensor:
         # the paper's rule; shapes broadcast over leading sample dimensions (``[S, R, K]`` under a DrawBatch)
         R = features.shape[0]
+        ok = None
+        # 1 - alpha_j as Python floats: the same float64 numbers as the 0-d tensors, without two ops per constraint
+        factors = None if self.constraints is not None else [1 - a for a in self.alpha.tolist()]
+        if R == 1 and factors is not None:
+            # one stream: the baseline's column as a view and one fill instead of two gathers by index
+            # (the same comparisons)
+            b = int(baseline[0])
+            for j, model in enumerate(self.constraint_models):
+                fc = model.sample_at(features, generator, key=f"constraint{j}")
+                now = fc >= factors[j] * fc.narrow(-1, b, 1)
+                ok = now if ok is None else ok & now
+            ok.select(-1, b).fill_(True)
+            return ok
         rows = torch.arange(R)
-        ok = torch.ones(features.shape[:2], dtype=torch.bool)
         for j, model in enumerate(self.constraint_models):
             fc = model.sample_at(features, generator, key=f"constraint{j}")
             base = fc[..., rows, baseline]
-            if self.constraints is None:
-                ok = ok & (fc >= ((1 - self.alpha[j]) * base)[..., None])
+            if factors is not None:
+                now = fc >= (factors[j] * base)[..., None]  # a new bool tensor [*lead, R, K]: the first needs no ``&``
+                ok = now if ok is None else ok & now
             else:
-                ok = ok & self.constraints[j].satisfied(fc, base)
+                ok = (torch.ones(features.shape[:2], dtype=torch.bool) if ok is None else ok) & self.constraints[j].satisfied(fc, base)
         ok[..., rows, baseline] = True
         return ok
 
@@ -242,7 +263,10 @@ class TSASC(Policy):
                                    models=(self.reward_model, *self.constraint_models))
 
     def select(self, features, baseline=None, generator: Generator = None, valid=None) -> torch.Tensor:
-        features, baseline, valid = self._check(features, baseline, valid)
+        # the common case (float64 tensors of the models' shapes) in a few comparisons, else the general check
+        checked = _fast.select_inputs(features, baseline, valid, _fast.dims((self.reward_model, *self.constraint_models)),
+                                      require_baseline=True, empty_rows_ok=True)
+        features, baseline, valid = checked if checked is not None else self._check(features, baseline, valid)
         if not self._paper:
             return self._select_guarded(features, baseline, generator, valid)
         fr = self.reward_model.sample_at(features, generator, key="reward")
@@ -250,7 +274,9 @@ class TSASC(Policy):
         if valid is not None:
             ok = ok & valid
             ok[..., torch.arange(features.shape[0]), baseline] = True
-        return masked_argmax(fr, ok)
+        # masked_argmax's numbers and first maximal index, in two ops instead of four on small tables
+        scores = torch.where(ok, fr, float("-inf"))
+        return scores.argmax(-1) if scores.numel() <= 1024 else scores.max(-1).indices
 
     # ------------------------------------------------------------------ guards beyond the paper
     def _values(self, features, generator):
@@ -360,6 +386,15 @@ class TSASC(Policy):
         return torch.stack(out)
 
     def update(self, features_chosen, reward, constraints=None, actions=None) -> None:
+        expected = _model_dims(self.reward_model)
+        checked = _fast.update_inputs(features_chosen, reward, constraints, expected, self.num_constraints)
+        # the constraint models learn the same rows: checked once when they expect the reward model's shapes
+        if checked is not None and all(_model_dims(m) == expected for m in self.constraint_models):
+            features_chosen, reward, constraints = checked
+            _fast.update_model(self.reward_model, features_chosen, reward, actions)
+            for j, model in enumerate(self.constraint_models):
+                _fast.update_model(model, features_chosen, constraints[:, j], actions)
+            return
         features_chosen, reward, constraints = check_update_inputs(
             features_chosen, reward, constraints, num_constraints=self.num_constraints, models=(self.reward_model,))
         self.reward_model.update(features_chosen, reward, actions=actions)
@@ -416,10 +451,12 @@ def _joint_draws(model, features: torch.Tensor, generator: Generator, key: str, 
         else:
             batch = DrawBatch(S, R, generator if generator is not None else torch.default_generator)
         return model.sample_at(features, batch, key=key)
-    # one draw at a time: a chain advances S steps and keeps its shape; under a DrawBatch its torch
-    # generator serves (a DrawBatch would batch the chain's state, issue 27)
-    single = generator.generator if isinstance(generator, DrawBatch) else generator
-    return torch.stack([model.sample_at(features, single, key=key) for _ in range(S)])
+    if isinstance(generator, DrawBatch):
+        # propensities / action_probabilities: S draws from copies of a chain, which does not move
+        # (played=False; the engines' draw docstrings), nor does any other engine's state
+        return model.sample_at(features, DrawBatch(S, R, generator.generator), key=key)
+    # one draw at a time: a chain advances S steps and keeps its shape
+    return torch.stack([model.sample_at(features, generator, key=key) for _ in range(S)])
 
 
 def _shortfall(c, values: torch.Tensor, base: torch.Tensor, rows, baseline) -> torch.Tensor:
