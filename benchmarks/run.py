@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-BENCHMARKS = ["cli_startup", "linear_ts", "probit_gp", "linear_studies", "acol", "bcts", "offline", "tuning", "serve", "custom_priors", "scaling"]
+BENCHMARKS = ["cli_startup", "linear_ts", "probit_gp", "linear_studies", "acol", "bcts", "offline", "tuning", "serve", "custom_priors", "scaling", "single_stream"]
 HEADERS = ("benchmark", "value", "unit", "target", "ratio", "vs_numpy")
 
 
