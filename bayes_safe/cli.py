@@ -4,6 +4,7 @@
     bayes-safe diagnose DIR
     bayes-safe study list | run NAME --out DIR
     bayes-safe serve STATE_DIR [--host 127.0.0.1] [--port 8080] [--log PATH] [--snapshot-every SECONDS]
+    bayes-safe feedback STATE_DIR --from outcomes.csv|outcomes.parquet [--log PATH] [--url URL]
     bayes-safe tune ...            (bayes_safe.tuning.cli)
 
 Building the parser imports nothing heavy (no torch, no Ax): ``bayes-safe --help`` and
@@ -134,6 +135,20 @@ def _build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--snapshot-every", type=positive_float, default=60.0, metavar="SECONDS",
                      help="save the Decider to STATE_DIR this often when it changed (default 60), and on shutdown")
     _add_debug(srv)
+
+    fb = sub.add_parser("feedback", help="apply a table of outcomes (CSV or Parquet, joined on decision ids) to a "
+                                         "served Decider's state and log, all or nothing, idempotent")
+    fb.add_argument("state_dir", type=existing_dir, metavar="STATE_DIR", help="a directory written by Decider.save")
+    fb.add_argument("--from", dest="source", required=True, metavar="FILE",
+                    help="the outcomes: a .csv or .parquet table with columns decision_id, reward and one per "
+                         "constraint metric (the policy's metric_names after the reward, else constraint0, ...; "
+                         "or one 'constraints' column of JSON lists); other columns are ignored")
+    fb.add_argument("--log", default=None, metavar="PATH",
+                    help="the decision log (default STATE_DIR.log.sqlite beside STATE_DIR)")
+    fb.add_argument("--url", default=None, metavar="URL",
+                    help="send the table to the running `bayes-safe serve` at URL (one POST /feedback) instead; "
+                         "without it, a state being served is refused")
+    _add_debug(fb)
 
     try:
         from bayes_safe.tuning.cli import add_tune_parser
@@ -459,7 +474,29 @@ def _run(args) -> int:
         from .online.serve import serve
 
         return serve(args.state_dir, host=args.host, port=args.port, log=args.log, snapshot_every=args.snapshot_every)
+    if args.command == "feedback":
+        return _feedback(args)
     raise AssertionError(f"unknown command {args.command!r}")  # pragma: no cover - argparse requires one
+
+
+def _feedback(args) -> int:
+    from .online.bulk import apply_outcomes
+
+    if args.url is not None and args.log is not None:
+        raise UsageError("--log: with --url the running service writes its own log; give one of them")
+    out = apply_outcomes(args.state_dir, args.source, log=args.log, url=args.url)
+    line = (f"{args.source}: {out['rows']} rows, {out['applied']} applied, {out['duplicates']} already had feedback "
+            "(ignored)")
+    if args.url is not None:
+        print(f"{line}; sent to {args.url}")
+    else:
+        recovered = out["recovered"]
+        if recovered and (recovered["decisions"] or recovered["feedback"]):
+            line += (f"; first replayed {recovered['decisions']} decisions and {recovered['feedback']} feedback "
+                     "from the log")
+        print(f"{line}; model_version {out['model_version']}, pending {out['pending']} ({args.state_dir}, log "
+              f"{out['log']})")
+    return 0
 
 
 def _one_line(text: str) -> str:

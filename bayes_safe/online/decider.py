@@ -23,6 +23,20 @@ draws alone would give ``E[p_hat] = p`` but ``E[1 / p_hat] > 1 / p`` by Jensen's
 same ``S`` draws (so ``probabilities[action] == propensity``), for estimators that need the whole
 logging distribution.
 
+**Per engine** (``bayes_safe.random.DrawBatch(S, played=True)``; the draws never change a model's
+state beyond the played draw, so what is saved after any number of decisions loads):
+
+* conjugate Gaussian / Normal-Inverse-Gamma, NUTS / SVI (``S`` of the stored draws; a refit that
+  is due runs first, as for any draw), the probit GP's views (``S`` draws of ``q(w)``, shared by
+  the reward and constraint views), per-arm models: ``S`` independent posterior draws in one
+  vectorised call; nothing is kept.
+* Gibbs (Laplace, Student-t, horseshoe; probit, logistic): the sweep of an ordinary draw runs
+  once (latent variables, scales) and its last weight step draws ``S`` weights from the same
+  Gaussian conditional (``S`` triangular solves); the chain continues from the first, played,
+  draw. The propensity is exact given the sweep's latent variables. About one extra sweep.
+* Langevin: the shared steps run once, then ``S`` copies each take the last MALA step; the chain
+  continues from the first. ``S`` gradient evaluations per decision: lower ``num_draws``.
+
 **Feedback** may arrive late, out of order, twice (the second is acknowledged and ignored) or
 never (the decision stays pending; ``pending`` lists them). It is applied to the posterior in
 batches of ``update_every`` (or on ``refresh()``), as production refits are; each application
@@ -61,7 +75,7 @@ from ..random import DrawBatch
 from ..state import StateError, load_state, save_state
 from .log import DecisionLog
 
-__all__ = ["Decider", "Decision"]
+__all__ = ["Decider", "Decision", "FeedbackRowsError"]
 
 #: the format of ``decider.json``
 FORMAT, VERSION = "bayes_safe.decider", 1
@@ -90,6 +104,16 @@ class Decision:
 
     def to_dict(self) -> dict:
         return asdict(self) | {"probabilities": list(self.probabilities)}
+
+
+class FeedbackRowsError(ValueError):
+    """``Decider.feedback_many`` refused its rows (nothing was applied); ``problems`` lists every
+    bad row as ``(index, decision_id, message)``, the message naming the field (``reward: ...``)."""
+
+    def __init__(self, problems: list[tuple[int, str, str]]):
+        self.problems = list(problems)
+        shown = "; ".join(f"[{i}] decision_id {k!r}: {m}" for i, k, m in self.problems)
+        super().__init__(f"{len(self.problems)} bad feedback row(s), nothing applied: {shown}")
 
 
 def _finite(value, what: str) -> float:
@@ -168,7 +192,11 @@ class Decider:
     """Wrap a policy (``R = 1``) for production: decide, record the propensity, learn from feedback.
 
     Args:
-        policy: any ``bayes_safe`` policy whose models have ``batch_shape=[1]``.
+        policy: any ``bayes_safe`` policy whose models have no batch shape (the one-stream case,
+            ``BayesianLinear(prior, noise_std=1.0)``) or ``batch_shape=[1]``; any engine
+            (conjugate, Normal-Inverse-Gamma, Gibbs, Langevin, NUTS / SVI, the probit GP's views,
+            per-arm models). The propensity draws never change a model's state beyond the one
+            draw that is played (module docstring).
         feature_names: the names of the ``d`` features (columns of a DataFrame, keys of a dict);
             None: inputs are positional.
         num_draws: ``S``, the Monte-Carlo draws behind each propensity (>= 2). The default 200
@@ -196,9 +224,9 @@ class Decider:
             raise TypeError(f"policy: expected a bayes_safe policy (select and update), got {type(policy).__name__}")
         for role, m in policy.models().items():
             shape = getattr(m, "batch_shape", None)
-            if shape is not None and tuple(shape) != (1,):
+            if shape is not None and tuple(shape) not in ((), (1,)):
                 raise ValueError(f"policy: its {role} model has batch_shape {list(shape)}; a Decider serves one "
-                                 "stream of decisions: build the models with batch_shape=[1]")
+                                 "stream of decisions: build the models without a batch shape (or batch_shape=[1])")
         if isinstance(num_draws, bool) or not isinstance(num_draws, int) or num_draws < 2:
             raise ValueError(f"num_draws: expected an int >= 2 (the played draw and at least one more), got {num_draws!r}")
         if isinstance(update_every, bool) or not isinstance(update_every, int) or update_every < 1:
@@ -259,6 +287,14 @@ class Decider:
 
     def _candidates(self, features) -> tuple[torch.Tensor, np.ndarray]:
         """``(candidates [1, K, d] float64, context vector to log)``."""
+        if (type(features) is np.ndarray and features.dtype == np.float64 and features.ndim == 2
+                and features.shape[0] >= 1 and (self.feature_names is None or features.shape[1] == len(self.feature_names))):
+            # the common case, candidates [K, d] as a float64 array: the checks below in three steps (a copy:
+            # the caller may reuse the array)
+            if not math.isfinite(features.sum()) and not np.isfinite(features).all():
+                raise ValueError("features: expected finite numbers, got NaN or inf")
+            x = features.copy(order="C")
+            return torch.from_numpy(x)[None], x.reshape(-1)
         import pandas as pd
 
         context = None
@@ -324,19 +360,25 @@ class Decider:
         S = self.num_draws
         with self._lock:
             # S independent draws in one batched call; the first is played (module docstring)
-            actions = self.policy.select(cand, base, generator=DrawBatch(S, 1, self._generator), valid=valid)
+            # played=True: a chain engine (Gibbs, Langevin) continues from the first, played draw
+            actions = self.policy.select(cand, base, generator=DrawBatch(S, 1, self._generator, played=True),
+                                         valid=valid)
             if tuple(actions.shape) == (1,):  # no randomness reached the decision: deterministic
                 action, probs = int(actions[0]), torch.nn.functional.one_hot(actions[0], K).to(torch.float64)
             elif tuple(actions.shape) == (S, 1):
-                action = int(actions[0, 0])
-                probs = torch.bincount(actions[:, 0], minlength=K).to(torch.float64) / S
+                played = actions[:, 0]
+                action = int(played[0])
+                # counts / S in Python: the same correctly rounded quotients as float64 tensors, fewer ops
+                probs = [c / S for c in torch.bincount(played, minlength=K).tolist()]
             else:
                 raise NotImplementedError(f"{type(self.policy).__name__}: its select returned shape {list(actions.shape)} "
                                           f"for {S} batched draws (expected [{S}, 1]); its models do not broadcast a "
                                           "sample dimension")
+            if not isinstance(probs, list):
+                probs = probs.tolist()
             p = float(probs[action])
             decision = Decision(str(self.next_id), action, p, math.sqrt(p * (1 - p) / S), self.model_version,
-                                tuple(probs.tolist()))
+                                tuple(probs))
             if self.log is not None:  # first: a failed write issues no id and leaves nothing pending
                 self.log.write_decision(decision.decision_id, action, p, decision.propensity_se, self.model_version,
                                         context, decision.probabilities, None if base is None else int(base))
@@ -354,9 +396,12 @@ class Decider:
         if C:
             if constraints is None:
                 raise ValueError(f"constraints: the policy learns {C} constraint metric(s); give {C} value(s)")
-            values = np.atleast_1d(np.asarray(constraints, dtype=object))
-            if values.shape != (C,):
-                raise ValueError(f"constraints: expected {C} value(s), got {list(np.atleast_1d(constraints))}")
+            if type(constraints) in (list, tuple) and len(constraints) == C and all(type(v) is float for v in constraints):
+                values = constraints  # C Python floats (the common case): what the array below would hold
+            else:
+                values = np.atleast_1d(np.asarray(constraints, dtype=object))
+                if values.shape != (C,):
+                    raise ValueError(f"constraints: expected {C} value(s), got {list(np.atleast_1d(constraints))}")
             constraints = [_finite(v, f"constraints[{i}]") for i, v in enumerate(values)]
         elif constraints is not None and len(np.atleast_1d(constraints)):
             raise ValueError("constraints: this policy learns no constraint metric; leave constraints out")
@@ -379,6 +424,66 @@ class Decider:
             self._queue(decision_id, entry, reward, constraints)
         return True
 
+    def feedback_many(self, rows, *, check_only: bool = False) -> list[bool]:
+        """Record many outcomes at once, all or nothing: ``rows`` of ``(decision_id, reward,
+        constraints)``; returns per row True if new, False for a duplicate (a decision that
+        already had feedback, or an id earlier in ``rows``: acknowledged and ignored).
+        ``check_only``: the checks and the answer alone, nothing recorded.
+
+        Every row is checked first (as ``feedback`` does); any bad one raises ``FeedbackRowsError``
+        naming every bad row, with nothing applied or logged. The new rows are written to the log
+        in one transaction (committed before this returns: a crash after it loses none, ``replay``
+        applies them) and then applied in order, exactly as the same calls to ``feedback`` would."""
+        C = int(getattr(self.policy, "num_constraints", 0))
+        checked, problems = [], []
+        for i, row in enumerate(rows):
+            try:
+                decision_id, reward, constraints = row
+            except (TypeError, ValueError):
+                problems.append((i, "", "expected (decision_id, reward, constraints)"))
+                continue
+            decision_id = str(decision_id)
+            try:
+                reward = _finite(reward, "reward")
+                if C:
+                    if constraints is None:
+                        raise ValueError(f"constraints: the policy learns {C} constraint metric(s); give {C} value(s)")
+                    values = np.atleast_1d(np.asarray(constraints, dtype=object))
+                    if values.shape != (C,):
+                        raise ValueError(f"constraints: expected {C} value(s), got {list(values)}")
+                    constraints = [_finite(v, f"constraints[{j}]") for j, v in enumerate(values)]
+                elif constraints is not None and len(np.atleast_1d(constraints)):
+                    raise ValueError("constraints: this policy learns no constraint metric; leave constraints out")
+                else:
+                    constraints = None
+            except (TypeError, ValueError) as exc:
+                problems.append((i, decision_id, str(exc)))
+                continue
+            checked.append((i, decision_id, reward, constraints))
+        with self._lock:
+            new, seen = [], set()
+            for i, decision_id, reward, constraints in checked:
+                if decision_id in self.pending:
+                    if decision_id not in seen:
+                        seen.add(decision_id)
+                        new.append((i, decision_id, reward, constraints))
+                elif not (decision_id.isdigit() and int(decision_id) < self.next_id):
+                    problems.append((i, decision_id, (f"decision_id: unknown decision {decision_id!r} (this Decider "
+                                                      f"issued ids '0' to '{self.next_id - 1}')")))
+            if problems:
+                raise FeedbackRowsError(sorted(problems))
+            if check_only:
+                ids = {i for i, *_ in new}
+                return [i in ids for i, *_ in checked]
+            if self.log is not None and new:
+                self.log.write_feedback_many([(k, r, c) for _, k, r, c in new])  # one transaction: all or none
+            accepted = [False] * (len(checked))
+            position = {i: n for n, (i, *_) in enumerate(checked)}
+            for i, decision_id, reward, constraints in new:
+                self._queue(decision_id, self.pending.pop(decision_id), reward, constraints)
+                accepted[position[i]] = True
+        return accepted
+
     def _queue(self, decision_id: str, entry: dict, reward: float, constraints) -> None:
         self.queued.append({"decision_id": decision_id, "reward": reward, "constraints": constraints, **entry})
         if len(self.queued) >= self.update_every:
@@ -389,10 +494,14 @@ class Decider:
         with self._lock:
             n = len(self.queued)
             for q in self.queued:
-                x = torch.tensor([q["features"]], dtype=torch.float64)
-                c = None if q["constraints"] is None else torch.tensor([q["constraints"]], dtype=torch.float64)
-                self.policy.update(x, torch.tensor([q["reward"]], dtype=torch.float64), c,
-                                   actions=torch.tensor([q["action"]]))
+                # one tensor [features, reward, constraints] and views of it: the same float64 numbers as
+                # three tensors, at a third of the construction cost
+                f, cs = q["features"], q["constraints"]
+                d = len(f)
+                row = torch.tensor([*f, q["reward"], *(cs or ())], dtype=torch.float64)
+                x, y = row[None, :d], row[d:d + 1]
+                c = None if cs is None else row[None, d + 1:]
+                self.policy.update(x, y, c, actions=torch.tensor([q["action"]]))
             self.queued = []
             if n:
                 self.model_version += 1
@@ -485,13 +594,16 @@ class Decider:
         return Path(directory)
 
     @classmethod
-    def load(cls, directory, *, log: DecisionLog | str | Path | None = None, featurize: Callable | None = None) -> Decider:
+    def load(cls, directory, *, log: DecisionLog | str | Path | None = None, featurize: Callable | None = None,
+             allow_imports: bool = False) -> Decider:
         """Resume from ``save``: the same posterior, pending decisions and id counter.
 
         With ``log`` (a ``DecisionLog`` or its path), the log is checked against the snapshot
         first (``check_log``: a ``StateError`` naming the log and the mismatch, raised before the
         policy is read and with nothing applied or written), then ``replay``ed onto it
         (``replayed`` says what it applied): the Decider returned is the one that wrote the log.
+        ``allow_imports``: import the module of a prior saved as ``module:function`` (a callable
+        Pyro prior, e.g. of a Langevin model; ``bayes_safe.state.load_state``).
         """
         directory = Path(directory)
         meta_path = directory / "decider.json"
@@ -532,7 +644,7 @@ class Decider:
                 owner = log.identity()
                 if decider_id is None and owner is not None:
                     decider_id = owner["decider_id"]  # an older state adopts the log it wrote
-            policy = load_state(directory / "policy")
+            policy = load_state(directory / "policy", allow_imports=allow_imports)
             try:
                 out = cls(policy, feature_names=meta["feature_names"], num_draws=meta["num_draws"],
                           update_every=meta["update_every"], featurize=featurize, seed=meta["seed"])

@@ -100,6 +100,25 @@ class DecisionLog:
             cur = self._db.execute("INSERT OR IGNORE INTO feedback VALUES (?, ?, ?, ?)", row)
             return cur.rowcount == 1
 
+    def write_feedback_many(self, rows) -> list[bool]:
+        """Record the feedback ``rows`` (``(decision_id, reward, constraints)`` each) in one
+        transaction: all of them are committed or none (an exception rolls back every row).
+        Returns, per row, True if written, False if that decision already had feedback (a
+        re-sent row, or the same id earlier in ``rows``: ignored)."""
+        now = time.time()
+        prepared = [(str(k), now, float(r), None if c is None else json.dumps([float(x) for x in c])) for k, r, c in rows]
+        out = []
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                for row in prepared:
+                    out.append(self._db.execute("INSERT OR IGNORE INTO feedback VALUES (?, ?, ?, ?)", row).rowcount == 1)
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+        return out
+
     # ------------------------------------------------------------------ identity
     def identity(self) -> dict | None:
         """``{"decider_id", "first_id"}`` of the Decider this log belongs to, or None for a log no
@@ -203,6 +222,17 @@ class DecisionLog:
             return [(k, float(r), None if c is None else [float(x) for x in json.loads(c)]) for _, k, r, c in rows]
         except (ValueError, TypeError):
             raise ValueError(f"log: {self.path}: malformed constraints in its feedback") from None
+
+    def feedback_rows_after(self, rowid: int, limit: int = 50_000) -> list[tuple]:
+        """The feedback logged after feedback row ``rowid`` joined with its decision, oldest first, at
+        most ``limit``: ``(rowid, feedback_time, reward, constraints (JSON text or None),
+        decision_time, action, propensity, baseline)``; the decision's fields are None for feedback
+        whose decision the log does not hold. For live monitors that read only what is new."""
+        with self._lock:
+            return self._db.execute(
+                "SELECT f.rowid, f.time, f.reward, f.constraints, d.time, d.action, d.propensity, d.baseline "
+                "FROM feedback f LEFT JOIN decisions d USING (decision_id) WHERE f.rowid > ? ORDER BY f.rowid LIMIT ?",
+                (int(rowid), int(limit))).fetchall()
 
     def has_decision(self, decision_id: str) -> bool:
         with self._lock:

@@ -10,24 +10,50 @@
   booleans) -> the ``Decision`` (``decision_id``, ``action``, ``propensity``, ``propensity_se``,
   ``model_version``, ``probabilities``);
 * ``POST /feedback``: ``{"decision_id": ..., "reward": ..., "constraints": [...]}`` ->
-  ``{"accepted": true}``, or ``false`` for a duplicate (ignored); an unknown id is a 404;
+  ``{"accepted": true}``, or ``false`` for a duplicate (ignored); an unknown id is a 404. Or a
+  list of such objects, applied all or nothing (``Decider.feedback_many``: one log transaction,
+  committed before the reply) -> ``{"accepted": [...], "applied": n, "duplicates": m}``; a list
+  with any bad item is a 422 whose ``errors`` name every bad item (``index``, ``decision_id``,
+  ``detail``), unknown ids among them, and nothing is applied. ``bayes-safe feedback`` applies a
+  table of outcomes the same way (``bayes_safe.online.bulk``);
 * ``GET /health``: ``{"status": "ok", ...}``;
 * ``GET /posterior``: ``model_version``, ``decisions``, ``pending``, ``queued`` and, per model
-  role, the posterior ``mean`` and ``sd`` of models that have them.
+  role, the posterior ``mean`` and ``sd`` of models that have them;
+* ``GET /metrics``: the Prometheus text format (prometheus-client, a registry per app):
+  counters and gauges of the Decider and live guardrail estimates from the log
+  (``bayes_safe.online.metrics``).
 
-Bad input is a 422 whose ``detail`` names the field (``reward: expected a finite number ...``).
+Bad input is a 422 whose ``detail`` names the field (``reward: expected a finite number ...``);
+an unexpected failure is a 500 whose ``detail`` says what failed (never a bare 500). The
+request and response bodies are documented as pydantic models (``schemas()``) in the OpenAPI
+document (``/openapi.json``, ``/docs``); the bodies themselves are parsed once, by hand
+(``parse_decide``, ``parse_feedback``), for these messages and for speed, and not validated
+against the models a second time.
+
+**One process per state.** The service holds an exclusive lock on ``STATE_DIR.lock`` beside
+the state directory (released when it exits, however it exits): a second ``bayes-safe serve``
+on the same state, or ``bayes-safe feedback`` without ``--url``, is refused while it runs.
 
 **Concurrency.** Every use of the ``Decider`` (decide, feedback, the posterior summary, a
 snapshot) holds one lock, so they run one at a time and a snapshot never sees a half-applied
-feedback. Decisions and feedback run on the thread pool. (``serve(run_on_loop=True)`` runs them
-on the event loop when the lock is free: less CPU per request, but in ``benchmarks/serve.py`` on
-the shared 2-core machine it had the worse p99 in most runs, e.g. 24 against 16 ms at load
-average 5.5, and a third to a half of the throughput when driven by ``httpx.AsyncClient``, so it
-is not the default.) JSON parsing and validation run outside the lock. uvicorn runs with
+feedback. Decisions and feedback run on the event loop when the lock is free, on the thread pool
+when it is held (a snapshot, ``/posterior``): no hop to a thread and back per request.
+(``serve(run_on_loop=False)``: always on the thread pool, the default until issue 27: when a
+decision cost 0.7 ms or more, the event loop had the worse p99 on the shared 2-core machine, e.g.
+24 against 16 ms at load average 5.5. With the faster Decider of issue 27 the loop costs 0.62 ms of
+server CPU per decision against 1.05 ms on the thread pool, and served 1,600 against 965
+decisions/s, p99 4.0 against 6.0 ms, at load average 1.7; 1,060 against 846/s with p99 10.8
+against 10.1 ms at load average 4: ``benchmarks/serve.py``.)
+JSON parsing and validation run outside the lock. ``POST /decide`` and
+``/feedback`` are answered by ``fast_asgi``, a plain ASGI function in front of the FastAPI app
+that reads the body and writes the JSON answer itself (FastAPI's routing, middleware and
+request/response objects cost about as much as a conjugate decision: ``benchmarks/serve.py``
+measures both); every other path, the OpenAPI document included, is FastAPI's. uvicorn runs with
 httptools and uvloop when installed (the ``serve`` extra installs them). The propensity draws
 are most of a decision's cost: with ``Decider(num_draws=200)``, the default, the server spent
 1.6 ms of CPU per decision (and half a feedback) against 2.1 ms with 1000 draws, and served 459
-against 338 decisions/s in the same run (``benchmarks/serve.py`` measures each of these choices).
+against 338 decisions/s in the same run, before issue 27 (``Decider.decide`` in process: 0.33
+against 0.48 ms after it).
 
 **Crash safety.** The ``DecisionLog`` (SQLite, one committed transaction per decision and per
 feedback, written under the lock *before* the reply) is the source of truth; the snapshot in
@@ -64,15 +90,25 @@ from pathlib import Path
 
 from .._extras import require
 
-__all__ = ["BadRequest", "Service", "create_app", "default_log_path", "recover", "serve"]
+__all__ = ["BadRequest", "Service", "StateInUse", "create_app", "default_log_path", "fast_asgi", "recover", "schemas",
+           "serve", "state_lock_path"]
 
 
 class BadRequest(ValueError):
-    """Input a client must fix; ``status`` 422 (or 404 for an unknown decision)."""
+    """Input a client must fix; ``status`` 422 (or 404 for an unknown decision); ``errors``: for a
+    list of feedback, every bad item as ``{"index", "decision_id", "detail"}``."""
 
-    def __init__(self, message: str, status: int = 422):
+    def __init__(self, message: str, status: int = 422, errors: list | None = None):
         super().__init__(message)
         self.status = status
+        self.errors = errors
+
+    def body(self) -> dict:
+        return {"detail": str(self)} if self.errors is None else {"detail": str(self), "errors": self.errors}
+
+
+class StateInUse(ValueError):
+    """The state directory is served by another process (its lock file is held)."""
 
 
 def default_log_path(state_dir) -> Path:
@@ -164,9 +200,14 @@ def parse_decide(body: bytes) -> dict:
             "valid": None if valid is None else np.asarray(valid, dtype=bool)}
 
 
-def parse_feedback(body: bytes) -> dict:
-    """The arguments of ``Decider.feedback`` from a ``/feedback`` body (``BadRequest`` on bad input)."""
-    payload = _object(body, ("decision_id", "reward", "constraints"))
+def _feedback_item(payload, where: str = "") -> dict:
+    """One feedback object's arguments (``where``: the prefix of the fields in messages, e.g. ``[3].``)."""
+    if not isinstance(payload, dict):
+        raise BadRequest(f"{where or 'body'}: expected a JSON object with fields {list(_FEEDBACK_FIELDS)}, got "
+                         f"{type(payload).__name__}")
+    extra = [k for k in payload if k not in _FEEDBACK_FIELDS]
+    if extra:
+        raise BadRequest(f"{where or 'body'}: unexpected field(s) {extra} (expected {list(_FEEDBACK_FIELDS)})")
     for key in ("decision_id", "reward"):
         if key not in payload:
             raise BadRequest(f"{key}: required")
@@ -182,6 +223,41 @@ def parse_feedback(body: bytes) -> dict:
     return {"decision_id": str(decision_id), "reward": reward, "constraints": constraints}
 
 
+_FEEDBACK_FIELDS = ("decision_id", "reward", "constraints")
+
+
+def _row_errors(problems, what: str = "feedback item") -> BadRequest:
+    """One 422 naming every bad item of a list: ``problems`` of ``(index, decision_id, message)``."""
+    shown = "; ".join(f"[{i}]" + (f" decision_id {k!r}" if k else "") + f": {m}" for i, k, m in problems)
+    return BadRequest(f"{len(problems)} bad {what}(s), nothing applied: {shown}",
+                      errors=[{"index": i, "decision_id": k or None, "detail": m} for i, k, m in problems])
+
+
+def parse_feedback(body: bytes) -> dict:
+    """The arguments of ``Decider.feedback`` from a ``/feedback`` body: one object, or a list of
+    them (``{"many": [...]}``, every bad item named at once; ``BadRequest`` on bad input)."""
+    try:
+        payload = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BadRequest(f"body: not JSON ({exc})") from None
+    if isinstance(payload, list):
+        if not payload:
+            raise BadRequest("body: expected a feedback object or a non-empty list of them, got []")
+        items, problems = [], []
+        for i, obj in enumerate(payload):
+            try:
+                items.append((i, _feedback_item(obj, f"[{i}]")))
+            except BadRequest as exc:
+                k = obj.get("decision_id") if isinstance(obj, dict) else None
+                problems.append((i, None if k is None or isinstance(k, bool) else str(k), str(exc)))
+        # the items that parsed are checked by the Decider too (unknown ids ...): every bad item is named at once
+        return {"many": items, "problems": problems}
+    if not isinstance(payload, dict):
+        raise BadRequest(f"body: expected a JSON object with fields {list(_FEEDBACK_FIELDS)} or a list of them, "
+                         f"got {type(payload).__name__}")
+    return _feedback_item(payload)
+
+
 # ---------------------------------------------------------------------------------- the service
 class Service:
     """A ``Decider`` loaded from ``state_dir`` and brought up to date with its log, behind one lock.
@@ -192,9 +268,6 @@ class Service:
     """
 
     def __init__(self, state_dir, log=None):
-        from .decider import Decider
-        from .log import DecisionLog
-
         self.state_dir = Path(state_dir)
         if not self.state_dir.is_dir():
             raise FileNotFoundError(f"STATE_DIR: {self.state_dir} is not a directory (expected one written by Decider.save)")
@@ -202,6 +275,17 @@ class Service:
         if log_path.resolve().is_relative_to(self.state_dir.resolve()):
             raise ValueError(f"--log: {log_path} is inside STATE_DIR, which each snapshot replaces as a whole; "
                              "put the log beside it")
+        self._lockfile = _hold_state_lock(self.state_dir)  # one process serves a state: refused while another does
+        try:
+            self._open(log_path)
+        except BaseException:
+            self._lockfile.close()
+            raise
+
+    def _open(self, log_path: Path) -> None:
+        from .decider import Decider
+        from .log import DecisionLog
+
         self.lock = threading.Lock()
         self.started = time.time()
         self.last_snapshot: float | None = None
@@ -209,6 +293,8 @@ class Service:
         # the bookkeeping at the last snapshot: next_id and next_id - pending (the feedback count) only
         # grow, so any decision or feedback changes it
         self._saved = None
+        self.duplicates = 0     # feedback acknowledged and ignored (already had feedback), since the start
+        self.bad_feedback = 0   # feedback refused by the Decider (unknown id, wrong number of constraints ...)
         self.decider = Decider.load(self.state_dir)  # first: a bad STATE_DIR creates no log file
         try:
             self.log = DecisionLog(log_path)
@@ -257,16 +343,42 @@ class Service:
         return self.feedback_parsed(parse_feedback(body))
 
     def feedback_parsed(self, args: dict, blocking: bool = True) -> dict | None:
-        """``feedback`` of ``parse_feedback``'s arguments; None when not ``blocking`` and busy (as ``decide_parsed``)."""
+        """``feedback`` of ``parse_feedback``'s arguments; None when not ``blocking`` and busy (as ``decide_parsed``).
+
+        A list (``args["many"]``) is applied all or nothing (``Decider.feedback_many``: one log
+        transaction): ``{"accepted": [...], "applied": n, "duplicates": m}``, or a 422 naming every
+        bad item (an unknown id among them) with nothing applied."""
+        from .decider import FeedbackRowsError
+
         if not self.lock.acquire(blocking):
             return None
         try:
-            accepted = self.decider.feedback(args["decision_id"], args["reward"], args["constraints"])
+            if "many" in args:
+                rows = [(a["decision_id"], a["reward"], a["constraints"]) for _, a in args["many"]]
+                if args["problems"]:  # refused whatever the rest holds: name the Decider's objections too
+                    problems = list(args["problems"])
+                    try:
+                        self.decider.feedback_many(rows, check_only=True)
+                    except FeedbackRowsError as exc:
+                        problems += [(args["many"][i][0], k, m) for i, k, m in exc.problems]
+                    raise FeedbackRowsError(sorted(problems))
+                accepted = self.decider.feedback_many(rows)
+                self.duplicates += len(accepted) - sum(accepted)
+            else:
+                accepted = self.decider.feedback(args["decision_id"], args["reward"], args["constraints"])
+                self.duplicates += not accepted
+        except FeedbackRowsError as exc:
+            self.bad_feedback += 1
+            raise _row_errors([(i, k or None, m) for i, k, m in exc.problems]) from None
         except (ValueError, TypeError) as exc:
+            self.bad_feedback += 1
             message = str(exc)
             raise BadRequest(message, status=404 if message.startswith("decision_id: unknown") else 422) from None
         finally:
             self.lock.release()
+        if "many" in args:
+            applied = sum(accepted)
+            return {"accepted": accepted, "applied": applied, "duplicates": len(accepted) - applied}
         return {"accepted": accepted}
 
     def health(self) -> dict:
@@ -302,6 +414,39 @@ class Service:
 
     def close(self) -> None:
         self.log.close()
+        self._lockfile.close()  # releases the state's lock
+
+
+def state_lock_path(state_dir) -> Path:
+    """``STATE_DIR.lock``, beside the state directory: held by the process that serves it."""
+    state_dir = Path(state_dir).resolve()
+    return state_dir.with_name(state_dir.name + ".lock")
+
+
+def _hold_state_lock(state_dir):
+    """An open file holding an exclusive lock on ``state_lock_path(state_dir)`` (released when it
+    is closed or the process dies), or ``StateInUse`` when another process holds it."""
+    import os
+
+    try:
+        import fcntl
+    except ImportError:  # not POSIX (Windows): no lock; serve each state from one process yourself
+        return open(os.devnull)  # closed by Service.close
+    path = state_lock_path(state_dir)
+    f = open(path, "a+")  # noqa: SIM115 - held open for the life of the service
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        holder = f.read().strip() or "another process"
+        f.close()
+        raise StateInUse(f"STATE_DIR: {Path(state_dir)} is being served by {holder} (it holds {path}): stop that "
+                         "process first (to send it outcomes meanwhile: bayes-safe feedback --url URL)") from None
+    f.seek(0)
+    f.truncate()
+    f.write(f"pid {os.getpid()}")
+    f.flush()
+    return f
 
 
 def _summary(model) -> dict:
@@ -322,17 +467,125 @@ def _summary(model) -> dict:
 
 
 # ---------------------------------------------------------------------------------- the app
-def create_app(service: Service, snapshot_every: float | None = 60.0, run_on_loop: bool = False):
+def schemas() -> dict:
+    """The pydantic models of the service's request and response bodies, by name (documentation:
+    they make the OpenAPI document; bodies are parsed by ``parse_decide`` / ``parse_feedback``, once,
+    with their field-naming messages, not validated against these models again)."""
+    global _SCHEMAS
+    if _SCHEMAS is None:
+        _SCHEMAS = _build_schemas()
+    return _SCHEMAS
+
+
+_SCHEMAS = None
+
+
+def _build_schemas() -> dict:
+    from typing import Any
+
+    from pydantic import BaseModel, ConfigDict, Field
+
+    class DecideRequest(BaseModel):
+        """One decision: the candidates' features (or one context, for per-arm policies), the baseline, a mask."""
+
+        model_config = ConfigDict(extra="forbid")
+        features: list[list[float]] | list[dict[str, float]] | None = Field(
+            None, description="candidate features [K][d], or one {name: value} object per candidate (feature_names)",
+            examples=[[[0.0, 1.0, 0.0], [1.0, 0.0, 0.0]]])
+        context: dict[str, float] | list[float] | None = Field(
+            None, description="one context (per-arm policies, or a Decider with featurize); instead of features")
+        baseline: int | None = Field(None, description="the baseline's action index (TS-ASC needs it)", examples=[0])
+        valid: list[bool] | None = Field(None, description="K booleans: the actions allowed for this decision")
+
+    class Decision(BaseModel):
+        """The decision: play ``action``; send its feedback with ``decision_id``."""
+
+        decision_id: str
+        action: int = Field(description="the action played (index into the candidates)")
+        propensity: float = Field(description="the probability of the action under the posterior that decided")
+        propensity_se: float = Field(description="its Monte-Carlo standard error")
+        model_version: int = Field(description="feedback batches the posterior had learned from")
+        probabilities: list[float] = Field(description="every action's probability (K)")
+
+    class Feedback(BaseModel):
+        """The outcome of one decision."""
+
+        model_config = ConfigDict(extra="forbid")
+        decision_id: str | int = Field(description="the id /decide returned", examples=["0"])
+        reward: float = Field(examples=[1.2])
+        constraints: list[float] | None = Field(
+            None, description="one value per constraint metric the policy learns (in the order of its metric_names)",
+            examples=[[0.9]])
+
+    class FeedbackAccepted(BaseModel):
+        """One feedback: True if applied, False for a duplicate (acknowledged and ignored)."""
+
+        accepted: bool
+
+    class FeedbackListAccepted(BaseModel):
+        """A list of feedback, applied all or nothing: per item True if applied, False for a duplicate."""
+
+        accepted: list[bool]
+        applied: int
+        duplicates: int
+
+    class ItemError(BaseModel):
+        index: int = Field(description="the item's position in the list (from 0)")
+        decision_id: str | None
+        detail: str = Field(description="what is wrong, naming the field")
+
+    class Error(BaseModel):
+        """A refused request: 422 for bad input (the message names the field), 404 for an unknown decision id."""
+
+        detail: str = Field(examples=["reward: expected a number, got \"1\""])
+        errors: list[ItemError] | None = Field(None, description="for a list of feedback: every bad item")
+
+    class Health(BaseModel):
+        status: str
+        model_version: int
+        decisions: int
+        pending: int
+        queued: int
+        uptime_seconds: float
+        last_snapshot: float | None
+        snapshot_error: str | None
+
+    class ModelSummary(BaseModel):
+        type: str
+        mean: list[Any] | None = Field(None, description="the posterior mean of the weights (models that have one)")
+        sd: list[Any] | None = Field(None, description="their posterior standard deviations")
+
+    class Posterior(BaseModel):
+        model_version: int
+        decisions: int
+        pending: int
+        queued: int
+        feature_names: list[str] | None
+        models: dict[str, ModelSummary]
+
+    return {m.__name__: m for m in (DecideRequest, Decision, Feedback, FeedbackAccepted, FeedbackListAccepted,
+                                     ItemError, Error, Health, ModelSummary, Posterior)}
+
+
+def create_app(service: Service, snapshot_every: float | None = 60.0, run_on_loop: bool = True):
     """The FastAPI app of ``service``: its endpoints, the snapshot schedule and the shutdown snapshot.
 
     ``run_on_loop``: decide and apply feedback on the event loop when the Decider's lock is free
-    (no hop to a thread and back), on the thread pool when it is held (a snapshot); False (the
-    default): always on the thread pool (module docstring: what ``benchmarks/serve.py`` measured)."""
+    (no hop to a thread and back), on the thread pool when it is held (a snapshot): the default;
+    False: always on the thread pool (module docstring: what ``benchmarks/serve.py`` measured)."""
     fastapi = require("fastapi", "bayes-safe serve")
+    require("prometheus_client", "GET /metrics of bayes-safe serve")
     # FastAPI evaluates the endpoints' annotations: this module has no `from __future__ import annotations`
     from fastapi import Request
-    from fastapi.responses import JSONResponse
+    from fastapi.openapi.utils import get_openapi
+    from fastapi.responses import JSONResponse, Response
+    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
     from starlette.concurrency import run_in_threadpool
+
+    from .metrics import registry
+
+    models = schemas()
+    metrics_registry, read_log, close_reader = registry(service)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -354,6 +607,7 @@ def create_app(service: Service, snapshot_every: float | None = 60.0, run_on_loo
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+            close_reader()
             # uvicorn has finished the in-flight requests: the last snapshot holds every one of them
             try:
                 await run_in_threadpool(service.snapshot, True)
@@ -365,42 +619,128 @@ def create_app(service: Service, snapshot_every: float | None = 60.0, run_on_loo
                 print(f"bayes-safe serve: wrote {service.state_dir} (model_version {d.model_version}, decisions "
                       f"{d.next_id}, pending {len(d.pending)})", flush=True)
 
-    app = fastapi.FastAPI(title="bayes_safe Decider", lifespan=lifespan,
-                          description="Safe Bayesian decisions with propensities; feedback; posterior summary.")
+    app = fastapi.FastAPI(title="bayes_safe Decider", lifespan=lifespan, version="1",
+                          description="Safe Bayesian decisions with propensities; feedback (one or a list); posterior "
+                                      "summary; Prometheus metrics with live guardrail estimates.")
 
-    def _error(exc: BadRequest):
-        return JSONResponse({"detail": str(exc)}, status_code=exc.status)
-
-    async def _answer(parse, run, request: Request):
-        """``run(parse(body))``, on the event loop when the Decider is free (``run_on_loop``), else
-        on the thread pool; a ``BadRequest`` as its status."""
-        body = await request.body()
+    async def _run(parse, run, body: bytes) -> tuple[int, dict]:
+        """``(status, answer)`` of ``run(parse(body))``, on the event loop when the Decider is free
+        (``run_on_loop``), else on the thread pool; a ``BadRequest`` as its status, any other
+        failure a 500 whose ``detail`` says what failed (never a bare 500)."""
         try:
             args = parse(body)
             out = run(args, False) if run_on_loop else None
             if out is None:  # the Decider is busy (a snapshot): wait for it on a thread, not on the loop
                 out = await run_in_threadpool(run, args, True)
-            return JSONResponse(out)
+            return 200, out
         except BadRequest as exc:
-            return _error(exc)
+            return exc.status, exc.body()
+        except Exception as exc:  # noqa: BLE001 - the client gets what failed, in one line
+            print(f"bayes-safe serve: internal error: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+            return 500, {"detail": f"internal error: {type(exc).__name__}: {exc}"}
 
-    @app.post("/decide")
+    async def _answer(parse, run, request: Request):
+        status, out = await _run(parse, run, await request.body())
+        return JSONResponse(out, status_code=status)
+
+    async def hot_decide(body: bytes) -> tuple[int, dict]:
+        return await _run(parse_decide, service.decide_parsed, body)
+
+    async def hot_feedback(body: bytes) -> tuple[int, dict]:
+        return await _run(parse_feedback, service.feedback_parsed, body)
+
+    def ref(name: str) -> dict:
+        return {"$ref": f"#/components/schemas/{name}"}
+
+    def body(schema: dict) -> dict:
+        return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
+
+    errors = {422: {"model": models["Error"], "description": "Bad input: the message names the field"}}
+
+    # the bodies are parsed by hand (parse_decide / parse_feedback: once, with messages that name the
+    # field); the schemas below document them, and responses returned as JSONResponse are not re-validated
+    @app.post("/decide", response_model=models["Decision"], responses=errors,
+              openapi_extra=body(ref("DecideRequest")), summary="Decide one unit")
     async def decide(request: Request):
         return await _answer(parse_decide, service.decide_parsed, request)
 
-    @app.post("/feedback")
+    @app.post("/feedback", response_model=models["FeedbackAccepted"] | models["FeedbackListAccepted"],
+              responses=errors | {404: {"model": models["Error"], "description": "Unknown decision id (one object)"}},
+              openapi_extra=body({"anyOf": [ref("Feedback"), {"type": "array", "items": ref("Feedback"),
+                                                               "minItems": 1}]}),
+              summary="The outcome of a decision, or a list of them (all or nothing)")
     async def feedback(request: Request):
         return await _answer(parse_feedback, service.feedback_parsed, request)
 
-    @app.get("/health")
+    @app.get("/health", response_model=models["Health"])
     async def health():
         return JSONResponse(service.health())
 
-    @app.get("/posterior")
+    @app.get("/posterior", response_model=models["Posterior"])
     async def posterior():
         return JSONResponse(await run_in_threadpool(service.posterior))
 
+    def scrape() -> bytes:
+        read_log()
+        return generate_latest(metrics_registry)
+
+    @app.get("/metrics", response_class=Response, summary="Prometheus metrics",
+             responses={200: {"content": {CONTENT_TYPE_LATEST: {}}, "description": "The Prometheus text format"}})
+    async def metrics():
+        return Response(await run_in_threadpool(scrape), media_type=CONTENT_TYPE_LATEST)
+
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            doc = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+            components = doc.setdefault("components", {}).setdefault("schemas", {})
+            for name in ("DecideRequest", "Feedback", "ItemError"):
+                schema = models[name].model_json_schema(ref_template="#/components/schemas/{model}")
+                components.update(schema.pop("$defs", {}))
+                components.setdefault(name, schema)
+            app.openapi_schema = doc
+        return app.openapi_schema
+
+    app.openapi = openapi
+    app.state.service = service
+    # POST /decide and /feedback without FastAPI's routing and middleware (fast_asgi): the same answers
+    app.state.hot = {"/decide": hot_decide, "/feedback": hot_feedback}
     return app
+
+
+def fast_asgi(app):
+    """An ASGI app that answers ``POST /decide`` and ``POST /feedback`` directly (the body read,
+    parsed once by hand, the answer encoded once) and hands every other request to ``app`` (the
+    FastAPI app of ``create_app``: its routing, the OpenAPI document, /metrics, the lifespan).
+    The answers are the FastAPI routes' own (the same functions); only Starlette's request and
+    response objects, middleware and routing are skipped, which are most of the HTTP layer's cost
+    per request (``benchmarks/serve.py`` measures both)."""
+    hot = app.state.hot
+    start = {"type": "http.response.start", "status": 200, "headers": []}
+    json_type = (b"content-type", b"application/json")
+
+    async def asgi(scope, receive, send):
+        if scope["type"] == "http" and scope["method"] == "POST":
+            handler = hot.get(scope["path"])
+            if handler is not None:
+                chunks = []
+                while True:
+                    message = await receive()
+                    if message["type"] == "http.disconnect":
+                        return
+                    chunks.append(message.get("body", b""))
+                    if not message.get("more_body", False):
+                        break
+                status, out = await handler(chunks[0] if len(chunks) == 1 else b"".join(chunks))
+                try:
+                    body = json.dumps(out, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
+                except ValueError as exc:  # a non-finite number in an answer: say so, not a bare 500
+                    status, body = 500, json.dumps({"detail": f"internal error: {exc}"}).encode()
+                await send(start | {"status": status, "headers": [json_type, (b"content-length", b"%d" % len(body))]})
+                await send({"type": "http.response.body", "body": body})
+                return
+        await app(scope, receive, send)
+
+    return asgi
 
 
 def _listen(host: str, port: int) -> socket.socket:
@@ -422,12 +762,13 @@ def _listen(host: str, port: int) -> socket.socket:
 
 
 def serve(state_dir, *, host: str = "127.0.0.1", port: int = 8080, log=None, snapshot_every: float | None = 60.0,
-          http: str = "auto", loop: str = "auto", run_on_loop: bool = False) -> int:
+          http: str = "auto", loop: str = "auto", run_on_loop: bool = True, fast: bool = True) -> int:
     """Serve ``state_dir`` until SIGTERM or SIGINT, then write the snapshot and return 0.
 
     ``http`` and ``loop`` are uvicorn's HTTP parser (``"httptools"``, ``"h11"``) and event loop
     (``"uvloop"``, ``"asyncio"``); ``"auto"`` takes httptools and uvloop, which the ``serve`` extra
-    installs, when they are there. ``run_on_loop``: as in ``create_app``."""
+    installs, when they are there. ``run_on_loop``: as in ``create_app``. ``fast``: answer ``POST
+    /decide`` and ``/feedback`` through ``fast_asgi`` (the default), or through FastAPI's routing."""
     require("fastapi", "bayes-safe serve")
     uvicorn = require("uvicorn", "bayes-safe serve")
     if snapshot_every is not None and not (math.isfinite(snapshot_every) and snapshot_every > 0):
@@ -443,8 +784,8 @@ def serve(state_dir, *, host: str = "127.0.0.1", port: int = 8080, log=None, sna
     try:
         sock = _listen(host, port)
         app = create_app(service, snapshot_every, run_on_loop)
-        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on", http=http, loop=loop,
-                                timeout_graceful_shutdown=30)
+        config = uvicorn.Config(fast_asgi(app) if fast else app, log_level="warning", access_log=False, lifespan="on",
+                                http=http, loop=loop, timeout_graceful_shutdown=30)
         server = uvicorn.Server(config)
         bound = sock.getsockname()
         shown = f"[{bound[0]}]" if sock.family == socket.AF_INET6 else bound[0]

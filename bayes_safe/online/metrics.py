@@ -1,0 +1,242 @@
+"""Live guardrail metrics of a served Decider, read from its decision log (``GET /metrics``).
+
+``GuardrailMonitor`` reads the feedback the log gained since its last read (``DecisionLog.
+feedback_rows_after``: O(new rows) per read, the whole log once at the first) and keeps running
+sums, per metric the policy learns (the reward, then one per constraint model; named by the
+policy's ``metric_names``, else ``reward``, ``constraint0``, ...):
+
+* **served**: the mean of the logged metric over every decision with feedback: what the served
+  policy has achieved, with a normal 95 % interval (``mean +- 1.96 sd / sqrt(n)``);
+* **baseline**: the always-baseline policy's mean, estimated off-policy from the same rows by
+  self-normalised IPS: a row counts with weight ``1 / propensity`` when the logged action was
+  the decision's baseline (``probabilities[baseline] == propensity`` then), 0 otherwise;
+  rows without a logged baseline are left out. Its 95 % interval is the delta-method one,
+  ``+- 1.96 sqrt(sum w^2 (c - est)^2) / sum w``;
+* per declared constraint (``TSASC(constraints=...)``, or ``alpha``: the relative constraint
+  ``E[c] >= (1 - alpha) E[c | baseline]`` of each constraint model), the **limit** the served
+  mean must stay above (``at_least``) or below (``at_most``): ``bound x`` the baseline estimate
+  for a relative constraint, ``bound`` for an absolute one.
+
+An operator alerts on a guardrail with e.g. ``bayes_safe_guardrail_served_high <
+bayes_safe_guardrail_limit`` (an ``at_least`` constraint whose served interval lies wholly
+below its limit). The estimates run over the whole log (every decision since the log began),
+so they move slowly once the log is long; a new process (a restart) reads the log again from
+its start. ``feedback delay`` (seconds from a decision to its feedback) is a histogram of the
+same rows. The Prometheus objects (a per-app ``CollectorRegistry``, so apps and tests never
+share one) are built by ``registry(service)``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+
+__all__ = ["DELAY_BUCKETS", "GuardrailMonitor", "registry"]
+
+#: feedback delay histogram buckets, seconds (1 s to a week)
+DELAY_BUCKETS = (1.0, 10.0, 60.0, 300.0, 900.0, 3600.0, 4 * 3600.0, 86400.0, 7 * 86400.0)
+_Z = 1.959963984540054  # the normal 97.5 % quantile: 95 % intervals
+
+
+def metric_names(policy) -> list[str]:
+    """The names of the metrics ``policy`` learns: the reward's, then one per constraint model."""
+    C = int(getattr(policy, "num_constraints", 0))
+    names = getattr(policy, "metric_names", None)
+    if names is not None and len(names) == C + 1:
+        return [str(n) for n in names]
+    return ["reward", *(f"constraint{j}" for j in range(C))]
+
+
+def guardrails(policy) -> list[dict]:
+    """The policy's constraints as ``{"metric", "index", "bound", "relative", "direction"}`` (``index``:
+    0 the reward, ``j + 1`` constraint model ``j``), declared ones or those of ``alpha``."""
+    names = metric_names(policy)
+    declared = getattr(policy, "constraints", None)
+    out = []
+    if declared:
+        for j, c in enumerate(declared):
+            index = names.index(c.metric) if getattr(policy, "metric_names", None) and c.metric in names else j + 1
+            out.append({"metric": names[index], "index": index, "bound": float(c.bound),
+                        "relative": bool(c.versus_baseline), "direction": "at_most" if c.at_most else "at_least"})
+        return out
+    alpha = getattr(policy, "alpha", None)
+    if alpha is None or not int(getattr(policy, "num_constraints", 0)):
+        return out
+    alphas = [float(a) for a in (alpha.tolist() if hasattr(alpha, "tolist") else alpha)]
+    alphas = alphas if isinstance(alphas, list) else [alphas]
+    for j in range(int(policy.num_constraints)):
+        a = alphas[j] if j < len(alphas) else alphas[0]
+        out.append({"metric": names[j + 1], "index": j + 1, "bound": 1.0 - a, "relative": True,
+                    "direction": "at_least"})
+    return out
+
+
+class _Sums:
+    """Running sums of one metric: on-policy (served) and self-normalised IPS (baseline)."""
+
+    __slots__ = ("n", "nb", "s", "ss", "w", "w2", "w2c", "w2cc", "wc")
+
+    def __init__(self):
+        self.n = self.s = self.ss = 0.0
+        self.w = self.wc = self.w2 = self.w2c = self.w2cc = 0.0
+        self.nb = 0  # rows behind the baseline estimate (the baseline played)
+
+    def add(self, value: float, baseline_weight: float | None) -> None:
+        self.n += 1
+        self.s += value
+        self.ss += value * value
+        if baseline_weight:
+            w = baseline_weight
+            self.nb += 1
+            self.w += w
+            self.wc += w * value
+            self.w2 += w * w
+            self.w2c += w * w * value
+            self.w2cc += w * w * value * value
+
+    def served(self) -> tuple[float, float, float]:
+        if not self.n:
+            return math.nan, math.nan, math.nan
+        mean = self.s / self.n
+        var = max(self.ss / self.n - mean * mean, 0.0) * self.n / max(self.n - 1, 1)
+        half = _Z * math.sqrt(var / self.n)
+        return mean, mean - half, mean + half
+
+    def baseline(self) -> tuple[float, float, float]:
+        if not self.w:
+            return math.nan, math.nan, math.nan
+        est = self.wc / self.w
+        num = max(self.w2cc - 2 * est * self.w2c + est * est * self.w2, 0.0)
+        half = _Z * math.sqrt(num) / self.w
+        return est, est - half, est + half
+
+
+class GuardrailMonitor:
+    """Running per-metric estimates and feedback delays from a ``DecisionLog`` (module docstring).
+
+    Args:
+        log: the served Decider's ``DecisionLog``.
+        policy: the served policy (its metric names and constraints).
+        on_delay: called with each feedback delay in seconds as rows are read (the histogram).
+    """
+
+    def __init__(self, log, policy, on_delay=None):
+        self.log = log
+        self.names = metric_names(policy)
+        self.guardrails = guardrails(policy)
+        self.on_delay = on_delay
+        self.rowid = 0
+        self.rows = 0
+        self.sums = [_Sums() for _ in self.names]
+        self._lock = threading.Lock()
+
+    def update(self) -> int:
+        """Read the feedback logged since the last update; returns how many rows."""
+        with self._lock:
+            read = 0
+            while True:
+                rows = self.log.feedback_rows_after(self.rowid)
+                if not rows:
+                    return read
+                for rowid, f_time, reward, constraints, d_time, action, propensity, baseline in rows:
+                    self.rowid = rowid
+                    if d_time is None:  # feedback whose decision the log lacks: nothing to join
+                        continue
+                    self.rows += 1
+                    read += 1
+                    if self.on_delay is not None:
+                        self.on_delay(max(f_time - d_time, 0.0))
+                    w = 1.0 / propensity if baseline is not None and action == baseline and propensity > 0 else None
+                    self.sums[0].add(float(reward), w)
+                    if constraints is not None and len(self.sums) > 1:
+                        try:
+                            values = json.loads(constraints)
+                        except ValueError:
+                            continue
+                        for s, v in zip(self.sums[1:], values):
+                            s.add(float(v), w)
+
+    def estimates(self) -> list[dict]:
+        """Per metric: ``{"metric", "served": (mean, low, high), "baseline": (...), "rows", "baseline_rows"}``."""
+        with self._lock:
+            return [{"metric": name, "served": s.served(), "baseline": s.baseline(), "rows": int(s.n),
+                     "baseline_rows": int(s.nb)} for name, s in zip(self.names, self.sums)]
+
+    def limits(self) -> list[dict]:
+        """Per guardrail: its ``metric``, ``direction`` and ``limit`` (NaN while the baseline has no estimate)."""
+        est = {e["metric"]: e for e in self.estimates()}
+        out = []
+        for g in self.guardrails:
+            base = est[g["metric"]]["baseline"][0]
+            out.append(g | {"limit": g["bound"] * base if g["relative"] else g["bound"]})
+        return out
+
+
+def registry(service):
+    """A Prometheus ``CollectorRegistry`` of ``service`` (a ``bayes_safe.online.serve.Service``), the
+    function to call before each scrape (reads the new log rows) and the one that closes its log reader. Counters and gauges are read
+    from the Decider at scrape time; nothing is added to a decision's path."""
+    from prometheus_client import CollectorRegistry, Histogram
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    reg = CollectorRegistry()
+    delay = Histogram("bayes_safe_feedback_delay_seconds", "Seconds from a decision to its feedback (from the log)",
+                      buckets=DELAY_BUCKETS, registry=reg)
+    from .log import DecisionLog
+
+    # a connection of its own, read-only: in WAL mode its reads never wait for the service's writes
+    # nor hold them up (the first read of a long log takes a while)
+    reader = DecisionLog(service.log.path, read_only=True)
+    monitor = GuardrailMonitor(reader, service.decider.policy, on_delay=delay.observe)
+
+    class _Collector:
+        def collect(self):
+            d = service.decider
+            pending, queued = len(d.pending), len(d.queued)
+            yield CounterMetricFamily("bayes_safe_decisions", "Decisions made by this Decider (its id counter)",
+                                      value=d.next_id)
+            yield CounterMetricFamily("bayes_safe_feedback_received",
+                                      "Decisions whose feedback was received (decisions - pending)",
+                                      value=d.next_id - pending)
+            yield CounterMetricFamily("bayes_safe_feedback_duplicates",
+                                      "Feedback acknowledged and ignored (the decision had feedback), since the start",
+                                      value=service.duplicates)
+            yield CounterMetricFamily("bayes_safe_feedback_refused",
+                                      "Feedback requests refused (unknown decision id, bad values), since the start",
+                                      value=service.bad_feedback)
+            yield GaugeMetricFamily("bayes_safe_feedback_pending", "Decisions still waiting for feedback", value=pending)
+            yield GaugeMetricFamily("bayes_safe_feedback_queued", "Feedback received, not yet applied to the posterior",
+                                    value=queued)
+            yield GaugeMetricFamily("bayes_safe_model_version", "Feedback batches the posterior has learned from",
+                                    value=d.model_version)
+            yield GaugeMetricFamily("bayes_safe_last_snapshot_timestamp_seconds",
+                                    "Unix time of the last snapshot of the state (0: none yet)",
+                                    value=service.last_snapshot or 0.0)
+            families = {}
+            for key, doc in (("served", "the served policy's mean of the logged metric"),
+                             ("baseline", "the always-baseline policy's mean, self-normalised IPS from the log")):
+                for part, what in (("", ""), ("_low", ", 95 % interval low"), ("_high", ", 95 % interval high")):
+                    name = f"bayes_safe_guardrail_{key}{part}"
+                    families[name] = GaugeMetricFamily(name, doc[0].upper() + doc[1:] + what, labels=["metric"])
+            rows = GaugeMetricFamily("bayes_safe_guardrail_rows", "Log rows behind each estimate",
+                                     labels=["metric", "policy"])
+            for e in monitor.estimates():
+                for key in ("served", "baseline"):
+                    for part, value in zip(("", "_low", "_high"), e[key]):
+                        families[f"bayes_safe_guardrail_{key}{part}"].add_metric([e["metric"]], value)
+                rows.add_metric([e["metric"], "served"], e["rows"])
+                rows.add_metric([e["metric"], "baseline"], e["baseline_rows"])
+            yield from families.values()
+            yield rows
+            limits = GaugeMetricFamily("bayes_safe_guardrail_limit",
+                                       "The level a declared constraint holds the served mean to (relative: bound x "
+                                       "the baseline estimate; absolute: bound)",
+                                       labels=["constraint", "metric", "direction", "form"])
+            for j, g in enumerate(monitor.limits()):
+                limits.add_metric([str(j), g["metric"], g["direction"], "relative" if g["relative"] else "absolute"],
+                                  g["limit"])
+            yield limits
+
+    reg.register(_Collector())
+    return reg, monitor.update, reader.close
