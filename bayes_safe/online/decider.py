@@ -202,9 +202,9 @@ class Decider:
         num_draws: ``S``, the Monte-Carlo draws behind each propensity (>= 2). The default 200
             gives a standard error ``sqrt(p (1 - p) / S)`` of at most 0.035 (0.016 at
             ``p = 0.05``) and a relative bias ``(1 - p)^S`` of the inverse propensity under 2 %
-            for ``p >= 0.02``; the draws are most of a decision's cost (0.7 to 1.5 ms for 200
-            against 2.2 to 3.5 ms for 1000 on the shared 2-core machine this project is built
-            on: ``benchmarks/serve.py``). Raise it when rare actions matter to the off-policy
+            for ``p >= 0.02``; the draws are the largest part of a decision's cost (about
+            0.16 ms of the 0.33 to 0.5 ms a conjugate TS-ASC decide + feedback takes at 200 draws
+            on the shared 2-core machine this project is built on: ``benchmarks/single_stream.py``). Raise it when rare actions matter to the off-policy
             estimates.
         update_every: apply feedback to the posterior after this many arrive (>= 1).
         log: a ``DecisionLog`` (or a path to one) that records every decision and feedback.
