@@ -391,22 +391,7 @@ class Decider:
 
         Raises ``ValueError`` for an id this Decider never issued."""
         decision_id = str(decision_id)
-        reward = _finite(reward, "reward")
-        C = int(getattr(self.policy, "num_constraints", 0))
-        if C:
-            if constraints is None:
-                raise ValueError(f"constraints: the policy learns {C} constraint metric(s); give {C} value(s)")
-            if type(constraints) in (list, tuple) and len(constraints) == C and all(type(v) is float for v in constraints):
-                values = constraints  # C Python floats (the common case): what the array below would hold
-            else:
-                values = np.atleast_1d(np.asarray(constraints, dtype=object))
-                if values.shape != (C,):
-                    raise ValueError(f"constraints: expected {C} value(s), got {list(np.atleast_1d(constraints))}")
-            constraints = [_finite(v, f"constraints[{i}]") for i, v in enumerate(values)]
-        elif constraints is not None and len(np.atleast_1d(constraints)):
-            raise ValueError("constraints: this policy learns no constraint metric; leave constraints out")
-        else:
-            constraints = None
+        reward, constraints = self._outcome(reward, constraints)
         with self._lock:
             entry = self.pending.pop(decision_id, None)
             if entry is None:
@@ -424,6 +409,25 @@ class Decider:
             self._queue(decision_id, entry, reward, constraints)
         return True
 
+    def _outcome(self, reward, constraints) -> tuple[float, list[float] | None]:
+        """One outcome checked and coerced (``feedback`` and ``feedback_many``): the reward a finite
+        float, the constraints one finite float per constraint metric of the policy (None without)."""
+        reward = _finite(reward, "reward")
+        C = int(getattr(self.policy, "num_constraints", 0))
+        if C:
+            if constraints is None:
+                raise ValueError(f"constraints: the policy learns {C} constraint metric(s); give {C} value(s)")
+            if type(constraints) in (list, tuple) and len(constraints) == C and all(type(v) is float for v in constraints):
+                values = constraints  # C Python floats (the common case): what the array below would hold
+            else:
+                values = np.atleast_1d(np.asarray(constraints, dtype=object))
+                if values.shape != (C,):
+                    raise ValueError(f"constraints: expected {C} value(s), got {list(np.atleast_1d(constraints))}")
+            return reward, [_finite(v, f"constraints[{i}]") for i, v in enumerate(values)]
+        if constraints is not None and len(np.atleast_1d(constraints)):
+            raise ValueError("constraints: this policy learns no constraint metric; leave constraints out")
+        return reward, None
+
     def feedback_many(self, rows, *, check_only: bool = False) -> list[bool]:
         """Record many outcomes at once, all or nothing: ``rows`` of ``(decision_id, reward,
         constraints)``; returns per row True if new, False for a duplicate (a decision that
@@ -434,7 +438,6 @@ class Decider:
         naming every bad row, with nothing applied or logged. The new rows are written to the log
         in one transaction (committed before this returns: a crash after it loses none, ``replay``
         applies them) and then applied in order, exactly as the same calls to ``feedback`` would."""
-        C = int(getattr(self.policy, "num_constraints", 0))
         checked, problems = [], []
         for i, row in enumerate(rows):
             try:
@@ -444,18 +447,7 @@ class Decider:
                 continue
             decision_id = str(decision_id)
             try:
-                reward = _finite(reward, "reward")
-                if C:
-                    if constraints is None:
-                        raise ValueError(f"constraints: the policy learns {C} constraint metric(s); give {C} value(s)")
-                    values = np.atleast_1d(np.asarray(constraints, dtype=object))
-                    if values.shape != (C,):
-                        raise ValueError(f"constraints: expected {C} value(s), got {list(values)}")
-                    constraints = [_finite(v, f"constraints[{j}]") for j, v in enumerate(values)]
-                elif constraints is not None and len(np.atleast_1d(constraints)):
-                    raise ValueError("constraints: this policy learns no constraint metric; leave constraints out")
-                else:
-                    constraints = None
+                reward, constraints = self._outcome(reward, constraints)
             except (TypeError, ValueError) as exc:
                 problems.append((i, decision_id, str(exc)))
                 continue
