@@ -286,6 +286,18 @@ def test_every_engine_through_the_decider(name, tmp_path):
     assert Decider.load(tmp_path / "state", allow_imports=case.imports).next_id == 9
     resumed.log.close()
 
+    # the policy a Decider served is still the user's: select and update it directly, outside
+    # the Decider's inference mode (state tensors it made there must not refuse an in-place update)
+    for served in (policy, resumed.policy):
+        x, valid = case.context(rng)
+        X = torch.as_tensor(x, dtype=F64)[None]
+        mask = None if valid is None else torch.as_tensor(valid)[None]
+        a = served.select(X, torch.tensor([0]), generator=torch.Generator().manual_seed(0), valid=mask)
+        reward, constraints = case.outcome(int(a[0]), rng)
+        served.update(X[:, int(a[0])], torch.tensor([reward], dtype=F64),
+                      None if constraints is None else torch.tensor([constraints], dtype=F64), actions=a)
+        assert 0 <= int(served.select(X, torch.tensor([0]), valid=mask)[0]) < case.arms
+
 
 @pytest.mark.parametrize("name", ["gibbs-logistic", "gibbs-horseshoe", "langevin"])
 def test_chain_engines_continue_from_the_played_draw(name):

@@ -139,7 +139,8 @@ def test_decider_array_and_list_inputs_decide_alike():
 
 
 def test_batched_propensity_draws_match_one_draw_at_a_time():
-    """The S draws' single solve agrees with S one-column solves to rounding (the Decider's draws)."""
+    """The S draws (one solve against the candidates) agree with S one-column solves of the same
+    normals to rounding (the Decider's draws; a DrawBatch's normals are float32 draws widened)."""
     from bayes_safe.random import DrawBatch
 
     model = _model()
@@ -147,7 +148,7 @@ def test_batched_propensity_draws_match_one_draw_at_a_time():
     model.update(X[:, 1], torch.tensor([0.7], dtype=torch.float64))
     g = torch.Generator().manual_seed(4)
     f = model.sample_at(X, DrawBatch(64, 1, g))
-    z = torch.randn((64, 1, 4, 1), generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    z = torch.randn((64, 1, 4, 1), generator=torch.Generator().manual_seed(4), dtype=torch.float32).double()
     w = torch.linalg.solve_triangular(model.factor.mT, model._whitened_mean() + z, upper=True)[..., 0]
     assert f.shape == (64, 1, 5)
     torch.testing.assert_close(f, (X @ w[..., None])[..., 0], rtol=1e-12, atol=1e-12)

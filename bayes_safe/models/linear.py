@@ -422,7 +422,7 @@ class BayesianLinear:
 
     # ------------------------------------------------------------------ input handling
     def _rows(self, X, y) -> tuple[torch.Tensor, torch.Tensor, bool]:
-        if _validation.TRUSTED and isinstance(X, torch.Tensor) and isinstance(y, torch.Tensor):
+        if _validation.trusted() and isinstance(X, torch.Tensor) and isinstance(y, torch.Tensor):
             return X, y, X.dim() == len(self.batch_shape) + 1  # library-made data (simulation loop)
         if not isinstance(X, torch.Tensor) or X.dtype != _DTYPE:
             X = as_tensor(X, "X")
@@ -774,19 +774,14 @@ class BayesianLinear:
         if features.dim() < 2 or features.shape[-1] != self.dim:
             raise ValueError(f"features: expected shape [*batch_shape, k, {self.dim}], got {list(features.shape)}")
         if self.conjugate and self.noise_prior is None and features.dim() == len(self.batch_shape) + 2:
+            if type(generator) is DrawBatch and features.dim() == 3:
+                return self._draws_at(features, generator)
             # ``sample``'s draw kept as the solve's column [.., d, 1]: w^T X^T without the reshaping
             # views (the same operations and numbers; a tenth of a decision at R = 1)
             z = standard_normal(self._column_shape, generator, key=key)
             if self._factor is None or self._dirty is not None:
                 self._factorize()
-            rhs = self._u + z
-            if rhs.dim() == self._factor.dim() + 1 and rhs.shape[0] > 1 and features.dim() == 3:
-                # S draws (a DrawBatch, rhs [S, R, d, 1]): one solve with S right-hand columns and one
-                # product [R, K, d] x [R, d, S] (R = 1, d = 4, K = 5, S = 200: 20 us against 60 for S
-                # broadcast solves and S products); the same sums, not always in the same rounding
-                cols = torch.linalg.solve_triangular(self._factor.mT, rhs[..., 0].movedim(0, -1), upper=True)
-                return torch.bmm(features, cols).movedim(-1, 0)  # [S, R, K]
-            w = self._solve_upper(rhs)
+            w = self._solve_upper(self._u + z)
             if w.dim() == 3:  # [R, d, 1]: bmm, half matmul's call cost (the same product)
                 return torch.bmm(w.mT, _transposed(features)).squeeze(-2)
             return (w.mT @ _transposed(features))[..., 0, :]
@@ -803,6 +798,26 @@ class BayesianLinear:
         from .gibbs import lanewise
 
         return lanewise(_LINKS[self.likelihood], f)
+
+    def _draws_at(self, features: torch.Tensor, batch: DrawBatch) -> torch.Tensor:
+        """``S`` joint draws of ``f = X w`` at ``features [R, K, d]`` under a ``DrawBatch``:
+        ``[S, R, K]`` (conjugate, known noise; the propensity draws of a ``Decider``).
+
+        With ``L L^T`` the precision and ``u = L^-1 eta``, a draw is ``w = L^-T (u + z)``, so
+        ``f = C^T (u + z)`` with ``C = L^-1 X^T [R, d, K]``: one triangular solve against the ``K``
+        candidates (not the ``S`` draws) and one product of the ``S`` shifted normals with ``C``, the
+        result ``[S, K]`` contiguous in ``K`` for the argmax. The normals are those ``sample``
+        would use, ``z [S, R, d]`` in the same order; the sums are associated differently (a few
+        ulp from ``X (L^-T (u + z))``). R = 1, d = 4, K = 5, S = 200: five operations.
+        """
+        R = features.shape[0]
+        z = batch._full("normal", (R, self.dim), _DTYPE)  # [S, R, d]
+        if self._factor is None or self._dirty is not None:
+            self._factorize()
+        C = torch.linalg.solve_triangular(self._factor, features.mT, upper=False)  # [R, d, K]
+        if R == 1:  # [S, 1, d] x [1, d, K]: one product of the S rows (matmul folds the batch)
+            return torch.matmul(z.add_(self._u.mT), C)  # [S, 1, K]
+        return torch.bmm(z.add_(self._u[..., 0]).transpose(0, 1), C).transpose(0, 1)  # [R, S, K] -> [S, R, K]
 
     def _refit_if_due(self, generator: Generator = None, key: str = "weights") -> None:
         """Refit when the schedule says so. With a ``ReplicationRNG`` each batch element's fit is

@@ -402,7 +402,7 @@ class ProbitGP:
 
         ``actions`` is accepted for interface compatibility and ignored (the action is encoded in ``X``).
         """
-        if _validation.TRUSTED and isinstance(X, torch.Tensor) and X.dim() == 2 and X.shape[0] > 1:
+        if _validation.trusted() and isinstance(X, torch.Tensor) and X.dim() == 2 and X.shape[0] > 1:
             # the library's simulation loops pass one row per replication (Daulton et al. 2019 s.5 has
             # one stream; a batch of replications needs one posterior each): never pool them silently
             raise _refuse_replications(int(X.shape[0]))

@@ -70,6 +70,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .. import _validation
+from .._validation import trusted_inputs
 from ..io import atomic_output_dir
 from ..random import DrawBatch
 from ..state import StateError, load_state, save_state
@@ -126,6 +128,37 @@ def _finite(value, what: str) -> float:
     if not math.isfinite(out):
         raise ValueError(f"{what}: expected a finite number, got {value!r}")
     return out
+
+
+class _QuietInference:
+    """``trusted_inputs`` and ``torch.inference_mode`` together (models that never need
+    gradients), as one context manager (a third of the two nested ones' cost)."""
+
+    __slots__ = ("mode", "trust")
+
+    def __enter__(self):
+        self.trust = _validation._TRUST.on
+        _validation._TRUST.on = True
+        self.mode = torch.inference_mode()
+        self.mode.__enter__()
+
+    def __exit__(self, *exc):
+        self.mode.__exit__(*exc)
+        _validation._TRUST.on = self.trust
+
+
+_INDEX: list[torch.Tensor] = []
+
+
+def _index(i: int) -> torch.Tensor:
+    """``torch.tensor([i])`` (long), one shared tensor per small ``i`` (the baseline and the played
+    action as the policies take them: read as indices, never written)."""
+    if i >= 64:
+        return torch.tensor([i])
+    while len(_INDEX) <= i:
+        with torch.inference_mode(False):
+            _INDEX.append(torch.tensor([len(_INDEX)]))
+    return _INDEX[i]
 
 
 def _per_arm(policy) -> int | None:
@@ -256,6 +289,14 @@ class Decider:
         self.replayed = {"decisions": 0, "feedback": 0}
         self._generator = torch.Generator().manual_seed(seed)
         self._lock = threading.RLock()
+        # Inside decide and refresh (after this class's own checks of every input): the policy's
+        # second look at the values is skipped (``trusted_inputs``, per thread), and models that
+        # never train by gradient (conjugate, Gibbs) run without autograd bookkeeping
+        # (``torch.inference_mode``, as ``simulate`` runs them): together about a fifth of a
+        # conjugate decide + feedback (``benchmarks/single_stream.py``).
+        grad_free = all(getattr(m, "conjugate", False) or getattr(m, "needs_autograd", True) is False
+                        for m in policy.models().values())
+        self._quiet = _QuietInference if grad_free else trusted_inputs
         if self.log is not None:
             owner = self.log.identity()
             if owner is not None:
@@ -291,7 +332,10 @@ class Decider:
                 and features.shape[0] >= 1 and (self.feature_names is None or features.shape[1] == len(self.feature_names))):
             # the common case, candidates [K, d] as a float64 array: the checks below in three steps (a copy:
             # the caller may reuse the array)
-            if not math.isfinite(features.sum()) and not np.isfinite(features).all():
+            # a finite sum proves every entry finite; a small table is summed in Python (0.4 us
+            # against 1 us for numpy's reduction); an overflowing sum is looked at entry by entry
+            total = sum(features.ravel().tolist()) if features.size <= 256 else features.sum()
+            if not math.isfinite(total) and not np.isfinite(features).all():
                 raise ValueError("features: expected finite numbers, got NaN or inf")
             x = features.copy(order="C")
             return torch.from_numpy(x)[None], x.reshape(-1)
@@ -344,7 +388,7 @@ class Decider:
             raise TypeError(f"baseline: expected an action index (int) or None, got {baseline!r}")
         if not 0 <= int(baseline) < K:
             raise ValueError(f"baseline: expected an action index in [0, {K}), got {baseline}")
-        return torch.tensor([int(baseline)])
+        return _index(int(baseline))
 
     # ------------------------------------------------------------------ the loop
     def decide(self, features, baseline: int | None = None, valid=None) -> Decision:
@@ -361,12 +405,13 @@ class Decider:
         with self._lock:
             # S independent draws in one batched call; the first is played (module docstring)
             # played=True: a chain engine (Gibbs, Langevin) continues from the first, played draw
-            actions = self.policy.select(cand, base, generator=DrawBatch(S, 1, self._generator, played=True),
-                                         valid=valid)
+            with self._quiet():
+                actions = self.policy.select(cand, base, generator=DrawBatch(S, 1, self._generator, played=True),
+                                             valid=valid)
             if tuple(actions.shape) == (1,):  # no randomness reached the decision: deterministic
                 action, probs = int(actions[0]), torch.nn.functional.one_hot(actions[0], K).to(torch.float64)
             elif tuple(actions.shape) == (S, 1):
-                played = actions[:, 0]
+                played = actions.view(S)
                 action = int(played[0])
                 # counts / S in Python: the same correctly rounded quotients as float64 tensors, fewer ops
                 probs = [c / S for c in torch.bincount(played, minlength=K).tolist()]
@@ -383,7 +428,7 @@ class Decider:
                 self.log.write_decision(decision.decision_id, action, p, decision.propensity_se, self.model_version,
                                         context, decision.probabilities, None if base is None else int(base))
             self.next_id += 1
-            self.pending[decision.decision_id] = {"features": cand[0, action].tolist(), "action": action}
+            self.pending[decision.decision_id] = {"features": cand.numpy()[0, action].tolist(), "action": action}
         return decision
 
     def feedback(self, decision_id: str, reward, constraints=None) -> bool:
@@ -485,19 +530,24 @@ class Decider:
         """Apply the queued feedback to the posterior now; returns how many were applied."""
         with self._lock:
             n = len(self.queued)
-            for q in self.queued:
-                # one tensor [features, reward, constraints] and views of it: the same float64 numbers as
-                # three tensors, at a third of the construction cost
-                f, cs = q["features"], q["constraints"]
-                d = len(f)
-                row = torch.tensor([*f, q["reward"], *(cs or ())], dtype=torch.float64)
-                x, y = row[None, :d], row[d:d + 1]
-                c = None if cs is None else row[None, d + 1:]
-                self.policy.update(x, y, c, actions=torch.tensor([q["action"]]))
+            with self._quiet():
+                self._apply(self.queued)
             self.queued = []
             if n:
                 self.model_version += 1
             return n
+
+    def _apply(self, queued: list[dict]) -> None:
+        """``policy.update`` with each queued outcome, in order (checked when it was received)."""
+        for q in queued:
+            # one tensor [features, reward, constraints] and views of it: the same float64 numbers as
+            # three tensors, at a third of the construction cost
+            f, cs = q["features"], q["constraints"]
+            d = len(f)
+            row = torch.tensor([*f, q["reward"], *(cs or ())], dtype=torch.float64)
+            x, y = row[None, :d], row[d:d + 1]
+            c = None if cs is None else row[None, d + 1:]
+            self.policy.update(x, y, c, actions=_index(q["action"]))
 
     # ------------------------------------------------------------------ the log
     def check_log(self, log: DecisionLog | str | Path | None = None) -> None:

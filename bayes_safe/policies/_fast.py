@@ -55,7 +55,7 @@ def select_inputs(features, baseline, valid, expected, *, require_baseline: bool
     r, K, dd = features.shape
     if r != R or dd != d or K < 1 or (num_arms is not None and K != num_arms):
         return None
-    trusted = _validation.TRUSTED
+    trusted = _validation.trusted()
     if baseline is None:
         if require_baseline:
             return None
@@ -106,7 +106,7 @@ def update_inputs(features_chosen, reward, constraints, expected, num_constraint
     if num_constraints and (type(constraints) is not torch.Tensor or constraints.dtype is not _F64
                             or constraints.shape != (R, num_constraints)):
         return None
-    if not _validation.TRUSTED:
+    if not _validation.trusted():
         check_finite(features_chosen, "features_chosen")
         check_finite(reward, "reward")
         if num_constraints:

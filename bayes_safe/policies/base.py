@@ -93,7 +93,7 @@ def check_select_inputs(features, baseline=None, valid=None, *, dim: int | None 
     mask ``[R, K]``. The expected ``R``, ``K`` and ``d`` come from the arguments and from the
     ``models`` (see ``_model_dims``). Shape and dtype checks always run (a few Python
     comparisons); the scans of values (NaN features, baseline range, rows of ``valid`` with no
-    allowed action) are skipped for the library's own data (``_validation.TRUSTED``).
+    allowed action) are skipped for the library's own data (``_validation.trusted()``).
 
     Errors name the argument and the expected form: ``ValueError`` for shapes and values,
     ``TypeError`` for the wrong kind of object.
@@ -140,7 +140,7 @@ def check_select_inputs(features, baseline=None, valid=None, *, dim: int | None 
     if num_arms is not None and K != num_arms:
         raise ValueError(f"features: expected K={num_arms} candidate actions (the model's arms), got {K} "
                          f"(shape {list(features.shape)})")
-    if not _validation.TRUSTED:
+    if not _validation.trusted():
         check_finite(features, "features")
     rows_shape = tuple(features.shape[:-2])
     if baseline is None:
@@ -168,7 +168,7 @@ def check_select_inputs(features, baseline=None, valid=None, *, dim: int | None 
                              f"got {list(baseline.shape)}")
         if baseline.dtype != torch.long:
             baseline = baseline.long()
-        if not _validation.TRUSTED and bool(((baseline < 0) | (baseline >= K)).any()):
+        if not _validation.trusted() and bool(((baseline < 0) | (baseline >= K)).any()):
             raise ValueError(f"baseline: expected action indices in [0, {K}), got values "
                              f"{sorted(set(baseline.reshape(-1).tolist()))[:10]}")
     if valid is not None:
@@ -181,7 +181,7 @@ def check_select_inputs(features, baseline=None, valid=None, *, dim: int | None 
             raise TypeError(f"valid: expected a bool mask of shape {[*rows_shape, K]} (True = allowed), got dtype {valid.dtype}")
         if tuple(valid.shape) != (*rows_shape, K):
             raise ValueError(f"valid: expected shape {[*rows_shape, K]} (one flag per candidate action), got {list(valid.shape)}")
-        if not empty_rows_ok and not _validation.TRUSTED and not bool(valid.any(-1).all()):
+        if not empty_rows_ok and not _validation.trusted() and not bool(valid.any(-1).all()):
             raise ValueError("valid: some rows allow no action (every row needs at least one True)")
     return features, baseline, valid
 
@@ -199,7 +199,7 @@ def check_update_inputs(features_chosen, reward, constraints=None, *, num_constr
         r, _, d = _model_dims(m)
         R_model = R_model if r is None else r
         dim = dim if d is None else d
-    trusted = _validation.TRUSTED
+    trusted = _validation.trusted()
     if not isinstance(features_chosen, torch.Tensor) or not features_chosen.dtype.is_floating_point:
         features_chosen = as_tensor(features_chosen, "features_chosen")
     if not isinstance(reward, torch.Tensor) or not reward.dtype.is_floating_point:

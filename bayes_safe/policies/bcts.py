@@ -181,7 +181,7 @@ class CTSPosterior:
         recognised as shared: the quadratic forms then take one ``[n, K (d + 1), d] @ [n, d]``
         product instead of ``n K`` small ones (1.5x faster measured, K = 100, d = 10).
         """
-        if not (_validation.TRUSTED and isinstance(features, torch.Tensor) and features.dtype == _DTYPE):
+        if not (_validation.trusted() and isinstance(features, torch.Tensor) and features.dtype == _DTYPE):
             features = check_finite(as_tensor(features, name), name)
         nb, n = len(self.batch_shape), self._state.shape[0]
         if tuple(features.shape) == (*self.batch_shape, self.dim):
@@ -206,7 +206,7 @@ class CTSPosterior:
         if actions is None:
             raise ValueError("actions: per-arm models need the index of the played arm")
         n, K, d = self._state.shape[0], self.num_arms, self.dim
-        trusted = _validation.TRUSTED and isinstance(contexts, torch.Tensor) and isinstance(y, torch.Tensor)
+        trusted = _validation.trusted() and isinstance(contexts, torch.Tensor) and isinstance(y, torch.Tensor)
         c = contexts if trusted and contexts.dtype == _DTYPE else check_finite(as_tensor(contexts, "contexts"), "contexts")
         y = y if trusted and y.dtype == _DTYPE else check_finite(as_tensor(y, "y"), "y")
         a = torch.as_tensor(actions, dtype=torch.long)
@@ -217,7 +217,7 @@ class CTSPosterior:
             raise ValueError(f"contexts: expected shape {[*self.batch_shape, d]}, got {list(c.shape)}")
         if tuple(y.shape) != tuple(self.batch_shape) or tuple(a.shape) != tuple(self.batch_shape):
             raise ValueError(f"y, actions: expected shape {list(self.batch_shape)}, got {list(y.shape)} and {list(a.shape)}")
-        if not _validation.TRUSTED and bool(((a < 0) | (a >= K)).any()):
+        if not _validation.trusted() and bool(((a < 0) | (a >= K)).any()):
             raise ValueError(f"actions: expected indices in [0, {K}), got {a.reshape(-1).tolist()[:10]}")
         c, y, a = c.reshape(n, d), y.reshape(n), a.reshape(n)
         flat = self._rows * K + a  # the played (element, arm) pairs, one per element
@@ -383,7 +383,7 @@ class BCTS(Policy):
         r = torch.as_tensor(allowed)
         if r.dtype == torch.bool:
             r = r.to(_DTYPE)
-        elif not _validation.TRUSTED and bool(((r != 0) & (r != 1)).any()):
+        elif not _validation.trusted() and bool(((r != 0) & (r != 1)).any()):
             raise ValueError("allowed: expected the teacher's verdicts r^e in {0, 1}")
         self.constraint_model.update(features_chosen, r.to(_DTYPE), actions=actions)
         self.num_teaching_examples += 1
