@@ -142,7 +142,10 @@ def _serve(directory: Path, n: int = 1000, seed: int = 0) -> Path:
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    return _serve(tmp_path_factory.mktemp("served"))
+    # STRICT's true efficacy ratio depends on the posterior the log left (its cap of 0 plays the dose
+    # the AE posterior's draw finds safest): 0.86, 0.83 and 0.78 for seeds 0 to 2. The test needs a
+    # log under which it misses the 0.8 guard; its premise is asserted (true_ratio < 0.8) below.
+    return _serve(tmp_path_factory.mktemp("served"), seed=2)
 
 
 def _truth(directory: Path, policy, parameters):

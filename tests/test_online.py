@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import threading
 
 import numpy as np
@@ -95,13 +96,24 @@ def test_ips_from_the_decision_log_recovers_a_target_policys_value(tmp_path):
 def test_delayed_out_of_order_duplicate_and_unknown_feedback():
     decider = Decider(ThompsonSampling(_model(3)), update_every=4, seed=0)
     decisions = [decider.decide([[1, 0, 0], [0, 1, 0], [0, 0, 1]]) for _ in range(6)]
-    assert [d.decision_id for d in decisions] == [str(i) for i in range(6)]
+    # '<number>-<32 hex digits>': numbered in order, each signed (not guessable from another)
+    assert [d.decision_id.split("-")[0] for d in decisions] == [str(i) for i in range(6)]
+    assert all(re.fullmatch(r"\d+-[0-9a-f]{32}", d.decision_id) for d in decisions)
+    assert decisions[0].decision_id == decider.public_id(0)
     for d in reversed(decisions[2:]):  # out of order, two never arrive
         assert decider.feedback(d.decision_id, 1.0) is True
     assert decider.model_version == 1 and sorted(decider.pending) == ["0", "1"]
     assert decider.feedback(decisions[3].decision_id, 0.0) is False  # duplicate: ignored
-    with pytest.raises(ValueError, match="decision_id: unknown"):
-        decider.feedback("nope", 1.0)
+    # anything but an issued id is unknown, with one message that says nothing of what exists
+    first = decisions[0].decision_id
+    forged = [first.split("-")[0] + "-" + "0" * 32, "0" + decisions[5].decision_id, "6-" + first.split("-")[1],
+              "0", "05", "nope", decisions[5].decision_id.upper(), 3]
+    messages = set()
+    for bad in forged:
+        with pytest.raises(ValueError, match="decision_id: unknown decision") as err:
+            decider.feedback(bad, 1.0)
+        messages.add(str(err.value).split(":", 2)[2])
+    assert len(messages) == 1 and "0 to" not in str(err.value) and "'5'" not in str(err.value)
     assert decider.feedback(decisions[0].decision_id, 1.0) is True and len(decider.queued) == 1
 
 
@@ -157,8 +169,8 @@ def test_restart_keeps_the_posterior_and_accepts_feedback_for_earlier_decisions(
     back = Decider.load(tmp_path / "state", log=decider.log)
     assert back.next_id == 8 and sorted(back.pending) == ["5", "6", "7"] and len(back.queued) == 2
     assert torch.equal(back.policy.reward_model.posterior_mean, policy.reward_model.posterior_mean)
-    assert back.feedback("6", 0.0, [1.0]) is True       # decided before the restart
-    assert back.feedback("0", 1.0, [0.0]) is False      # applied before the restart: the log knows
+    assert back.feedback(ds[6].decision_id, 0.0, [1.0]) is True    # decided before the restart
+    assert back.feedback(ds[0].decision_id, 1.0, [0.0]) is False   # applied before the restart: the log knows
     x = rng.normal(size=(4, 3))
     assert decider.decide(x, baseline=0).action == Decider.load(tmp_path / "state").decide(x, baseline=0).action
 
@@ -349,10 +361,10 @@ def test_a_log_older_than_the_snapshot_is_refused(tmp_path):
     message = _refused(tmp_path, tmp_path / "backup.sqlite", "older than the snapshot")
     assert "ids up to 4 but the log's last is 3" in message
     # the same counters, but the snapshot applied feedback the older log has not got
-    live.feedback("2", 0.5, [1.0])
+    live.feedback(live.public_id(2), 0.5, [1.0])
     live.save(tmp_path / "state")
     _copy_log(live.log, tmp_path / "backup2.sqlite")
-    live.feedback("3", 0.5, [1.0])
+    live.feedback(live.public_id(3), 0.5, [1.0])
     live.save(tmp_path / "state")
     assert "applied feedback for decision(s) ['3']" in _refused(tmp_path, tmp_path / "backup2.sqlite", "older")
 
@@ -398,7 +410,7 @@ def test_a_state_saved_without_a_log_starts_a_new_one_at_its_counter(tmp_path):
     decider.save(tmp_path / "state")
     back = Decider.load(tmp_path / "state", log=tmp_path / "new.sqlite")
     assert back.log.identity() == {"decider_id": decider.decider_id, "first_id": 3}
-    assert back.feedback(ds[0].decision_id, 1.0, [1.0]) and back.decide(np.eye(3), baseline=0).decision_id == "3"
+    assert back.feedback(ds[0].decision_id, 1.0, [1.0]) and back.decide(np.eye(3), baseline=0).decision_id == back.public_id(3)
     back.save(tmp_path / "state")
     again = Decider.load(tmp_path / "state", log=tmp_path / "new.sqlite")  # feedback for '0' (before the log): fine
     assert again.replayed == {"decisions": 0, "feedback": 0} and sorted(again.pending) == ["1", "2", "3"]
@@ -421,7 +433,7 @@ def test_replaying_the_same_snapshot_and_log_gives_the_same_next_decisions(tmp_p
     assert backs[0].replayed == backs[1].replayed == {"decisions": 4, "feedback": 0}
     nexts = [[b.decide(np.eye(3) * (i + 1), baseline=0) for i in range(4)] for b in backs]
     assert [d.probabilities for d in nexts[0]] == [d.probabilities for d in nexts[1]]
-    assert [d.decision_id for d in nexts[0]] == ["7", "8", "9", "10"]
+    assert [d.decision_id for d in nexts[0]] == [backs[0].public_id(i) for i in (7, 8, 9, 10)]
     assert [d.probabilities for d in nexts[0]] != lost
 
 
@@ -448,7 +460,7 @@ def test_tuning_alpha_from_a_log_checks_its_inputs_first(tmp_path):
 def test_a_read_only_log_loads_for_inspection(tmp_path):
     live = _logged_decider(tmp_path / "log.sqlite", n=5, feedback=2)
     live.save(tmp_path / "state")
-    live.feedback("2", 0.0, [1.0])  # after the snapshot
+    live.feedback(live.public_id(2), 0.0, [1.0])  # after the snapshot
     back = Decider.load(tmp_path / "state", log=DecisionLog(tmp_path / "log.sqlite", read_only=True))
     assert back.replayed == {"decisions": 0, "feedback": 1} and back.model_version == live.model_version
 

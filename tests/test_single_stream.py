@@ -125,14 +125,15 @@ def test_decider_array_and_list_inputs_decide_alike():
     a, b = (Decider(TSASC(_model(), [_model()], alpha=0.1), num_draws=50, seed=2) for _ in range(2))
     for i, x in enumerate(contexts):
         da, db = a.decide(x, baseline=0), b.decide(x.tolist(), baseline=0)
-        assert da == db
+        assert da.to_dict() | {"decision_id": None} == db.to_dict() | {"decision_id": None}  # ids: each Decider's own key
+        assert da.decision_id.split("-")[0] == db.decision_id.split("-")[0] == str(i)
         assert a.feedback(da.decision_id, float(i % 2), [0.3]) and b.feedback(db.decision_id, float(i % 2), (0.3,))
         assert abs(sum(da.probabilities) - 1) < 1e-12 and da.probabilities[da.action] == da.propensity
     assert torch.equal(a.policy.reward_model.precision, b.policy.reward_model.precision)
     x = contexts[0].copy()
     d = a.decide(x, baseline=0)
     x[:] = 7.0  # the caller reuses its array: the pending decision keeps what was decided on
-    assert a.pending[d.decision_id]["features"] == contexts[0][d.action].tolist()
+    assert a.pending[d.decision_id.split("-")[0]]["features"] == contexts[0][d.action].tolist()
     x[1, 2] = np.nan
     with pytest.raises(ValueError, match="features: expected finite numbers, got NaN or inf"):
         a.decide(x, baseline=0)

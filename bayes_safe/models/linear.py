@@ -247,6 +247,11 @@ class BayesianLinear:
     """
 
     @property
+    def binary_outcomes(self) -> bool:
+        """Whether the outcomes this model learns are 0 / 1 (probit and logistic likelihoods)."""
+        return self.likelihood != "gaussian"
+
+    @property
     def needs_autograd(self) -> bool:
         """Whether ``update`` / ``fit`` / ``sample`` need autograd (Langevin, NUTS and SVI); the
         conjugate and Gibbs engines do not, so a simulation loop may run them under

@@ -108,6 +108,11 @@ class PerArmLinear:
         return features
 
     @property
+    def binary_outcomes(self) -> bool:
+        """Whether the outcomes are 0 / 1 (the arms' likelihood is probit or logistic)."""
+        return self.arms.binary_outcomes
+
+    @property
     def posterior_mean(self) -> torch.Tensor:
         return self.arms.posterior_mean
 

@@ -826,6 +826,11 @@ class SuccessProbability:
     def num_observations(self) -> int:
         return self.model.num_observations
 
+    @property
+    def binary_outcomes(self) -> bool:
+        """Success outcomes are 0 / 1; a ``ScaledOutcome``'s are ``scale[a]`` times them."""
+        return type(self) is SuccessProbability
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.model!r})"
 

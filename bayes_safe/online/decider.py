@@ -49,6 +49,22 @@ the mismatch otherwise, before anything is applied), then ``replay``s what the l
 the snapshot: decisions made after it become pending (their ids are not issued again) and the
 feedback logged for pending decisions is applied, in the order it arrived, exactly once.
 
+**Decision ids** are ``'<n>-<tag>'``: ``n`` the decision's number (0, 1, ...; the key of the
+log's rows and of ``pending``) and ``tag`` 32 hex digits of an HMAC-SHA256 of ``n`` under a
+256-bit key drawn when the Decider is made and kept in its saved state (``public_id(n)``). A
+client cannot guess another decision's id, and ``feedback`` refuses any id that is not exactly
+one this Decider issued (``'05'``, a wrong tag, a number not issued yet) with the same message,
+which says nothing of the ids that exist. A duplicate of a valid id is acknowledged and
+ignored. (States saved before ids were signed keep accepting the plain ids they issued.)
+
+**Limits.** Every feature must satisfy ``|x| <= feature_limit`` and every outcome
+``|y| <= outcome_limit`` (both 1e6 by default: standardise features, or raise the limits for
+outcomes in large units); a metric learned by a binary model (probit or logistic likelihood,
+the probit GP's success) takes 0 or 1 only. Input over a limit raises ``ValueError`` naming the
+field and the limit before anything reaches the posterior or the log (one enormous but finite
+number would otherwise dominate the posterior for good, and the log would replay it).
+``num_draws`` is at most ``MAX_DRAWS``.
+
 Inputs are coerced once at the boundary: candidate features ``[K, d]`` as numpy arrays,
 lists, tensors (float32 or float64) or a ``pandas.DataFrame`` whose columns are the
 ``feature_names``; a list of dicts (one per candidate); or, for per-arm policies (one model per
@@ -59,8 +75,12 @@ features or a ``pandas.Series``.
 from __future__ import annotations
 
 import base64
+import hashlib
+import hmac
 import json
 import math
+import re
+import secrets
 import threading
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -77,7 +97,12 @@ from ..random import DrawBatch
 from ..state import StateError, load_state, save_state
 from .log import DecisionLog
 
-__all__ = ["Decider", "Decision", "FeedbackRowsError"]
+__all__ = ["MAX_DRAWS", "Decider", "Decision", "FeedbackRowsError"]
+
+#: the largest ``num_draws`` a Decider takes (each decision draws ``S`` posterior samples)
+MAX_DRAWS = 100_000
+#: a decision id: ``'<n>-<32 hex digits>'`` (module docstring)
+_ID = re.compile(r"(0|[1-9][0-9]{0,17})-([0-9a-f]{32})")
 
 #: the format of ``decider.json``
 FORMAT, VERSION = "bayes_safe.decider", 1
@@ -118,13 +143,22 @@ class FeedbackRowsError(ValueError):
         super().__init__(f"{len(self.problems)} bad feedback row(s), nothing applied: {shown}")
 
 
+def _shown(value, width: int = 60) -> str:
+    """``repr(value)`` cut to ``width`` characters (a client's input, echoed in an error)."""
+    text = repr(value)
+    return text if len(text) <= width else text[:width] + "..."
+
+
 def _finite(value, what: str) -> float:
     if isinstance(value, bool):
         raise TypeError(f"{what}: expected a number, got {value!r}")
     try:
         out = float(value)
+    except OverflowError:
+        raise ValueError(f"{what}: expected a finite number, got an integer of {len(str(value))} digits "
+                         "(too large for float64)") from None
     except (TypeError, ValueError):
-        raise TypeError(f"{what}: expected a number, got {value!r}") from None
+        raise TypeError(f"{what}: expected a number, got {_shown(value)}") from None
     if not math.isfinite(out):
         raise ValueError(f"{what}: expected a finite number, got {value!r}")
     return out
@@ -221,6 +255,18 @@ def _log_mismatch(log: DecisionLog, decider_id: str | None, next_id: int, pendin
     return None
 
 
+def _check_bookkeeping(next_id: int, model_version: int, legacy_below: int, pending: dict, queued: list) -> None:
+    """``ValueError`` unless a saved state's counters and entries are ones a Decider could have written."""
+    if next_id < 0 or model_version < 0 or not 0 <= legacy_below <= next_id:
+        raise ValueError(f"counters next_id={next_id}, model_version={model_version}, legacy_below={legacy_below}: "
+                         "expected 0 <= legacy_below <= next_id and model_version >= 0")
+    for key, entry in [*pending.items(), *((q["decision_id"], q) for q in queued)]:
+        if not (key.isdigit() and str(int(key)) == key and int(key) < next_id):
+            raise ValueError(f"decision {key!r} is not one of the numbers 0 .. {next_id - 1} the state issued")
+        if entry["action"] < 0 or not all(math.isfinite(x) for x in entry["features"]):
+            raise ValueError(f"decision {key!r} has action {entry['action']} or non-finite features")
+
+
 class Decider:
     """Wrap a policy (``R = 1``) for production: decide, record the propensity, learn from feedback.
 
@@ -244,6 +290,9 @@ class Decider:
         featurize: ``context [p] -> candidate features [K, d]`` for shared-weight policies that
             are given one context (not saved: pass it again to ``load``).
         seed: seed of the decisions' random stream.
+        feature_limit: the largest ``|x|`` a feature may have (module docstring: limits).
+        outcome_limit: the largest ``|y|`` a reward or constraint value may have (binary metrics:
+            0 or 1).
 
     A new Decider starts at decision id ``'0'``: its ``log`` must hold no decisions yet (to go on
     with a log that has some, ``load`` the state that wrote it). The log records which Decider it
@@ -252,7 +301,8 @@ class Decider:
 
     def __init__(self, policy, *, feature_names: Sequence[str] | None = None, num_draws: int = 200,
                  update_every: int = 1, log: DecisionLog | str | Path | None = None,
-                 featurize: Callable | None = None, seed: int = 0):
+                 featurize: Callable | None = None, seed: int = 0, feature_limit: float = 1e6,
+                 outcome_limit: float = 1e6):
         if not (callable(getattr(policy, "select", None)) and callable(getattr(policy, "update", None))):
             raise TypeError(f"policy: expected a bayes_safe policy (select and update), got {type(policy).__name__}")
         for role, m in policy.models().items():
@@ -260,8 +310,12 @@ class Decider:
             if shape is not None and tuple(shape) not in ((), (1,)):
                 raise ValueError(f"policy: its {role} model has batch_shape {list(shape)}; a Decider serves one "
                                  "stream of decisions: build the models without a batch shape (or batch_shape=[1])")
-        if isinstance(num_draws, bool) or not isinstance(num_draws, int) or num_draws < 2:
-            raise ValueError(f"num_draws: expected an int >= 2 (the played draw and at least one more), got {num_draws!r}")
+        if isinstance(num_draws, bool) or not isinstance(num_draws, int) or not 2 <= num_draws <= MAX_DRAWS:
+            raise ValueError(f"num_draws: expected an int in [2, {MAX_DRAWS}] (the played draw and at least one more), "
+                             f"got {num_draws!r}")
+        for name, limit in (("feature_limit", feature_limit), ("outcome_limit", outcome_limit)):
+            if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not 0 < limit < math.inf:
+                raise ValueError(f"{name}: expected a positive finite number, got {limit!r}")
         if isinstance(update_every, bool) or not isinstance(update_every, int) or update_every < 1:
             raise ValueError(f"update_every: expected a positive int, got {update_every!r}")
         if feature_names is not None:
@@ -279,6 +333,14 @@ class Decider:
         self.update_every = update_every
         self.featurize = featurize
         self.seed = seed
+        self.feature_limit, self.outcome_limit = float(feature_limit), float(outcome_limit)
+        roles = policy.models()
+        C = int(getattr(policy, "num_constraints", 0))
+        #: per metric (the reward, then each constraint): whether its model learns 0 / 1 outcomes
+        self._binary = tuple(bool(getattr(roles.get(r), "binary_outcomes", False))
+                             for r in ("reward", *(f"constraint{j}" for j in range(C))))
+        self._id_key = secrets.token_bytes(32)
+        self._legacy_below = 0  # plain ids '0' .. below this were issued before ids were signed
         self.log = DecisionLog(log) if isinstance(log, (str, Path)) else log
         self.model_version = 0
         self.next_id = 0
@@ -334,9 +396,15 @@ class Decider:
             # the caller may reuse the array)
             # a finite sum proves every entry finite; a small table is summed in Python (0.4 us
             # against 1 us for numpy's reduction); an overflowing sum is looked at entry by entry
-            total = sum(features.ravel().tolist()) if features.size <= 256 else features.sum()
+            if features.size <= 256:
+                values = features.ravel().tolist()
+                total, biggest = sum(values), max(max(values), -min(values))
+            else:
+                total, biggest = features.sum(), None
             if not math.isfinite(total) and not np.isfinite(features).all():
                 raise ValueError("features: expected finite numbers, got NaN or inf")
+            if biggest is None or biggest > self.feature_limit or not math.isfinite(total):
+                self._check_magnitude(features)
             x = features.copy(order="C")
             return torch.from_numpy(x)[None], x.reshape(-1)
         import pandas as pd
@@ -353,6 +421,8 @@ class Decider:
             try:
                 x = (features.detach().cpu().numpy() if isinstance(features, torch.Tensor)
                      else np.asarray(features, dtype=np.float64))
+            except OverflowError:
+                raise ValueError("features: expected finite numbers, got an integer too large for float64") from None
             except (TypeError, ValueError):
                 raise TypeError(f"features: expected candidate features [K, d] (array, list, tensor, DataFrame) or "
                                 f"one context [d], got {type(features).__name__}") from None
@@ -363,12 +433,14 @@ class Decider:
                 context = x
         if not np.isfinite(x).all():
             raise ValueError("features: expected finite numbers, got NaN or inf")
+        self._check_magnitude(x)
         if x.ndim == 1:  # one context: per-arm models read it directly; shared-weight models need featurize
             arms = _per_arm(self.policy)
             if self.featurize is not None:
                 x = np.asarray(self.featurize(x), dtype=np.float64)
                 if x.ndim != 2 or not np.isfinite(x).all():
                     raise ValueError(f"featurize: expected finite candidate features [K, d], got shape {list(x.shape)}")
+                self._check_magnitude(x, "featurize")
             elif arms is not None:
                 x = np.broadcast_to(x, (arms, x.shape[0]))
             else:
@@ -380,6 +452,14 @@ class Decider:
             raise ValueError(f"features: expected {len(self.feature_names)} features {self.feature_names}, got {x.shape[1]}")
         cand = torch.from_numpy(np.ascontiguousarray(x))[None]
         return cand, (context if context is not None else x.reshape(-1))
+
+    def _check_magnitude(self, x: np.ndarray, what: str = "features") -> None:
+        """``ValueError`` naming the limit when an entry of ``x`` exceeds ``feature_limit`` in size."""
+        if x.size:
+            biggest = float(np.abs(x).max())
+            if biggest > self.feature_limit:
+                raise ValueError(f"{what}: expected |value| <= {self.feature_limit:g} (the Decider's feature_limit; "
+                                 f"standardise the features or raise the limit), got {biggest:g}")
 
     def _baseline(self, baseline, K: int):
         if baseline is None:
@@ -400,6 +480,9 @@ class Decider:
             valid = torch.as_tensor(np.asarray(valid))
             if valid.dtype != torch.bool or tuple(valid.shape) != (K,):
                 raise ValueError(f"valid: expected a bool mask of the {K} actions, got {list(valid.shape)} {valid.dtype}")
+            if not bool(valid.any()):
+                raise ValueError("valid: every action is masked out; allow at least one (a decision needs an action "
+                                 "it may play)")
             valid = valid[None]
         S = self.num_draws
         with self._lock:
@@ -422,29 +505,26 @@ class Decider:
             if not isinstance(probs, list):
                 probs = probs.tolist()
             p = float(probs[action])
-            decision = Decision(str(self.next_id), action, p, math.sqrt(p * (1 - p) / S), self.model_version,
-                                tuple(probs))
+            key = str(self.next_id)
+            decision = Decision(self.public_id(self.next_id), action, p, math.sqrt(p * (1 - p) / S),
+                                self.model_version, tuple(probs))
             if self.log is not None:  # first: a failed write issues no id and leaves nothing pending
-                self.log.write_decision(decision.decision_id, action, p, decision.propensity_se, self.model_version,
+                self.log.write_decision(key, action, p, decision.propensity_se, self.model_version,
                                         context, decision.probabilities, None if base is None else int(base))
             self.next_id += 1
-            self.pending[decision.decision_id] = {"features": cand.numpy()[0, action].tolist(), "action": action}
+            self.pending[key] = {"features": cand.numpy()[0, action].tolist(), "action": action}
         return decision
 
     def feedback(self, decision_id: str, reward, constraints=None) -> bool:
         """Record the outcome of a decision; True if new, False for a duplicate (ignored).
 
-        Raises ``ValueError`` for an id this Decider never issued."""
-        decision_id = str(decision_id)
+        Raises ``ValueError`` for an id this Decider never issued (module docstring: decision ids)."""
         reward, constraints = self._outcome(reward, constraints)
         with self._lock:
+            decision_id = self._resolve(decision_id)
             entry = self.pending.pop(decision_id, None)
-            if entry is None:
-                # ids are issued in sequence: an issued id that is no longer pending has had its feedback
-                if decision_id.isdigit() and int(decision_id) < self.next_id:
-                    return False
-                raise ValueError(f"decision_id: unknown decision {decision_id!r} (this Decider issued ids "
-                                 f"'0' to '{self.next_id - 1}')")
+            if entry is None:  # an issued id that is no longer pending has had its feedback
+                return False
             if self.log is not None:
                 try:
                     self.log.write_feedback(decision_id, reward, constraints)
@@ -454,10 +534,34 @@ class Decider:
             self._queue(decision_id, entry, reward, constraints)
         return True
 
+    def public_id(self, number: int) -> str:
+        """The id a client is given for decision number ``number`` (the log's ``decision_id``):
+        ``'<number>-<32 hex digits>'`` (module docstring)."""
+        tag = hmac.new(self._id_key, str(int(number)).encode(), hashlib.sha256).hexdigest()[:32]
+        return f"{int(number)}-{tag}"
+
+    def _resolve(self, decision_id) -> str:
+        """The decision number (as the log and ``pending`` key it) of an id this Decider issued;
+        ``ValueError`` for anything else, the same message whatever exists."""
+        if isinstance(decision_id, (int, np.integer)) and not isinstance(decision_id, bool):
+            decision_id = str(int(decision_id))  # only ever a legacy plain id
+        if isinstance(decision_id, str):
+            match = _ID.fullmatch(decision_id)
+            if match is not None:
+                number = int(match.group(1))
+                # the tag is compared whatever the number, in constant time: no timing says which numbers exist
+                if hmac.compare_digest(self.public_id(number), decision_id) and number < self.next_id:
+                    return match.group(1)
+            elif (self._legacy_below and decision_id.isdigit() and str(int(decision_id)) == decision_id
+                  and int(decision_id) < self._legacy_below):
+                return decision_id
+        raise ValueError(f"decision_id: unknown decision {_shown(decision_id)}: not an id this Decider issued "
+                         "(expected the decision_id a decision returned, '<number>-<32 hex digits>')")
+
     def _outcome(self, reward, constraints) -> tuple[float, list[float] | None]:
         """One outcome checked and coerced (``feedback`` and ``feedback_many``): the reward a finite
         float, the constraints one finite float per constraint metric of the policy (None without)."""
-        reward = _finite(reward, "reward")
+        reward = self._bounded(_finite(reward, "reward"), "reward", 0)
         C = int(getattr(self.policy, "num_constraints", 0))
         if C:
             if constraints is None:
@@ -465,13 +569,27 @@ class Decider:
             if type(constraints) in (list, tuple) and len(constraints) == C and all(type(v) is float for v in constraints):
                 values = constraints  # C Python floats (the common case): what the array below would hold
             else:
-                values = np.atleast_1d(np.asarray(constraints, dtype=object))
-                if values.shape != (C,):
-                    raise ValueError(f"constraints: expected {C} value(s), got {list(np.atleast_1d(constraints))}")
-            return reward, [_finite(v, f"constraints[{i}]") for i, v in enumerate(values)]
-        if constraints is not None and len(np.atleast_1d(constraints)):
+                try:
+                    values = np.atleast_1d(np.asarray(constraints, dtype=object))
+                except (TypeError, ValueError):
+                    values = None
+                if values is None or values.shape != (C,):
+                    raise ValueError(f"constraints: expected {C} value(s), got {_shown(constraints)}")
+            return reward, [self._bounded(_finite(v, f"constraints[{i}]"), f"constraints[{i}]", i + 1)
+                            for i, v in enumerate(values)]
+        if constraints is not None and (not isinstance(constraints, (list, tuple, np.ndarray)) or len(constraints)):
             raise ValueError("constraints: this policy learns no constraint metric; leave constraints out")
         return reward, None
+
+    def _bounded(self, value: float, what: str, metric: int) -> float:
+        """``value`` if within the outcome limit (and 0 / 1 for a binary metric), else ``ValueError``."""
+        if self._binary[metric] if metric < len(self._binary) else False:
+            if value != 0.0 and value != 1.0:
+                raise ValueError(f"{what}: expected 0 or 1 (its model learns binary outcomes), got {value:g}")
+        elif abs(value) > self.outcome_limit:
+            raise ValueError(f"{what}: expected |value| <= {self.outcome_limit:g} (the Decider's outcome_limit; raise "
+                             f"it for outcomes in larger units), got {value:g}")
+        return value
 
     def feedback_many(self, rows, *, check_only: bool = False) -> list[bool]:
         """Record many outcomes at once, all or nothing: ``rows`` of ``(decision_id, reward,
@@ -490,23 +608,23 @@ class Decider:
             except (TypeError, ValueError):
                 problems.append((i, "", "expected (decision_id, reward, constraints)"))
                 continue
-            decision_id = str(decision_id)
             try:
                 reward, constraints = self._outcome(reward, constraints)
             except (TypeError, ValueError) as exc:
-                problems.append((i, decision_id, str(exc)))
+                problems.append((i, str(decision_id)[:80], str(exc)))
                 continue
             checked.append((i, decision_id, reward, constraints))
         with self._lock:
             new, seen = [], set()
             for i, decision_id, reward, constraints in checked:
-                if decision_id in self.pending:
-                    if decision_id not in seen:
-                        seen.add(decision_id)
-                        new.append((i, decision_id, reward, constraints))
-                elif not (decision_id.isdigit() and int(decision_id) < self.next_id):
-                    problems.append((i, decision_id, (f"decision_id: unknown decision {decision_id!r} (this Decider "
-                                                      f"issued ids '0' to '{self.next_id - 1}')")))
+                try:
+                    key = self._resolve(decision_id)
+                except ValueError as exc:
+                    problems.append((i, str(decision_id)[:80], str(exc)))
+                    continue
+                if key in self.pending and key not in seen:
+                    seen.add(key)
+                    new.append((i, key, reward, constraints))
             if problems:
                 raise FeedbackRowsError(sorted(problems))
             if check_only:
@@ -629,7 +747,9 @@ class Decider:
                     "num_draws": self.num_draws, "update_every": self.update_every, "seed": self.seed,
                     "model_version": self.model_version, "next_id": self.next_id, "pending": self.pending,
                     "queued": self.queued,
-                    "generator": base64.b64encode(self._generator.get_state().numpy().tobytes()).decode()}
+                    "generator": base64.b64encode(self._generator.get_state().numpy().tobytes()).decode(),
+                    "id_key": base64.b64encode(self._id_key).decode(), "legacy_below": self._legacy_below,
+                    "feature_limit": self.feature_limit, "outcome_limit": self.outcome_limit}
             with atomic_output_dir(directory, replace=True) as out:
                 save_state(self.policy, out / "policy")
                 (out / "decider.json").write_text(json.dumps(meta))
@@ -655,6 +775,8 @@ class Decider:
             raise StateError(f"{meta_path}: missing; expected a directory written by Decider.save") from None
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise StateError(f"{meta_path}: not JSON ({exc})") from None
+        except RecursionError:
+            raise StateError(f"{meta_path}: not a Decider state (JSON nested too deep)") from None
         if not isinstance(meta, dict) or meta.get("format") != FORMAT:
             raise StateError(f"{meta_path}: not a Decider state (format {FORMAT!r})")
         if meta.get("version") != VERSION:
@@ -671,6 +793,14 @@ class Decider:
             if decider_id is not None and not isinstance(decider_id, str):
                 raise TypeError(f"decider_id {decider_id!r} is not a string")
             generator = torch.from_numpy(np.frombuffer(base64.b64decode(meta["generator"]), dtype=np.uint8).copy())
+            id_key = meta.get("id_key")  # None: saved before ids were signed (they were '0', '1', ...)
+            if id_key is not None:
+                id_key = base64.b64decode(id_key, validate=True)
+                if len(id_key) != 32:
+                    raise ValueError(f"id_key of {len(id_key)} bytes, expected 32")
+            legacy_below = int(meta.get("legacy_below", next_id if id_key is None else 0))
+            limits = {k: meta[k] for k in ("feature_limit", "outcome_limit") if k in meta}
+            _check_bookkeeping(next_id, model_version, legacy_below, pending, queued)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise StateError(f"{meta_path}: malformed Decider state ({type(exc).__name__}: {exc})") from None
         opened = None
@@ -689,8 +819,16 @@ class Decider:
             policy = load_state(directory / "policy", allow_imports=allow_imports)
             try:
                 out = cls(policy, feature_names=meta["feature_names"], num_draws=meta["num_draws"],
-                          update_every=meta["update_every"], featurize=featurize, seed=meta["seed"])
+                          update_every=meta["update_every"], featurize=featurize, seed=meta["seed"], **limits)
+                dims = {getattr(m, "dim", None) for m in policy.models().values()} - {None}
+                for key, entry in [*pending.items(), *((q["decision_id"], q) for q in queued)]:
+                    if dims and len(entry["features"]) not in dims:
+                        raise ValueError(f"decision {key!r} holds {len(entry['features'])} features; the policy's "
+                                         f"models take {sorted(dims)}")
                 out.model_version, out.next_id, out.pending, out.queued = model_version, next_id, pending, queued
+                out._legacy_below = legacy_below
+                if id_key is not None:
+                    out._id_key = id_key
                 out._generator.set_state(generator)
             except (KeyError, TypeError, ValueError, RuntimeError) as exc:
                 raise StateError(f"{meta_path}: malformed Decider state ({type(exc).__name__}: {exc})") from None
