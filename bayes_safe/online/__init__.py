@@ -9,10 +9,10 @@ SQLite and reads back as ``bayes_safe.offline.LoggedData`` or obp's ``bandit_fee
 served TS-ASC's alpha from its decision log with ``bayes_safe.tuning.Study``.
 """
 
-from .decider import Decider, Decision
+from .decider import Decider, Decision, FeedbackRowsError
 from .log import DecisionLog
 
-__all__ = ["Decider", "Decision", "DecisionLog"]
+__all__ = ["Decider", "Decision", "DecisionLog", "FeedbackRowsError"]
 
 
 def __getattr__(name: str):
