@@ -460,6 +460,42 @@ API_CASES += [
 ]
 
 
+# --- the Decider's boundary (issue 28): ids, limits, masks (the HTTP service maps these to 422 / 404)
+def _decider(**kwargs):
+    from bayes_safe.online import Decider
+
+    prior = dist.Normal(torch.zeros(D, dtype=F64), 1.0).to_event(1)
+    return Decider(TSASC(BayesianLinear(prior, noise_std=1.0), [BayesianLinear(prior, likelihood="probit")], alpha=0.2),
+                   **{"num_draws": 8} | kwargs)
+
+
+def _decided(reward=1.0, constraints=(0.0,), decision_id=None):
+    def run():
+        decider = _decider()
+        d = decider.decide(np.eye(D), baseline=0)
+        decider.feedback(d.decision_id if decision_id is None else decision_id, reward, list(constraints))
+    return run
+
+
+API_CASES += [
+    _c("decider-num-draws-huge", lambda: _decider(num_draws=10**12), ValueError, "num_draws"),
+    _c("decider-feature-limit-zero", lambda: _decider(feature_limit=0.0), ValueError, "feature_limit"),
+    _c("decider-outcome-limit-nan", lambda: _decider(outcome_limit=math.nan), ValueError, "outcome_limit"),
+    _c("decider-feature-over-limit", lambda: _decider().decide(np.eye(D) * 1e200, baseline=0), ValueError,
+       "features: expected \\|value\\| <= 1e\\+06"),
+    _c("decider-feature-huge-int", lambda: _decider().decide([[10**400] * D] * 2, baseline=0), ValueError, "features"),
+    _c("decider-valid-all-false", lambda: _decider().decide(np.eye(D), baseline=0, valid=[False] * D), ValueError,
+       "valid: every action is masked out"),
+    _c("decider-reward-over-limit", _decided(reward=1e300), ValueError, "reward: expected \\|value\\| <= 1e\\+06"),
+    _c("decider-reward-huge-int", _decided(reward=10**400), ValueError, "reward: expected a finite number"),
+    _c("decider-binary-constraint", _decided(constraints=(0.5,)), ValueError, "constraints\\[0\\]: expected 0 or 1"),
+    _c("decider-id-plain-number", _decided(decision_id="0"), ValueError, "decision_id: unknown decision"),
+    _c("decider-id-leading-zero", _decided(decision_id="00-" + "0" * 32), ValueError, "decision_id: unknown decision"),
+    _c("decider-id-forged-tag", _decided(decision_id="0-" + "a" * 32), ValueError, "decision_id: unknown decision"),
+    _c("decider-id-not-a-string", _decided(decision_id=["0"]), ValueError, "decision_id: unknown decision"),
+]
+
+
 @pytest.mark.parametrize("fn, exc, match", API_CASES)
 def test_api_bad_input(fn, exc, match):
     with pytest.raises(exc, match=match):
