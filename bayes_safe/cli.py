@@ -134,6 +134,22 @@ def _build_parser() -> argparse.ArgumentParser:
                      help="the decision log (SQLite; default STATE_DIR.log.sqlite beside STATE_DIR)")
     srv.add_argument("--snapshot-every", type=positive_float, default=60.0, metavar="SECONDS",
                      help="save the Decider to STATE_DIR this often when it changed (default 60), and on shutdown")
+    srv.add_argument("--token-file", default=None, metavar="PATH",
+                     help="bearer tokens and their roles, one 'TOKEN ROLE[,ROLE...]' a line (roles decide, feedback, "
+                          "read, all; default: the file $BAYES_SAFE_TOKEN_FILE names; without tokens only a loopback "
+                          "--host is served; docs/security.md)")
+    srv.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
+                     help="a Host name clients may use besides localhost, 127.0.0.1, [::1] and --host (a reverse "
+                          "proxy's name); repeatable")
+    srv.add_argument("--allowed-origin", action="append", default=[], metavar="ORIGIN",
+                     help="a web page origin (https://app.example.com) whose requests are served; repeatable "
+                          "(default none: any request with an Origin header is refused)")
+    srv.add_argument("--max-body-bytes", type=positive_int, default=1 << 20, metavar="N",
+                     help="refuse request bodies over N bytes (413; default 1048576)")
+    srv.add_argument("--max-candidates", type=positive_int, default=1000, metavar="N",
+                     help="refuse a /decide with more than N candidate actions (413; default 1000)")
+    srv.add_argument("--max-feedback-items", type=positive_int, default=10_000, metavar="N",
+                     help="refuse a /feedback list of more than N items (413; default 10000)")
     _add_debug(srv)
 
     fb = sub.add_parser("feedback", help="apply a table of outcomes (CSV or Parquet, joined on decision ids) to a "
@@ -148,6 +164,10 @@ def _build_parser() -> argparse.ArgumentParser:
     fb.add_argument("--url", default=None, metavar="URL",
                     help="send the table to the running `bayes-safe serve` at URL (one POST /feedback) instead; "
                          "without it, a state being served is refused")
+    fb.add_argument("--token-file", default=None, metavar="PATH",
+                    help="with --url: the token to send (a file holding it, or the service's token file: its first "
+                         "token with the feedback role); default $BAYES_SAFE_TOKEN, else the file $BAYES_SAFE_TOKEN_FILE "
+                         "names")
     _add_debug(fb)
 
     try:
@@ -289,6 +309,9 @@ def _simulate(args) -> int:
         kwargs = {"replications": args.replications, "seed": args.seed}
         if args.alpha is not None and args.problem == "daulton2019":
             kwargs["alpha"] = args.alpha
+        # the sizes from a one-replication copy: the real problem allocates [R, ...] tensors as it is built
+        probe = make_problem(args.problem, **{**kwargs, "replications": 1})
+        _check_memory(args, probe.num_arms, probe.dim, probe.num_metrics, len(getattr(probe, "constraints", ()) or ()))
         env = make_problem(args.problem, **kwargs)
         policy = make_policy(args.policy, env, ridge=args.ridge, alpha=args.alpha)
         num_metrics = env.num_metrics
@@ -296,6 +319,7 @@ def _simulate(args) -> int:
         source = "ridge" if policy.models() else "none"
     models = _model_descriptions(policy, metric_names)
     trace_bytes = _trace_bytes(args.horizon, args.replications, num_metrics, len(getattr(env, "constraints", ()) or ()))
+    _clear_leftovers(args.out)  # a killed run's scratch directories, before this run's work
     steps_bytes = args.horizon * 120
     with _writing(args.out):  # before the run: a full disk fails now, not after it
         check_free_space(args.out, trace_bytes + steps_bytes + 1_000_000, what="run",
@@ -328,6 +352,37 @@ def _simulate(args) -> int:
     print(_models_line(source, models, env))
     print(f"wrote {args.out}/trace.nc, steps.csv, summary.json, regret.png, models/")
     return 0
+
+
+def _clear_leftovers(out) -> None:
+    """Remove the scratch directories a killed run left beside ``out`` (``bayes_safe.io.clear_stale_scratch``:
+    those of dead processes only), so leftovers never accumulate even when no run reaches its write."""
+    from .io import clear_stale_scratch
+
+    with contextlib.suppress(OSError):
+        clear_stale_scratch(out)
+
+
+def _gigabytes(n: int) -> str:
+    return f"{n / 1e9:,.1f} GB" if n >= 1e8 else f"{n / 1e6:,.0f} MB"
+
+
+def _check_memory(args, num_arms: int, dim: int, num_metrics: int, num_constraints: int) -> None:
+    """Refuse (``UsageError``, before anything is allocated) a simulation whose tensors cannot fit in
+    the memory available (``bayes_safe.simulation.estimate_simulation_bytes``: the trace's
+    ``[T, R, ...]`` tensors, the trace's file built in memory, the run's per-replication state)."""
+    from .simulation import available_memory_bytes, estimate_simulation_bytes
+
+    need = estimate_simulation_bytes(args.horizon, args.replications, num_arms, dim, num_metrics, num_constraints)
+    free = available_memory_bytes()
+    if free is None or need["total"] <= free:
+        return
+    option = "--replications" if args.replications >= args.horizon else "--horizon"
+    raise UsageError(
+        f"{option}: a simulation of {args.replications:,} replications (--replications) x {args.horizon:,} steps "
+        f"(--horizon) needs about {_gigabytes(need['total'])} of memory (the trace {_gigabytes(need['trace'])}, its "
+        f"file built in memory {_gigabytes(need['output'])}, the run {_gigabytes(need['run'])}), and "
+        f"{_gigabytes(free)} is available; lower --replications or --horizon (the trace grows with their product)")
 
 
 #: the policies ``simulate --problem module:Class`` builds (the others need a built-in problem's true parameters)
@@ -388,6 +443,7 @@ def _own_problem(args):
         problem.replications = args.replications
     except AttributeError:
         raise UsageError(f"--replications: {name}.replications cannot be set") from None
+    _check_own_memory(problem, args)  # before the models of --replications replications exist
     own = _declared_models(problem, args.replications)
     if own is not None and args.ridge is not None:
         raise UsageError(f"--ridge: {name} declares its own models ({name}.models); --ridge sets the prior of the "
@@ -416,6 +472,22 @@ def _own_problem(args):
                    metric_names=[names[0], *(names[m] for m in guarded)],
                    fallback=getattr(problem, "fallback", "safest"))
     return problem, policy, source
+
+
+def _check_own_memory(problem, args) -> None:
+    """``_check_memory`` for a user's problem: its arms and feature width from one probe unit (a
+    probe that fails is left to the checks that follow, which name the problem)."""
+    import torch
+
+    try:
+        units = problem.draw(1, torch.Generator().manual_seed(0))
+        shape = tuple(units.features.shape)
+    except Exception:  # noqa: BLE001 - reported by _ProblemShape / simulate with the problem's name
+        return
+    if len(shape) != 3:
+        return
+    _check_memory(args, int(shape[1]), int(shape[2]), len(problem.metric_names),
+                  len(getattr(problem, "constraints", ()) or ()))
 
 
 def _declared_models(problem, replications: int):
@@ -473,7 +545,10 @@ def _run(args) -> int:
     if args.command == "serve":
         from .online.serve import serve
 
-        return serve(args.state_dir, host=args.host, port=args.port, log=args.log, snapshot_every=args.snapshot_every)
+        return serve(args.state_dir, host=args.host, port=args.port, log=args.log, snapshot_every=args.snapshot_every,
+                     token_file=args.token_file, allowed_hosts=args.allowed_host, allowed_origins=args.allowed_origin,
+                     max_body_bytes=args.max_body_bytes, max_candidates=args.max_candidates,
+                     max_feedback_items=args.max_feedback_items)
     if args.command == "feedback":
         return _feedback(args)
     raise AssertionError(f"unknown command {args.command!r}")  # pragma: no cover - argparse requires one
@@ -484,7 +559,9 @@ def _feedback(args) -> int:
 
     if args.url is not None and args.log is not None:
         raise UsageError("--log: with --url the running service writes its own log; give one of them")
-    out = apply_outcomes(args.state_dir, args.source, log=args.log, url=args.url)
+    if args.url is None and args.token_file is not None:
+        raise UsageError("--token-file: only with --url (the token is sent to the service)")
+    out = apply_outcomes(args.state_dir, args.source, log=args.log, url=args.url, token_file=args.token_file)
     line = (f"{args.source}: {out['rows']} rows, {out['applied']} applied, {out['duplicates']} already had feedback "
             "(ignored)")
     if args.url is not None:

@@ -28,7 +28,11 @@ replays them, exactly once.
 lock, so it refuses to touch a state that is being served (two writers of one state and log
 would lose updates) and a service cannot start on it meanwhile; with ``--url`` it sends the table
 to the running service instead, as one ``POST /feedback`` with the list (all or nothing there
-too; the state is read only for the policy's metric names).
+too; the state is read only for the policy's metric names). A service with tokens needs one with
+the ``feedback`` role: ``--token-file PATH``, else the environment variable ``BAYES_SAFE_TOKEN``,
+else the file ``BAYES_SAFE_TOKEN_FILE`` names (``bayes_safe.online.auth.client_token``). A table
+of more rows than the service takes in one request (``--max-feedback-items``,
+``--max-body-bytes``) is refused whole, with a message saying so.
 """
 
 from __future__ import annotations
@@ -154,17 +158,18 @@ def _refusal(path: Path, problems) -> ValueError:
     return ValueError(f"--from: {path.name}: {len(problems)} bad row(s), nothing applied: {shown}")
 
 
-def apply_outcomes(state_dir, source, *, log=None, url: str | None = None) -> dict:
+def apply_outcomes(state_dir, source, *, log=None, url: str | None = None, token_file=None) -> dict:
     """Apply the outcomes table ``source`` to the Decider state ``state_dir`` and its log (module
-    docstring), or send it to the service at ``url``. Returns ``{"rows", "applied", "duplicates",
-    "model_version", "pending"}`` (the last two None with ``url``)."""
+    docstring), or send it to the service at ``url`` (with the token of ``token_file``, or of the
+    environment: module docstring). Returns ``{"rows", "applied", "duplicates", "model_version",
+    "pending"}`` (the last two None with ``url``)."""
     source = Path(source)
     if not source.is_file():  # before the state and its log are opened
         raise FileNotFoundError(f"--from: no such file {str(source)!r}")
     if source.suffix.lower() not in (".csv", ".txt", ".parquet"):
         raise ValueError(f"--from: expected a .csv or .parquet file, got {source.name!r}")
     if url is not None:
-        return _post(state_dir, source, url)
+        return _post(state_dir, source, url, token_file)
     from .decider import FeedbackRowsError
     from .serve import Service
 
@@ -188,11 +193,14 @@ def apply_outcomes(state_dir, source, *, log=None, url: str | None = None) -> di
         service.close()
 
 
-def _post(state_dir, source: Path, url: str) -> dict:
+def _post(state_dir, source: Path, url: str, token_file=None) -> dict:
     from .._extras import require
+    from .auth import client_token
     from .decider import Decider
 
     httpx = require("httpx", "bayes-safe feedback --url")
+    token = client_token(token_file, "feedback")  # before any work: a bad token file is named at once
+    headers = {"content-type": "application/json"} | ({"authorization": f"Bearer {token}"} if token else {})
     policy = Decider.load(state_dir).policy  # read only: the column names
     rows, problems = read_outcomes(source, policy)
     if problems:
@@ -202,9 +210,12 @@ def _post(state_dir, source: Path, url: str) -> dict:
                 "log": None}
     body = [{"decision_id": k, "reward": r, **({"constraints": c} if c is not None else {})} for _, k, r, c in rows]
     try:
-        response = httpx.post(url.rstrip("/") + "/feedback", json=body, timeout=600)
+        response = httpx.post(url.rstrip("/") + "/feedback", content=json.dumps(body).encode(), headers=headers,
+                              timeout=600)
     except httpx.HTTPError as exc:
-        raise ValueError(f"--url: cannot reach {url} ({type(exc).__name__}: {exc})") from None
+        size = f"; the table's {len(rows)} rows may be more than the service takes in one request " \
+            "(--max-body-bytes, default 1 MiB): split it" if len(body) > 1000 else ""
+        raise ValueError(f"--url: cannot reach {url} ({type(exc).__name__}: {exc}){size}") from None
     try:
         answer = response.json()
     except ValueError:
@@ -213,6 +224,15 @@ def _post(state_dir, source: Path, url: str) -> dict:
         errors = answer.get("errors") if isinstance(answer, dict) else None
         if errors:
             raise _refusal(source, [(rows[e["index"]][0], e.get("decision_id") or "", e["detail"]) for e in errors])
-        raise ValueError(f"--url: the service refused the table ({response.status_code}): {answer.get('detail')}")
+        detail = answer.get("detail") if isinstance(answer, dict) else answer
+        if response.status_code == 401:
+            raise ValueError(f"--token-file: the service at {url} refused the token ({detail}); give a token with the "
+                             "feedback role (--token-file PATH, or BAYES_SAFE_TOKEN)")
+        if response.status_code == 403:
+            raise ValueError(f"--token-file: the service at {url} refused the request ({detail})")
+        if response.status_code == 413:
+            raise ValueError(f"--from: {source.name}: {len(rows)} rows are more than the service takes in one request "
+                             f"({detail}); split the table (re-sending rows is harmless) or raise the service's limit")
+        raise ValueError(f"--url: the service refused the table ({response.status_code}): {detail}")
     return {"rows": len(rows), "applied": int(answer["applied"]), "duplicates": int(answer["duplicates"]),
             "model_version": None, "pending": None, "recovered": None, "log": None}

@@ -1,6 +1,8 @@
 """The HTTP service: a saved ``Decider`` behind FastAPI, snapshotted, crash-safe through its log.
 
     bayes-safe serve STATE_DIR [--host 127.0.0.1] [--port 8080] [--log PATH] [--snapshot-every SECONDS]
+                     [--token-file PATH] [--allowed-host NAME ...] [--allowed-origin ORIGIN ...]
+                     [--max-body-bytes N] [--max-candidates N] [--max-feedback-items N]
 
 ``STATE_DIR`` is a directory written by ``Decider.save``. Endpoints (JSON in, JSON out):
 
@@ -16,15 +18,28 @@
   with any bad item is a 422 whose ``errors`` name every bad item (``index``, ``decision_id``,
   ``detail``), unknown ids among them, and nothing is applied. ``bayes-safe feedback`` applies a
   table of outcomes the same way (``bayes_safe.online.bulk``);
-* ``GET /health``: ``{"status": "ok", ...}``;
+* ``GET /health``: 200 ``{"status": "ok", ...}``, or 503 ``{"status": "degraded", "problems":
+  [...]}`` when the last write to the decision log failed, the last snapshot failed, or changes
+  have waited more than ``STALE_INTERVALS`` snapshot intervals; open to all, but the counts only
+  for a caller with a token when the service has tokens;
 * ``GET /posterior``: ``model_version``, ``decisions``, ``pending``, ``queued`` and, per model
   role, the posterior ``mean`` and ``sd`` of models that have them;
 * ``GET /metrics``: the Prometheus text format (prometheus-client, a registry per app):
   counters and gauges of the Decider and live guardrail estimates from the log
   (``bayes_safe.online.metrics``).
 
-Bad input is a 422 whose ``detail`` names the field (``reward: expected a finite number ...``);
-an unexpected failure is a 500 whose ``detail`` says what failed (never a bare 500). The
+Bad input is a 422 whose ``detail`` names the field (``reward: expected a finite number ...``),
+JSON nested deeper than ``MAX_DEPTH`` and integers no float holds included; a decision or
+feedback whose log write fails (a full disk) is a 503 saying so, with nothing recorded; an
+unexpected failure is a 500 whose ``detail`` says what failed (never a bare 500).
+
+**Who may ask** (``Gate``, ``bayes_safe.online.auth``; docs/security.md): before any work, every
+request passes the ``Host`` check (421), the ``Origin`` check (403), the bearer token's role
+(``decide``, ``feedback``, ``read``; 401 / 403) when the service has tokens, a JSON content type
+for a POST (415) and the body limit (413; a declared ``Content-Length`` over it refused before a
+byte is read, a chunked body cut off as it passes it). ``/decide`` takes at most
+``--max-candidates`` candidates and a ``/feedback`` list at most ``--max-feedback-items`` items
+(413). Without tokens the service listens on loopback addresses only. The
 request and response bodies are documented as pydantic models (``schemas()``) in the OpenAPI
 document (``/openapi.json``, ``/docs``); the bodies themselves are parsed once, by hand
 (``parse_decide``, ``parse_feedback``), for these messages and for speed, and not validated
@@ -79,10 +94,15 @@ snapshot replaces ``STATE_DIR`` as a whole). Nothing read from either executes c
 """
 
 import contextlib
+import functools
+import ipaddress
 import json
 import math
+import os
+import re
 import signal
 import socket
+import sqlite3
 import sys
 import threading
 import time
@@ -90,12 +110,23 @@ from pathlib import Path
 
 from .._extras import require
 
-__all__ = ["BadRequest", "Service", "StateInUse", "create_app", "default_log_path", "fast_asgi", "recover", "schemas",
-           "serve", "state_lock_path"]
+__all__ = ["BadRequest", "Gate", "Refusal", "Service", "StateInUse", "create_app", "default_log_path", "fast_asgi",
+           "recover", "schemas", "serve", "state_lock_path"]
+
+#: the defaults of ``--max-body-bytes``, ``--max-candidates``, ``--max-feedback-items``
+MAX_BODY_BYTES = 1 << 20
+MAX_CANDIDATES = 1000
+MAX_FEEDBACK_ITEMS = 10_000
+#: JSON nested deeper than this is refused (422) before it is parsed (a /decide body needs 3 levels)
+MAX_DEPTH = 32
+#: /health reports the snapshot stale when changes have waited this many snapshot intervals
+STALE_INTERVALS = 3
+_FLOAT_MAX = 1.7976931348623157e308
 
 
 class BadRequest(ValueError):
-    """Input a client must fix; ``status`` 422 (or 404 for an unknown decision); ``errors``: for a
+    """A request the service refuses: ``status`` 422 for input a client must fix (404 for an unknown
+    decision, 413 over a limit, 503 when the decision log could not be written); ``errors``: for a
     list of feedback, every bad item as ``{"index", "decision_id", "detail"}``."""
 
     def __init__(self, message: str, status: int = 422, errors: list | None = None):
@@ -128,14 +159,57 @@ def recover(decider) -> dict:
 
 # ---------------------------------------------------------------------------------- validation
 def _is_number(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
+    """A JSON number that converts to a float (an integer of hundreds of digits does not)."""
+    t = type(v)
+    return t is float or (t is int and -_FLOAT_MAX <= v <= _FLOAT_MAX)
+
+
+def _not_number(v, what: str) -> BadRequest:
+    if type(v) is int:  # too large for a float
+        return BadRequest(f"{what}: expected a number within the float range (about 1.8e308), got an integer of "
+                          f"{len(str(abs(v)))} digits")
+    return BadRequest(f"{what}: expected a number, got {json.dumps(v)[:60]}")
+
+
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+_NOT_BRACKETS = bytes(c for c in range(256) if c not in b"[]{}")
+_STEP = bytes(1 if c in b"[{" else 255 for c in range(256))  # +1 for an opening bracket, -1 (as int8) for a closing one
+
+
+def _check_depth(body: bytes, limit: int = MAX_DEPTH) -> None:
+    """``BadRequest`` when the JSON text ``body`` nests arrays and objects deeper than ``limit``:
+    the running count of its brackets outside strings (C and numpy passes, about 0.1 ms for a
+    thousand candidates; only when there are more than ``limit`` opening brackets)."""
+    if body.count(b"[") + body.count(b"{") <= limit:
+        return
+    import numpy as np
+
+    if b'"' in body:  # the strings out (without a backslash, no string holds a quote: every other piece is one)
+        body = b"".join(body.split(b'"')[::2]) if b"\\" not in body else _STRING.sub(b"", body)
+    skeleton = body.translate(None, _NOT_BRACKETS)
+    steps = np.frombuffer(skeleton.translate(_STEP), dtype=np.int8)
+    if steps.size and int(np.cumsum(steps, dtype=np.int32).max()) > limit:
+        raise BadRequest(f"body: JSON nested deeper than {limit} levels")
+
+
+def _loads(body: bytes):
+    """The JSON value of ``body``; ``BadRequest`` (422) for text that is not JSON, nests deeper than
+    ``MAX_DEPTH`` or holds an integer of more digits than Python converts (4300)."""
+    if isinstance(body, str):
+        body = body.encode("utf-8", "surrogatepass")
+    _check_depth(body)
+    try:
+        return json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BadRequest(f"body: not JSON ({exc})") from None
+    except ValueError as exc:  # an integer of more than sys.get_int_max_str_digits() digits
+        raise BadRequest(f"body: a number too large ({exc})") from None
+    except RecursionError:  # (the depth check comes first: a backstop)
+        raise BadRequest(f"body: JSON nested deeper than {MAX_DEPTH} levels") from None
 
 
 def _object(body: bytes, allowed: tuple[str, ...]) -> dict:
-    try:
-        payload = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise BadRequest(f"body: not JSON ({exc})") from None
+    payload = _loads(body)
     if not isinstance(payload, dict):
         raise BadRequest(f"body: expected a JSON object with fields {list(allowed)}, got {type(payload).__name__}")
     extra = [k for k in payload if k not in allowed]
@@ -149,12 +223,13 @@ def _numbers(row, what: str) -> list:
         raise BadRequest(f"{what}: expected a list of numbers, got {json.dumps(row)[:60]}")
     for j, v in enumerate(row):
         if not _is_number(v):
-            raise BadRequest(f"{what}[{j}]: expected a number, got {json.dumps(v)[:60]}")
+            raise _not_number(v, f"{what}[{j}]")
     return row
 
 
-def parse_decide(body: bytes) -> dict:
-    """The arguments of ``Decider.decide`` from a ``/decide`` body (``BadRequest`` on bad input)."""
+def parse_decide(body: bytes, max_candidates: int = MAX_CANDIDATES) -> dict:
+    """The arguments of ``Decider.decide`` from a ``/decide`` body (``BadRequest`` on bad input; 413
+    for more than ``max_candidates`` candidates)."""
     import numpy as np
 
     payload = _object(body, ("features", "context", "baseline", "valid"))
@@ -172,17 +247,20 @@ def parse_decide(body: bytes) -> dict:
         if isinstance(value, dict):
             for k, v in value.items():
                 if not _is_number(v):
-                    raise BadRequest(f"context[{k!r}]: expected a number, got {json.dumps(v)[:60]}")
+                    raise _not_number(v, f"context[{k!r}]")
     else:
         field, value = "features", payload["features"]
         if not isinstance(value, list) or not value:
             raise BadRequest(f"features: expected a non-empty list (one entry per candidate action), got "
                              f"{json.dumps(value)[:60]}")
+        if len(value) > max_candidates:
+            raise BadRequest(f"features: {len(value)} candidates, more than the limit of {max_candidates} "
+                             "(bayes-safe serve --max-candidates)", status=413)
         if all(isinstance(r, dict) for r in value):
             for i, r in enumerate(value):
                 for k, v in r.items():
                     if not _is_number(v):
-                        raise BadRequest(f"features[{i}][{k!r}]: expected a number, got {json.dumps(v)[:60]}")
+                        raise _not_number(v, f"features[{i}][{k!r}]")
             features = value
         else:
             rows = [_numbers(r, f"features[{i}]") for i, r in enumerate(value)]
@@ -216,7 +294,7 @@ def _feedback_item(payload, where: str = "") -> dict:
         raise BadRequest(f"decision_id: expected the id /decide returned (a string), got {json.dumps(decision_id)[:60]}")
     reward = payload["reward"]
     if not _is_number(reward):
-        raise BadRequest(f"reward: expected a number, got {json.dumps(reward)[:60]}")
+        raise _not_number(reward, "reward")
     constraints = payload.get("constraints")
     if constraints is not None:
         _numbers(constraints, "constraints")
@@ -233,16 +311,17 @@ def _row_errors(problems, what: str = "feedback item") -> BadRequest:
                       errors=[{"index": i, "decision_id": k or None, "detail": m} for i, k, m in problems])
 
 
-def parse_feedback(body: bytes) -> dict:
+def parse_feedback(body: bytes, max_items: int = MAX_FEEDBACK_ITEMS) -> dict:
     """The arguments of ``Decider.feedback`` from a ``/feedback`` body: one object, or a list of
-    them (``{"many": [...]}``, every bad item named at once; ``BadRequest`` on bad input)."""
-    try:
-        payload = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise BadRequest(f"body: not JSON ({exc})") from None
+    them (``{"many": [...]}``, every bad item named at once; ``BadRequest`` on bad input, 413 for
+    a list of more than ``max_items``)."""
+    payload = _loads(body)
     if isinstance(payload, list):
         if not payload:
             raise BadRequest("body: expected a feedback object or a non-empty list of them, got []")
+        if len(payload) > max_items:
+            raise BadRequest(f"body: {len(payload)} feedback items, more than the limit of {max_items} per request "
+                             "(bayes-safe serve --max-feedback-items): send them in parts", status=413)
         items, problems = [], []
         for i, obj in enumerate(payload):
             try:
@@ -290,6 +369,8 @@ class Service:
         self.started = time.time()
         self.last_snapshot: float | None = None
         self.snapshot_error: Exception | None = None  # of the last snapshot; None once one succeeds
+        self.log_error: str | None = None  # of the last decision or feedback write; None once one succeeds
+        self._changed_since: float | None = None  # the first change after the last snapshot
         # the bookkeeping at the last snapshot: next_id and next_id - pending (the feedback count) only
         # grow, so any decision or feedback changes it
         self._saved = None
@@ -332,6 +413,10 @@ class Service:
             if args["field"] == "context" and message.startswith("features"):
                 message = "context" + message[len("features"):]
             raise BadRequest(message) from None
+        except (sqlite3.Error, OSError) as exc:  # the log write failed: no id issued, nothing pending
+            raise self._log_failed(exc) from None
+        else:
+            self._changed()
         finally:
             self.lock.release()
         return {"decision_id": decision.decision_id, "action": decision.action, "propensity": decision.propensity,
@@ -374,6 +459,10 @@ class Service:
             self.bad_feedback += 1
             message = str(exc)
             raise BadRequest(message, status=404 if message.startswith("decision_id: unknown") else 422) from None
+        except (sqlite3.Error, OSError) as exc:  # the log write failed: nothing recorded, still pending
+            raise self._log_failed(exc) from None
+        else:
+            self._changed()
         finally:
             self.lock.release()
         if "many" in args:
@@ -381,12 +470,49 @@ class Service:
             return {"accepted": accepted, "applied": applied, "duplicates": len(accepted) - applied}
         return {"accepted": accepted}
 
-    def health(self) -> dict:
+    def _changed(self) -> None:
+        """A decision or feedback was logged (under the lock): the log is writable, the snapshot behind."""
+        self.log_error = None
+        if self._changed_since is None:
+            self._changed_since = time.time()
+
+    def _log_failed(self, exc: BaseException) -> BadRequest:
+        """A 503 for a decision or feedback whose log write failed (kept for /health)."""
+        self.log_error = f"{type(exc).__name__}: {exc}"
+        print(f"bayes-safe serve: the decision log could not be written: {self.log_error}", file=sys.stderr, flush=True)
+        return BadRequest(f"the decision log could not be written ({self.log_error}); nothing was recorded: retry "
+                          "later", status=503)
+
+    def problems(self, snapshot_every: float | None = None, detailed: bool = True) -> list[str]:
+        """What makes the service unhealthy: the last log write failed; the last snapshot failed; or
+        changes have waited more than ``STALE_INTERVALS`` snapshot intervals. ``detailed``: with the
+        error messages (which name files)."""
+        out = []
+        if self.log_error is not None:
+            out.append("decision log: the last write failed" + (f" ({self.log_error})" if detailed else ""))
+        if self.snapshot_error is not None:
+            out.append("snapshot: the last snapshot failed" + (f" ({type(self.snapshot_error).__name__}: "
+                                                               f"{self.snapshot_error})" if detailed else ""))
+        changed = self._changed_since
+        if snapshot_every and changed is not None and time.time() - changed > STALE_INTERVALS * snapshot_every:
+            out.append(f"snapshot: changes unsaved for {time.time() - changed:.0f} s (snapshots every "
+                       f"{snapshot_every:g} s)")
+        return out
+
+    def health(self, snapshot_every: float | None = None, detailed: bool = True) -> dict:
+        """``{"status": "ok"}`` or ``{"status": "degraded", "problems": [...]}`` (``problems``), with
+        the counts when ``detailed`` (a caller with a token, or a service without tokens)."""
+        problems = self.problems(snapshot_every, detailed)
+        out = {"status": "degraded" if problems else "ok"}
+        if problems:
+            out["problems"] = problems
+        if not detailed:
+            return out
         d = self.decider
-        return {"status": "ok", "model_version": d.model_version, "decisions": d.next_id, "pending": len(d.pending),
-                "queued": len(d.queued), "uptime_seconds": time.time() - self.started,
-                "last_snapshot": self.last_snapshot,
-                "snapshot_error": None if self.snapshot_error is None else str(self.snapshot_error)}
+        return out | {"model_version": d.model_version, "decisions": d.next_id, "pending": len(d.pending),
+                      "queued": len(d.queued), "uptime_seconds": time.time() - self.started,
+                      "last_snapshot": self.last_snapshot,
+                      "snapshot_error": None if self.snapshot_error is None else str(self.snapshot_error)}
 
     def posterior(self) -> dict:
         with self.lock:
@@ -403,6 +529,7 @@ class Service:
         with self.lock:
             mark = self._mark()
             if mark == self._saved and not force:
+                self._changed_since = None  # (a duplicate feedback changes nothing)
                 return False
             try:
                 self.decider.save(self.state_dir)
@@ -410,6 +537,7 @@ class Service:
                 self.snapshot_error = exc
                 raise
             self._saved, self.last_snapshot, self.snapshot_error = mark, time.time(), None
+            self._changed_since = None
             return True
 
     def close(self) -> None:
@@ -464,6 +592,181 @@ def _summary(model) -> dict:
     sd = sd[0] if sd.dim() > 1 and sd.shape[0] == 1 else sd
     out.update(mean=mean.tolist(), sd=sd.tolist())
     return out
+
+
+# ---------------------------------------------------------------------------------- the gate
+class Refusal(Exception):
+    """A request refused before any work (``Gate``): its status, ``detail`` and extra headers;
+    ``close``: close the connection after the answer (a body left unread)."""
+
+    def __init__(self, status: int, detail: str, headers: tuple = (), close: bool = False):
+        super().__init__(detail)
+        self.status, self.detail, self.headers, self.close = status, detail, tuple(headers), close
+
+    def response(self) -> tuple[int, list, bytes]:
+        """``(status, headers, body)`` of the JSON answer."""
+        body = json.dumps({"detail": self.detail}).encode()
+        headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body)), *self.headers]
+        if self.close:
+            headers.append((b"connection", b"close"))
+        return self.status, headers, body
+
+
+#: the role each endpoint needs when the service has tokens (the rest: /health, the OpenAPI document, open)
+ENDPOINT_ROLES = {("POST", "/decide"): "decide", ("POST", "/feedback"): "feedback", ("GET", "/posterior"): "read",
+                  ("GET", "/metrics"): "read"}
+_WILDCARD_HOSTS = {"", "0.0.0.0", "::", "*"}
+
+
+def _host_name(value: str) -> str:
+    """The name of a ``Host`` header value or a host option, lower case, without the port or IPv6 brackets."""
+    value = value.strip().lower()
+    if value.startswith("["):
+        return value[1:value.find("]")] if "]" in value else value
+    if value.count(":") == 1:
+        return value.split(":", 1)[0]
+    return value  # a name, or a bare IPv6 address (an option: ::1)
+
+
+class Gate:
+    """The checks every request passes before any work, in this order, one function
+    (``refusal``) for ``fast_asgi`` and the FastAPI app alike:
+
+    1. the ``Host`` header names this service (``allowed_hosts``; default localhost, 127.0.0.1,
+       ::1 and ``host``), with or without a port: else 421 (a browser page on another name, DNS
+       rebinding);
+    2. an ``Origin`` header is one of ``allowed_origins`` (default none): else 403 (a page in a
+       browser);
+    3. the token (``Authorization: Bearer``) holds the endpoint's role (``ENDPOINT_ROLES``) when
+       the service has ``tokens``: else 401 (none, or not a known one) or 403 (the role missing);
+    4. a POST body is ``Content-Type: application/json``: else 415;
+    5. its ``Content-Length`` is at most ``max_body_bytes``: else 413 at once, nothing read.
+
+    ``read_body`` then reads a body up to ``max_body_bytes`` and refuses (413) one that passes it
+    (chunked), without reading the rest; ``max_candidates`` and ``max_feedback_items`` are checked
+    while parsing (413)."""
+
+    def __init__(self, tokens=None, *, host: str = "127.0.0.1", allowed_hosts=(), allowed_origins=(),
+                 max_body_bytes: int = MAX_BODY_BYTES, max_candidates: int = MAX_CANDIDATES,
+                 max_feedback_items: int = MAX_FEEDBACK_ITEMS):
+        for option, value in (("--max-body-bytes", max_body_bytes), ("--max-candidates", max_candidates),
+                              ("--max-feedback-items", max_feedback_items)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{option}: expected a positive integer, got {value!r}")
+        for name in allowed_hosts:
+            if not isinstance(name, str) or not _host_name(name) or _host_name(name) in _WILDCARD_HOSTS \
+                    or any(c in name for c in " /\t"):
+                raise ValueError(f"--allowed-host: expected a host name as clients send it (api.example.com, "
+                                 f"10.0.0.5, [::1]), got {name!r}")
+        for origin in allowed_origins:
+            if not isinstance(origin, str) or not re.fullmatch(r"https?://[^/\s]+", origin.strip().rstrip("/")):
+                raise ValueError(f"--allowed-origin: expected scheme://host[:port] (https://app.example.com), "
+                                 f"got {origin!r}")
+        self.tokens = tokens
+        names = {"localhost", "127.0.0.1", "::1", *(_host_name(h) for h in allowed_hosts)}
+        if _host_name(host) not in _WILDCARD_HOSTS:
+            names.add(_host_name(host))
+        self.allowed_hosts = frozenset(names)
+        self.allowed_origins = frozenset(o.strip().rstrip("/").lower() for o in allowed_origins)
+        self.max_body_bytes = max_body_bytes
+        self.max_candidates = max_candidates
+        self.max_feedback_items = max_feedback_items
+
+    def refusal(self, scope) -> Refusal | None:
+        """The ``Refusal`` of an HTTP request (its ASGI ``scope``), or None when it may go on."""
+        host = origin = authorization = content_type = length = None
+        twice = None
+        for name, value in scope["headers"]:
+            if name == b"host":
+                twice = "Host" if host is not None else twice
+                host = value
+            elif name == b"origin":
+                origin = value
+            elif name == b"authorization":
+                twice = "Authorization" if authorization is not None else twice
+                authorization = value
+            elif name == b"content-type":
+                content_type = value
+            elif name == b"content-length":
+                twice = "Content-Length" if length is not None and length != value else twice
+                length = value
+        if twice is not None:
+            return Refusal(400, f"{twice}: the header is given more than once")
+        if host is None:
+            return Refusal(400, "Host: the header is required")
+        if _host_name(host.decode("latin-1")) not in self.allowed_hosts:
+            return Refusal(421, f"Host: {host.decode('latin-1')[:100]!r} is not a name of this service (allowed: "
+                                f"{', '.join(sorted(self.allowed_hosts))}; bayes-safe serve --allowed-host NAME)")
+        if origin is not None and origin.decode("latin-1").strip().rstrip("/").lower() not in self.allowed_origins:
+            return Refusal(403, f"Origin: {origin.decode('latin-1')[:100]!r} is not allowed (requests from web pages "
+                                "are refused unless bayes-safe serve --allowed-origin names the page's origin)")
+        method, path = scope["method"], scope["path"]
+        role = ENDPOINT_ROLES.get((method, path))
+        if role is not None and self.tokens is not None:
+            refused = self.tokens.check(authorization, role, f"{method} {path}")
+            if refused is not None:
+                status, detail = refused
+                challenge = b'Bearer realm="bayes-safe"' if status == 401 else \
+                    b'Bearer realm="bayes-safe", error="insufficient_scope"'
+                return Refusal(status, detail, [(b"www-authenticate", challenge)])
+        if method == "POST":
+            media = (content_type or b"").split(b";", 1)[0].strip().lower()
+            if media != b"application/json":
+                shown = "none" if content_type is None else repr(content_type.decode("latin-1")[:100])
+                return Refusal(415, f"Content-Type: expected application/json, got {shown}")
+            if length is not None:
+                try:
+                    size = int(length)
+                except ValueError:
+                    return Refusal(400, f"Content-Length: expected a number of bytes, got {length[:40]!r}", close=True)
+                if size > self.max_body_bytes:
+                    return Refusal(413, f"body: {size} bytes, more than the limit of {self.max_body_bytes} "
+                                        "(bayes-safe serve --max-body-bytes)", close=True)
+        return None
+
+    def authenticated(self, scope) -> bool:
+        """True when the service has no tokens or the request carries one of them (any role)."""
+        if self.tokens is None:
+            return True
+        authorization = next((v for k, v in scope["headers"] if k == b"authorization"), None)
+        return self.tokens.roles_of(authorization) is not None
+
+    async def read_body(self, receive) -> bytes | None:
+        """The request body, or None when the client went away; a ``Refusal`` (413, the connection
+        closed) as soon as it passes ``max_body_bytes``, the rest unread."""
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return None
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                raise Refusal(413, f"body: more than the limit of {self.max_body_bytes} bytes (bayes-safe serve "
+                                   "--max-body-bytes)", close=True)
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+class _GateMiddleware:
+    """The ``Gate`` in front of the FastAPI app (every path; ``fast_asgi`` checks its own)."""
+
+    def __init__(self, app, gate: Gate):
+        self.app, self.gate = app, gate
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http":
+            refused = self.gate.refusal(scope)
+            if refused is not None:
+                await _send(send, *refused.response())
+                return
+        await self.app(scope, receive, send)
+
+
+async def _send(send, status: int, headers: list, body: bytes) -> None:
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
 
 
 # ---------------------------------------------------------------------------------- the app
@@ -541,14 +844,19 @@ def _build_schemas() -> dict:
         errors: list[ItemError] | None = Field(None, description="for a list of feedback: every bad item")
 
     class Health(BaseModel):
-        status: str
-        model_version: int
-        decisions: int
-        pending: int
-        queued: int
-        uptime_seconds: float
-        last_snapshot: float | None
-        snapshot_error: str | None
+        """200 ``ok`` or 503 ``degraded`` (``problems`` says why); the counts only for a caller with a
+        token, or when the service has no tokens."""
+
+        status: str = Field(description="ok, or degraded (HTTP 503)", examples=["ok"])
+        problems: list[str] | None = Field(None, description="when degraded: the log cannot be written, the "
+                                                             "snapshot failed or is stale")
+        model_version: int | None = None
+        decisions: int | None = None
+        pending: int | None = None
+        queued: int | None = None
+        uptime_seconds: float | None = None
+        last_snapshot: float | None = None
+        snapshot_error: str | None = None
 
     class ModelSummary(BaseModel):
         type: str
@@ -567,8 +875,11 @@ def _build_schemas() -> dict:
                                      ItemError, Error, Health, ModelSummary, Posterior)}
 
 
-def create_app(service: Service, snapshot_every: float | None = 60.0, run_on_loop: bool = True):
+def create_app(service: Service, snapshot_every: float | None = 60.0, run_on_loop: bool = True, gate: Gate | None = None):
     """The FastAPI app of ``service``: its endpoints, the snapshot schedule and the shutdown snapshot.
+
+    ``gate``: the checks of every request (tokens, Host, Origin, content type, limits; default
+    ``Gate()``: no tokens, loopback names, the default limits), in front of every path.
 
     ``run_on_loop``: decide and apply feedback on the event loop when the Decider's lock is free
     (no hop to a thread and back), on the thread pool when it is held (a snapshot): the default;
@@ -586,6 +897,9 @@ def create_app(service: Service, snapshot_every: float | None = 60.0, run_on_loo
 
     models = schemas()
     metrics_registry, read_log, close_reader = registry(service)
+    gate = Gate() if gate is None else gate
+    parse_decide_limited = functools.partial(parse_decide, max_candidates=gate.max_candidates)
+    parse_feedback_limited = functools.partial(parse_feedback, max_items=gate.max_feedback_items)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -635,19 +949,29 @@ def create_app(service: Service, snapshot_every: float | None = 60.0, run_on_loo
             return 200, out
         except BadRequest as exc:
             return exc.status, exc.body()
+        except (RecursionError, OverflowError) as exc:  # (the parsers refuse these first: a backstop)
+            return 422, {"detail": f"body: a value out of range or nested too deep ({type(exc).__name__}: {exc})"}
         except Exception as exc:  # noqa: BLE001 - the client gets what failed, in one line
             print(f"bayes-safe serve: internal error: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
             return 500, {"detail": f"internal error: {type(exc).__name__}: {exc}"}
 
     async def _answer(parse, run, request: Request):
-        status, out = await _run(parse, run, await request.body())
+        try:  # (the headers were checked by the gate's middleware)
+            data = await gate.read_body(request.receive)
+        except Refusal as refused:
+            status, headers, content = refused.response()
+            return Response(content, status_code=status, headers={k.decode(): v.decode() for k, v in headers[2:]},
+                            media_type="application/json")
+        if data is None:  # the client went away
+            return Response(status_code=499)
+        status, out = await _run(parse, run, data)
         return JSONResponse(out, status_code=status)
 
     async def hot_decide(body: bytes) -> tuple[int, dict]:
-        return await _run(parse_decide, service.decide_parsed, body)
+        return await _run(parse_decide_limited, service.decide_parsed, body)
 
     async def hot_feedback(body: bytes) -> tuple[int, dict]:
-        return await _run(parse_feedback, service.feedback_parsed, body)
+        return await _run(parse_feedback_limited, service.feedback_parsed, body)
 
     def ref(name: str) -> dict:
         return {"$ref": f"#/components/schemas/{name}"}
@@ -655,14 +979,19 @@ def create_app(service: Service, snapshot_every: float | None = 60.0, run_on_loo
     def body(schema: dict) -> dict:
         return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
 
-    errors = {422: {"model": models["Error"], "description": "Bad input: the message names the field"}}
+    errors = {422: {"model": models["Error"], "description": "Bad input: the message names the field"},
+              401: {"model": models["Error"], "description": "No token, or not one of the service's"},
+              403: {"model": models["Error"], "description": "The token lacks the endpoint's role, or a foreign Origin"},
+              413: {"model": models["Error"], "description": "Over a limit: the body's bytes, the candidates, the items"},
+              415: {"model": models["Error"], "description": "The body is not Content-Type: application/json"},
+              503: {"model": models["Error"], "description": "The decision log could not be written: nothing recorded"}}
 
     # the bodies are parsed by hand (parse_decide / parse_feedback: once, with messages that name the
     # field); the schemas below document them, and responses returned as JSONResponse are not re-validated
     @app.post("/decide", response_model=models["Decision"], responses=errors,
               openapi_extra=body(ref("DecideRequest")), summary="Decide one unit")
     async def decide(request: Request):
-        return await _answer(parse_decide, service.decide_parsed, request)
+        return await _answer(parse_decide_limited, service.decide_parsed, request)
 
     @app.post("/feedback", response_model=models["FeedbackAccepted"] | models["FeedbackListAccepted"],
               responses=errors | {404: {"model": models["Error"], "description": "Unknown decision id (one object)"}},
@@ -670,11 +999,13 @@ def create_app(service: Service, snapshot_every: float | None = 60.0, run_on_loo
                                                                "minItems": 1}]}),
               summary="The outcome of a decision, or a list of them (all or nothing)")
     async def feedback(request: Request):
-        return await _answer(parse_feedback, service.feedback_parsed, request)
+        return await _answer(parse_feedback_limited, service.feedback_parsed, request)
 
-    @app.get("/health", response_model=models["Health"])
-    async def health():
-        return JSONResponse(service.health())
+    @app.get("/health", response_model=models["Health"],
+             responses={503: {"model": models["Health"], "description": "Degraded: problems says why"}})
+    async def health(request: Request):
+        out = service.health(snapshot_every, detailed=gate.authenticated(request.scope))
+        return JSONResponse(out, status_code=200 if out["status"] == "ok" else 503)
 
     @app.get("/posterior", response_model=models["Posterior"])
     async def posterior():
@@ -701,6 +1032,8 @@ def create_app(service: Service, snapshot_every: float | None = 60.0, run_on_loo
         return app.openapi_schema
 
     app.openapi = openapi
+    app.add_middleware(_GateMiddleware, gate=gate)
+    app.state.gate = gate
     app.state.service = service
     # POST /decide and /feedback without FastAPI's routing and middleware (fast_asgi): the same answers
     app.state.hot = {"/decide": hot_decide, "/feedback": hot_feedback}
@@ -715,6 +1048,7 @@ def fast_asgi(app):
     response objects, middleware and routing are skipped, which are most of the HTTP layer's cost
     per request (``benchmarks/serve.py`` measures both)."""
     hot = app.state.hot
+    gate = app.state.gate
     start = {"type": "http.response.start", "status": 200, "headers": []}
     json_type = (b"content-type", b"application/json")
 
@@ -722,15 +1056,19 @@ def fast_asgi(app):
         if scope["type"] == "http" and scope["method"] == "POST":
             handler = hot.get(scope["path"])
             if handler is not None:
-                chunks = []
-                while True:
-                    message = await receive()
-                    if message["type"] == "http.disconnect":
-                        return
-                    chunks.append(message.get("body", b""))
-                    if not message.get("more_body", False):
-                        break
-                status, out = await handler(chunks[0] if len(chunks) == 1 else b"".join(chunks))
+                # the gate first (the same checks as the FastAPI app's), the body read up to its limit
+                refused = gate.refusal(scope)
+                if refused is None:
+                    try:
+                        data = await gate.read_body(receive)
+                    except Refusal as exc:
+                        refused = exc
+                if refused is not None:
+                    await _send(send, *refused.response())
+                    return
+                if data is None:  # the client went away
+                    return
+                status, out = await handler(data)
                 try:
                     body = json.dumps(out, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
                 except ValueError as exc:  # a non-finite number in an answer: say so, not a bare 500
@@ -761,9 +1099,28 @@ def _listen(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _is_loopback(host: str) -> bool:
+    """True when every address ``host`` resolves to is a loopback address (127.0.0.0/8, ::1)."""
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except OSError:
+        return False
+    try:
+        return bool(infos) and all(ipaddress.ip_address(info[4][0].split("%", 1)[0]).is_loopback for info in infos)
+    except ValueError:
+        return False
+
+
 def serve(state_dir, *, host: str = "127.0.0.1", port: int = 8080, log=None, snapshot_every: float | None = 60.0,
-          http: str = "auto", loop: str = "auto", run_on_loop: bool = True, fast: bool = True) -> int:
+          http: str = "auto", loop: str = "auto", run_on_loop: bool = True, fast: bool = True,
+          token_file=None, allowed_hosts=(), allowed_origins=(), max_body_bytes: int = MAX_BODY_BYTES,
+          max_candidates: int = MAX_CANDIDATES, max_feedback_items: int = MAX_FEEDBACK_ITEMS) -> int:
     """Serve ``state_dir`` until SIGTERM or SIGINT, then write the snapshot and return 0.
+
+    ``token_file``: the tokens and their roles (``bayes_safe.online.auth``; default: the file the
+    environment variable ``BAYES_SAFE_TOKEN_FILE`` names, else no tokens); without tokens only a
+    loopback ``host`` is served (a ``ValueError`` naming ``--host`` otherwise). ``allowed_hosts``,
+    ``allowed_origins`` and the limits: ``Gate`` (docs/security.md).
 
     ``http`` and ``loop`` are uvicorn's HTTP parser (``"httptools"``, ``"h11"``) and event loop
     (``"uvloop"``, ``"asyncio"``); ``"auto"`` takes httptools and uvloop, which the ``serve`` extra
@@ -777,13 +1134,27 @@ def serve(state_dir, *, host: str = "127.0.0.1", port: int = 8080, log=None, sna
         raise ValueError(f"http: expected 'auto', 'h11' or 'httptools', got {http!r}")
     if loop not in ("auto", "asyncio", "uvloop"):
         raise ValueError(f"loop: expected 'auto', 'asyncio' or 'uvloop', got {loop!r}")
+    from .auth import ENV_TOKEN_FILE, load_tokens, permission_warning
+
+    tokens = load_tokens(token_file)  # a malformed file: an error naming the file and the line, before anything
+    gate = Gate(tokens, host=host, allowed_hosts=tuple(allowed_hosts), allowed_origins=tuple(allowed_origins),
+                max_body_bytes=max_body_bytes, max_candidates=max_candidates, max_feedback_items=max_feedback_items)
+    if tokens is None and not _is_loopback(host):
+        raise ValueError(f"--host: {host} is not a loopback address, and the service has no tokens: anyone who can "
+                         "reach it could decide, send feedback and read the posterior. Give a token file "
+                         f"(--token-file PATH or {ENV_TOKEN_FILE}=PATH; docs/security.md), or serve on 127.0.0.1 "
+                         "behind a reverse proxy")
+    if tokens is not None:
+        warning = permission_warning(token_file if token_file is not None else os.environ.get(ENV_TOKEN_FILE))
+        if warning:
+            print(f"bayes-safe serve: warning: {warning}", file=sys.stderr, flush=True)
     import torch
 
     torch.set_num_threads(1)  # tiny tensor operations per request (bayes_safe.threads)
     service = Service(state_dir, log=log)
     try:
         sock = _listen(host, port)
-        app = create_app(service, snapshot_every, run_on_loop)
+        app = create_app(service, snapshot_every, run_on_loop, gate)
         config = uvicorn.Config(fast_asgi(app) if fast else app, log_level="warning", access_log=False, lifespan="on",
                                 http=http, loop=loop, timeout_graceful_shutdown=30)
         server = uvicorn.Server(config)
@@ -798,9 +1169,11 @@ def serve(state_dir, *, host: str = "127.0.0.1", port: int = 8080, log=None, sna
         previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
         try:
             r = service.recovered
+            access = (f"{len(tokens)} token(s) from {tokens.source}" if tokens is not None else
+                      "no tokens: every endpoint open to local clients")
             print(f"bayes-safe serve: listening on http://{shown}:{bound[1]} (state {service.state_dir}, log "
-                  f"{service.log.path}, recovered {r['decisions']} decisions and {r['feedback']} feedback from the log)",
-                  flush=True)
+                  f"{service.log.path}, recovered {r['decisions']} decisions and {r['feedback']} feedback from the "
+                  f"log; {access}; Host names {', '.join(sorted(gate.allowed_hosts))})", flush=True)
             server.run(sockets=[sock])
         finally:
             for sig, handler in previous.items():
