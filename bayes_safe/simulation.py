@@ -547,3 +547,59 @@ class _Recorder:
                 if f in out:
                     out[f].fill_(False)
         return {f: out.get(f) for f in TRACE_FIELDS}
+
+
+# ---------------------------------------------------------------------- memory, before allocating
+def estimate_simulation_bytes(horizon: int, replications: int, num_arms: int, dim: int, num_metrics: int,
+                              num_constraints: int = 1) -> dict[str, int]:
+    """About the memory ``simulate`` and writing its trace need, from the sizes alone (nothing allocated).
+
+    * ``trace``: the ``Trace``'s ``[T, R, ...]`` tensors (``_Recorder``): ``actions``,
+      ``baseline`` (int64), ``optimal_reward``, ``regret`` (float64), ``expected``,
+      ``baseline_expected``, ``observed`` (float64 ``[T, R, M]``), ``violation`` and
+      ``baseline_played`` (bool), ``constraint_violation`` (bool ``[T, R, C]``);
+    * ``output``: what the command line builds from it: the NetCDF file in memory (about the
+      trace again) and the per-step summaries (a few float64 ``[T, R]`` temporaries);
+    * ``run``: per step, the units' features and means (``[R, K, d]``, ``[R, K, M]`` float64,
+      a few copies), and the replications' posteriors (``[R, d, d]`` per metric, a few copies).
+
+    Returns ``{"trace", "output", "run", "total"}`` in bytes (an estimate, not a bound).
+    """
+    T, R, K, d, M, C = (max(0, int(v)) for v in (horizon, replications, num_arms, dim, num_metrics, num_constraints))
+    cells = T * R
+    trace = cells * (4 * 8 + 3 * 8 * M + 2 + C)
+    output = trace + cells * 3 * 8
+    run = R * K * (d + 2 * M) * 8 * 4 + R * max(M, 1) * (d * d + 2 * d) * 8 * 4
+    return {"trace": trace, "output": output, "run": run, "total": trace + output + run}
+
+
+def available_memory_bytes() -> int | None:
+    """Memory this process can still take without swapping: ``MemAvailable`` of ``/proc/meminfo``
+    (else the available physical pages of ``os.sysconf``), lowered to a cgroup v2 limit's
+    headroom when there is one; ``None`` when unknown."""
+    import os
+
+    found: list[int] = []
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    found.append(int(line.split()[1]) * 1024)
+                    break
+    except (OSError, ValueError, IndexError):
+        pass
+    if not found:
+        try:
+            found.append(int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE")))
+        except (ValueError, OSError, AttributeError):
+            pass
+    try:
+        with open("/sys/fs/cgroup/memory.max") as f:
+            limit = f.read().strip()
+        with open("/sys/fs/cgroup/memory.current") as f:
+            current = int(f.read().strip())
+        if limit.isdigit():
+            found.append(max(0, int(limit) - current))
+    except (OSError, ValueError):
+        pass
+    return min(found) if found else None

@@ -254,7 +254,8 @@ def test_tune_custom_runs_the_problems_models_and_resume_runs_them_again(tmp_pat
     assert best["rerun"]["seed"] not in {Study.load(out / "study.sqlite").trial_seed(i) for i in range(2)}
     assert f"re-run of trial {best['trial']} with fresh seeds (2 replicates)" in first.stdout
 
-    resumed = _cli(["tune", "resume", "--out", str(out), "--trials", "3", "--no-rerun"], tmp_path)
+    # the stored dose_finding:DoseFinding runs code: imported only with consent (issue 28)
+    resumed = _cli(["tune", "resume", "--out", str(out), "--trials", "3", "--no-rerun", "--trust-source"], tmp_path)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert "problem class: dose_finding:DoseFinding" in resumed.stdout and own in resumed.stdout
     study = Study.load(out / "study.sqlite")

@@ -153,12 +153,13 @@ def test_simulate_and_tune_by_import_path_then_sigkill_and_resume(email_dir):
 
     from bayes_safe.tuning import Study
 
-    before = Study.load(out / "study.sqlite").counts().get("COMPLETED", 0)
+    # the stored module:Class runs code: imported only with consent (issue 28)
+    before = Study.load(out / "study.sqlite", trust_source=True).counts().get("COMPLETED", 0)
     assert 1 <= before < target
-    resumed = _cli(["tune", "resume", "--out", str(out)], email_dir)
+    resumed = _cli(["tune", "resume", "--out", str(out), "--trust-source"], email_dir)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert "problem class: email_problem:EmailTiming" in resumed.stdout
-    assert Study.load(out / "study.sqlite").counts()["COMPLETED"] == target
+    assert Study.load(out / "study.sqlite", trust_source="email_problem:EmailTiming").counts()["COMPLETED"] == target
     text = (out / "report.md").read_text()
     assert "unsubscribe <= 1.02 x baseline" in text and "paper" not in text.lower()
 

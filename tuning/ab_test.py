@@ -118,23 +118,31 @@ def _problems() -> dict[str, Callable[..., ABProblem]]:
     return {**PROBLEMS, "logged-data": LoggedDataProblem, "decision-log": LoggedAlpha}
 
 
-def make_problem(config: Mapping | str) -> ABProblem:
+def make_problem(config: Mapping | str, *, trust_source: bool | str = False) -> ABProblem:
     """Build a problem from its name (``"video-upload"``, ``"logged-data"``) or its ``config()`` dict.
 
     A user's problem is stored as ``{"name": "import", "import": "module:Class", "params": {...}}``
-    (``SimulatedProblem.config()``): the module is imported (from ``sys.path``; the command line
-    puts the current directory first), the class checked against the ``Problem`` protocol and
-    built with ``params``. A module that cannot be imported or a class that is not a problem is
-    one ``ValueError`` / ``TypeError`` naming the stored path."""
+    (``SimulatedProblem.config()``). Importing it runs that module's code, so it is imported only
+    with consent: ``trust_source=True``, or ``trust_source`` the same ``"module:Class"``; without
+    it a ``ValueError`` names the module, the class and the file that would run (found without
+    running it; ``bayes_safe._problem_import.check_import_consent``). The module is looked up on
+    ``sys.path`` as it is (the current directory only when it is found nowhere else, and only
+    with consent), the class checked against the ``Problem`` protocol and built with ``params``.
+    A module that cannot be imported or a class that is not a problem is one ``ValueError`` /
+    ``TypeError`` naming the stored path."""
     cfg = {"name": config} if isinstance(config, str) else dict(config)
     name = cfg.pop("name", None)
     if name == "import":
+        from bayes_safe._problem_import import check_import_consent
+
         from .own_problem import SimulatedProblem, import_problem
 
         path = cfg.pop("import", None)
         params = cfg.pop("params", None) or {}
         try:
-            problem = import_problem(path, params, what=f"problem (stored {path!r})")
+            check_import_consent(path, trust_source, what="trust_source",
+                                 how=f"pass trust_source=True (or trust_source={path!r}) to Study.load / make_problem")
+            problem = import_problem(path, params, what=f"problem (stored {path!r})", stored=True)
         except ValueError as exc:
             if "no module named" not in str(exc):
                 raise
@@ -332,10 +340,13 @@ class ABTest:
                 "compare": list(self.compare), "replicates": self.replicates}
 
     @classmethod
-    def from_config(cls, config: Mapping) -> ABTest:
+    def from_config(cls, config: Mapping, *, trust_source: bool | str = False) -> ABTest:
+        """The A/B test ``config()`` described; ``trust_source`` as for ``make_problem`` (consent
+        to import a user's stored ``module:Class``)."""
         cfg = dict(config)
         cfg.setdefault("replicates", 1)  # a study stored before replicates existed ran one A/B test per trial
-        return cls(problem=make_problem(cfg.pop("problem")), **{k: (tuple(v) if k == "compare" else v) for k, v in cfg.items()})
+        return cls(problem=make_problem(cfg.pop("problem"), trust_source=trust_source),
+                   **{k: (tuple(v) if k == "compare" else v) for k, v in cfg.items()})
 
     def batch_sizes(self) -> list[int]:
         base, extra = divmod(self.n_users, self.batches)

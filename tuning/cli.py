@@ -4,7 +4,11 @@
     bayes-safe tune logged-data --source synthetic --method minimax --trials 20 --out DIR
     bayes-safe tune custom --problem pkg.module:Class [--param KEY=VALUE ...] --trials 20 --out DIR
     bayes-safe tune resume --out DIR [--trials N] [--parallel K] [--storage URL] [--name NAME] [--trust-source]
+                           [--problem MODULE:CLASS]
     any of them: [--mlflow [URI]]   log every finished trial to MLflow (default URI: DIR/mlruns)
+
+A study of your own problem stores its ``module:Class``; resume imports it (runs its code) only
+when you confirm: ``--trust-source`` or the same ``--problem`` again (``check_resume_trust``).
 
 Exit status: 0 done; 1 the study stopped on an error (too many failed trials); 2 bad input;
 75 the Dask scheduler was lost (no trial failed; resume later); 130 / 143 / 129 stopped by
@@ -28,6 +32,7 @@ argument types come from ``bayes_safe._cli_args``, which both command lines shar
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import sys
@@ -162,7 +167,11 @@ def add_tune_parser(subparsers) -> argparse.ArgumentParser:
     r.add_argument("--trust-source", action="store_true",
                    help="read the files the stored study names (its logs, a benchmark JSON, an Open Bandit directory) "
                         "even when they lie outside the study's directory (the directory holding the SQLite study, "
-                        "--out by default); without it resume shows such a path and stops")
+                        "--out by default), and import the problem class a study of your own problem names "
+                        "(module:Class: that runs its code); without it resume shows such a path or module and stops")
+    r.add_argument("--problem", type=import_path, default=None, metavar="MODULE:CLASS",
+                   help="confirm the stored problem class of a study of your own problem by naming it again (it must "
+                        "be the same module:Class); instead of --trust-source for the import")
     r.add_argument("--source", default=None, metavar="PATH",
                    help="confirm the stored logs file by naming it again (it must be the same file); "
                         "for logs outside the study's directory, instead of --trust-source")
@@ -347,20 +356,51 @@ def _inside(path: Path, directory: Path) -> bool:
         return False
 
 
-def check_resume_trust(props: dict, url: str, *, trust: bool = False, source: str | None = None) -> list[str]:
-    """Check the files a stored study names before resuming it; return lines that show them.
+def _stored_import(config) -> str | None:
+    """The ``module:Class`` a stored study of a user's own problem imports, or None."""
+    problem = config.get("problem") if isinstance(config, dict) else None
+    if isinstance(problem, dict) and problem.get("name") == "import":
+        return str(problem.get("import"))
+    return None
 
-    The rule: a file the study reads (its logs, a benchmark JSON, an Open Bandit directory) is
-    read without asking only when it lies inside the study's directory (the directory holding
-    the SQLite study: ``--out`` by default). Any other path, and every path of a study in a
-    server database, must be confirmed: ``--trust-source``, or the logs file named again with
-    ``--source`` (the same file). A received study cannot point resume at a file elsewhere on
-    the machine without the user seeing the path.
+
+def check_resume_trust(props: dict, url: str, *, trust: bool = False, source: str | None = None,
+                       problem: str | None = None) -> list[str]:
+    """Check the files and the code a stored study names before resuming it; return lines that show them.
+
+    The rule for files: a file the study reads (its logs, a benchmark JSON, an Open Bandit
+    directory) is read without asking only when it lies inside the study's directory (the
+    directory holding the SQLite study: ``--out`` by default). Any other path, and every path of
+    a study in a server database, must be confirmed: ``--trust-source``, or the logs file named
+    again with ``--source`` (the same file). A received study cannot point resume at a file
+    elsewhere on the machine without the user seeing the path.
+
+    The rule for code: the problem class a study of the user's own problem stores as
+    ``module:Class`` is imported (its module's code run) only when confirmed, wherever the
+    module lies: ``--trust-source``, or the same class named again with ``--problem``. Nothing
+    is imported here: the module is located without running it
+    (``bayes_safe._problem_import.check_import_consent``), so the refusal names the file that
+    would run, and says when it lies in the current directory (never imported from there unasked).
 
     Raises:
-        ValueError: one line naming ``--source`` / ``--trust-source`` and the stored path.
+        ValueError: one line naming ``--source`` / ``--trust-source`` / ``--problem`` and the stored
+            path or module.
     """
+    from bayes_safe._problem_import import check_import_consent
+
     from . import storage
+
+    lines = []
+    stored_class = _stored_import(props.get("ab_test"))
+    if problem is not None and stored_class is None:
+        raise ValueError(f"--problem: this study imports no problem class of yours ({problem} given); drop --problem")
+    if stored_class is not None:
+        consent = True if trust else problem
+        what = "--problem" if problem is not None and not trust else "--trust-source"
+        line = check_import_consent(stored_class, consent, what=what,
+                                    how=f"resume with --trust-source (or name it again: --problem {stored_class})")
+        lines.append(f"import: {line}" + (f" (confirmed by {'--trust-source' if trust else '--problem'})"
+                                          if consent else ""))
 
     db = storage.sqlite_path(url)
     home = db.parent.resolve() if db is not None else None
@@ -373,7 +413,6 @@ def check_resume_trust(props: dict, url: str, *, trust: bool = False, source: st
         if given != stored:
             raise ValueError(f"--source: the study reads its logs from {stored}, not {given}; resume cannot change a "
                              "study's logs (give the stored path again, or start a new study)")
-    lines = []
     for what, raw, option in files:
         path = Path(raw).expanduser().resolve()
         if home is not None and _inside(path, home):
@@ -525,7 +564,7 @@ def run_tune(args) -> int:
             raise ValueError(f"--out: study {name!r} was made in Python with a problem (or policy factory) that cannot "
                              "be rebuilt by name, e.g. a class defined in a script or notebook; define the class in a "
                              "module and start the study again, or resume it in Python: Study.load(..., ab_test=...)")
-        shown = check_resume_trust(stored[name], url, trust=args.trust_source, source=args.source)
+        shown = check_resume_trust(stored[name], url, trust=args.trust_source, source=args.source, problem=args.problem)
         check_scheduler(args.scheduler)
         mlflow_uri, mlflow_note = _tracking_uri(args, stored[name] if isinstance(stored[name], dict) else None)
         tracker = _open_tracker(mlflow_uri)
@@ -533,7 +572,8 @@ def run_tune(args) -> int:
             print(line, flush=True)
         if mlflow_note:
             print(mlflow_note, flush=True)
-        study = Study.load(url, name=name, verbose=args.verbose, tracker=tracker)
+        # check_resume_trust passed: a stored problem class is confirmed (or there is none)
+        study = Study.load(url, name=name, verbose=args.verbose, tracker=tracker, trust_source=True)
         own = getattr(study.ab_test.problem, "import_path", None)
         if own:  # a user's problem class, re-imported from the stored module:Class: show what was imported
             module = sys.modules.get(own.partition(":")[0])
@@ -542,6 +582,9 @@ def run_tune(args) -> int:
         if callable(getattr(study.ab_test.problem, "models_text", None)):
             print(study.ab_test.problem.models_text().replace("`", ""), flush=True)
         trials = args.trials or study.properties.get("target_trials") or study.counts().get("COMPLETED", 0)
+        if not trials:  # a study stored before its target was (killed in its first moments by an older version)
+            raise ValueError("--trials: the study has no stored target and no completed trial; give the number of "
+                             "completed trials to reach, e.g. --trials 20")
         # the study's own parallelism (stored as each run starts, so it survives a crash) unless --parallel
         parallel = (args.parallel or study.properties.get("parallel")
                     or (study.properties.get("sessions") or [{}])[-1].get("parallel", 1))
@@ -587,6 +630,10 @@ def run_tune(args) -> int:
                 args.out.rmdir()  # bad input leaves nothing behind
             raise
         trials, parallel = args.trials, args.parallel or 1
+        # stored before the power pilot: a run killed during the pilot resumes with its own target and parallelism
+        study.properties["target_trials"] = trials
+        study.properties["parallel"] = parallel
+        study._save_properties()
         method = getattr(ab_test.problem, "method", None)
         what = (f"trials estimated from the logs ({method + ' training' if method else 'off-policy'})"
                 if ab_test.problem.offline else
@@ -602,6 +649,10 @@ def run_tune(args) -> int:
             print(f"note: all {trials} trials are Sobol (--sobol {n_sobol}); the study never reaches BoTorch "
                   "(lower --sobol or raise --trials)", flush=True)
 
+    from bayes_safe.io import clear_stale_scratch
+
+    with contextlib.suppress(OSError):  # a killed run's report scratch beside --out: gone before this run works
+        clear_stale_scratch(args.out)
     if tracker is not None:
         study.properties["mlflow"] = tracker.uri  # saved as the run starts; resume tracks there again
         print(f"mlflow: every finished trial is logged to {tracker.uri} (experiment {study.name!r}, runs tagged "

@@ -344,6 +344,20 @@ class LoggedDataProblem(ABProblem):
                              f"expected some of {sorted(_READS[self.method])}")
         if self.logged_data is None and str(self.source) not in _SOURCES:
             check_file_source(self.source, self.options, self.benchmark)
+        elif self.benchmark is not None and (self.logged_data is not None or str(self.source) == "synthetic"):
+            self._check_benchmark_domains()
+
+    def _check_benchmark_domains(self) -> None:
+        """The benchmark's rules name domains of these logs (in-memory or synthetic ones; a file's are
+        checked by ``check_file_source``): a benchmark of other logs is refused before any study
+        exists, not at its first trial. The synthetic logs are generated here once (cached per process)."""
+        from bayes_safe.offline import ReplicationConstraints
+
+        data = self.data()
+        try:
+            ReplicationConstraints.from_benchmark(self.benchmark, data.domain_names)
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"benchmark: {_one_line(exc)}") from None
 
     # -- metadata
     @property

@@ -52,8 +52,10 @@ A study of a problem class importable by ``module:Class`` (not ``__main__``, not
 a function) stores that path and the constructor's parameters (read back from the instance's
 attributes of the same names, as a dataclass keeps them; or given as ``params=``), so
 ``bayes-safe tune resume`` rebuilds it, and with it the problem's own models;
-``load_problem_class`` is how it (and ``--problem``) imports one. Otherwise the study is resumed
-in Python (``Study.load(..., ab_test=...)``).
+``load_problem_class`` is how it (and ``--problem``) imports one. A stored name runs code, so it
+is imported only with the user's consent (``tune resume --trust-source`` or the same
+``--problem`` again; ``Study.load(..., trust_source=True)``; see ``bayes_safe._problem_import``).
+Otherwise the study is resumed in Python (``Study.load(..., ab_test=...)``).
 """
 
 from __future__ import annotations
@@ -93,11 +95,13 @@ def load_problem_class(path: str, what: str = "--problem"):
     return load(path, what)
 
 
-def import_problem(path: str, params: Mapping | None = None, what: str = "--problem"):
-    """``Class(**params)`` from ``"module:Class"`` (``bayes_safe._cli_args.load_problem``)."""
+def import_problem(path: str, params: Mapping | None = None, what: str = "--problem", *, stored: bool = False):
+    """``Class(**params)`` from ``"module:Class"`` (``bayes_safe._problem_import.load_problem``;
+    ``stored=True`` for a name read from a study, imported only after
+    ``bayes_safe._problem_import.check_import_consent``)."""
     from bayes_safe._problem_import import load_problem
 
-    return load_problem(path, params, what)
+    return load_problem(path, params, what, stored=stored)
 
 
 def _json_safe(value) -> bool:

@@ -495,7 +495,7 @@ class Study:
 
     @classmethod
     def load(cls, storage, name: str | None = None, ab_test: ABTest | None = None, verbose: bool = False,
-             tracker=None) -> Study:
+             tracker=None, *, trust_source: bool | str = False) -> Study:
         """Reopen a stored study (to resume it, or to report on it).
 
         Args:
@@ -505,6 +505,14 @@ class Study:
                 study of a custom problem, which cannot be described).
             tracker: a ``Tracker`` that logs the finished trials (those it lacks first, when
                 the study runs).
+            trust_source: consent to import the problem class a study of your own problem
+                stores as ``module:Class`` (importing runs that module's code): ``True``, or
+                the same ``"module:Class"``. Without it such a study is refused with a
+                ``ValueError`` naming the module, the class and the file that would run, and
+                nothing is imported (``ab_test=`` given: nothing is imported either way).
+
+        Raises:
+            ValueError: no such database or study; a stored problem class without consent.
         """
         _quiet_ax(verbose)
         _check_tracker(tracker)
@@ -530,7 +538,7 @@ class Study:
         if ab_test is None:
             if props.get("ab_test") is None:
                 raise ValueError(f"ab_test: study {name!r} uses a custom problem or policy factory; pass ab_test= to load it")
-            ab_test = ABTest.from_config(props["ab_test"])
+            ab_test = ABTest.from_config(props["ab_test"], trust_source=trust_source)
         study = cls.__new__(cls)
         study._init(client, ab_test, url, tracker)
         return study
@@ -909,16 +917,17 @@ class Study:
         failures = 0
         stop = _StopSignals()
         with lock, stop:
+            # the target and parallelism first: a run killed in its power pilot resumes with them
+            self.properties["target_trials"] = trials
+            self.properties["parallel"] = parallel
+            self.properties["uid"] = self.uid
+            self._save_properties()
             if self.constraints and "power" not in self.properties and not self.experiment.trials:
                 self.check_power()  # a new study: the pilot before its first trial
             recovered = self.recover()
             rerun = list(recovered["rerun"])
             if recovered["completed"] or recovered["abandoned"] or rerun:
                 emit({"event": "recovered", **recovered})
-            self.properties["target_trials"] = trials
-            self.properties["parallel"] = parallel
-            self.properties["uid"] = self.uid
-            self._save_properties()
             if self.tracker is not None:
                 # the finished trials the tracker lacks (a crash after Ax's save, a tracker added on resume)
                 try:
