@@ -608,6 +608,18 @@ CLI_CASES = [
     (["tune", "resume", "--out", "FILE"], "--out"),
     (["tune", "nope"], "nope"),
     (["tune"], "tune"),
+    # serve and feedback (issue 28): limits, tokens, addresses; refused before a state is read
+    (["serve", "EMPTY", "--max-body-bytes", "0"], "--max-body-bytes"),
+    (["serve", "EMPTY", "--max-candidates", "x"], "--max-candidates"),
+    (["serve", "EMPTY", "--max-feedback-items", "-1"], "--max-feedback-items"),
+    (["serve", "EMPTY", "--token-file", "MISSING"], "--token-file"),
+    (["serve", "EMPTY", "--token-file", "FILE"], "--token-file"),
+    (["serve", "EMPTY", "--host", "0.0.0.0"], "--host"),
+    (["serve", "EMPTY", "--allowed-origin", "app.example.com"], "--allowed-origin"),
+    (["serve", "EMPTY", "--allowed-host", "0.0.0.0"], "--allowed-host"),
+    (["feedback", "EMPTY", "--from", "FILE", "--token-file", "FILE"], "--token-file"),
+    # simulate: a run that cannot fit in memory, refused before allocating
+    (_set(SIM, "--replications", "1000000000"), "--replications"),
 ]
 
 
