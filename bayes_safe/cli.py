@@ -150,6 +150,9 @@ def _build_parser() -> argparse.ArgumentParser:
                      help="refuse a /decide with more than N candidate actions (413; default 1000)")
     srv.add_argument("--max-feedback-items", type=positive_int, default=10_000, metavar="N",
                      help="refuse a /feedback list of more than N items (413; default 10000)")
+    srv.add_argument("--allow-imports", action="store_true",
+                     help="import the prior functions the saved models name (module:function, e.g. a Langevin "
+                          "model's callable Pyro prior); this runs that module's code: only for states you trust")
     _add_debug(srv)
 
     fb = sub.add_parser("feedback", help="apply a table of outcomes (CSV or Parquet, joined on decision ids) to a "
@@ -548,7 +551,7 @@ def _run(args) -> int:
         return serve(args.state_dir, host=args.host, port=args.port, log=args.log, snapshot_every=args.snapshot_every,
                      token_file=args.token_file, allowed_hosts=args.allowed_host, allowed_origins=args.allowed_origin,
                      max_body_bytes=args.max_body_bytes, max_candidates=args.max_candidates,
-                     max_feedback_items=args.max_feedback_items)
+                     max_feedback_items=args.max_feedback_items, allow_imports=args.allow_imports)
     if args.command == "feedback":
         return _feedback(args)
     raise AssertionError(f"unknown command {args.command!r}")  # pragma: no cover - argparse requires one

@@ -397,7 +397,7 @@ def test_the_unbatched_model_is_the_one_stream_case(tmp_path):
 
 # ---------------------------------------------------------------------------------- a real server
 SERVED = {
-    # (case, slow): distribution priors only (a served state imports no code)
+    # (case, slow); a callable prior is served with --allow-imports (the state imports its module)
     "conjugate": (CASES["conjugate"], False),
     "gibbs-logistic": (CASES["dose-finding"], False),
     "gibbs-laplace": (CASES["gibbs-laplace-constraint"], False),
@@ -405,6 +405,7 @@ SERVED = {
     "gibbs-probit": (CASES["gibbs-probit"], True),
     "langevin": (Case(lambda: ThompsonSampling(BayesianLinear(_laplace(), noise_std=1.0, batch_shape=[1],
                                                                inference="langevin"))), True),
+    "langevin-callable-prior": (CASES["langevin"], True),
     "nuts": (CASES["nuts"], True),
     "svi": (CASES["svi"], True),
     "probit-gp": (CASES["probit-gp"], True),
@@ -416,14 +417,14 @@ SERVED = {
 class Server:
     """``python -m bayes_safe.cli serve STATE --port 0`` on 127.0.0.1; ``url`` read from its first line."""
 
-    def __init__(self, state: Path, log: Path):
+    def __init__(self, state: Path, log: Path, allow_imports: bool = False):
         import httpx
 
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "bayes_safe.cli", "serve", str(state), "--port", "0", "--log", str(log),
-             "--snapshot-every", "3600"],
+             "--snapshot-every", "3600", *(["--allow-imports"] if allow_imports else [])],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-            env=dict(os.environ, PYTHONPATH=str(ROOT)))
+            env=dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests")])))
         self.first_line = self.proc.stdout.readline()
         match = re.search(r"listening on (http://\S+)", self.first_line)
         if not match:
@@ -470,10 +471,10 @@ def test_every_engine_served_killed_and_restarted(name, tmp_path):
                 assert f.status_code == 200 and f.json() == {"accepted": True}, f.text
                 acknowledged[decision_id] = (reward, constraints)
 
-    server = Server(state, log_path)
+    server = Server(state, log_path, allow_imports=case.imports)
     run(server, 8)
     server.kill(signal.SIGKILL)  # mid-way, no snapshot since the start: the restart rebuilds from the log
-    server = Server(state, log_path)
+    server = Server(state, log_path, allow_imports=case.imports)
     assert f"recovered 8 decisions and {len(acknowledged)} feedback" in server.first_line
     again = server.client.post("/feedback", json={"decision_id": next(iter(acknowledged)), "reward": 0.0,
                                                   "constraints": [0.0] * case.constraints or None})
@@ -484,7 +485,7 @@ def test_every_engine_served_killed_and_restarted(name, tmp_path):
     assert "Traceback" not in err
 
     log = DecisionLog(log_path)
-    decider = Decider.load(state, log=log)
+    decider = Decider.load(state, log=log, allow_imports=case.imports)
     frame = log.to_dataframe(with_feedback_only=True)
     numbers = {k.split("-")[0]: v for k, v in acknowledged.items()}  # the log keys a decision by its number
     assert set(numbers) == set(frame["decision_id"])  # every acknowledged feedback logged once
@@ -495,6 +496,27 @@ def test_every_engine_served_killed_and_restarted(name, tmp_path):
     x, valid = case.context(rng)
     assert decider.decide(x, baseline=0, valid=valid).decision_id == decider.public_id(12)
     log.close()
+
+
+def test_a_state_with_a_callable_prior_is_served_only_with_allow_imports(tmp_path):
+    """A Langevin model's prior is a Python function: serving it imports its module (runs its
+    code), so ``bayes-safe serve`` refuses until ``--allow-imports`` says so, naming the function."""
+    case = CASES["langevin"]
+    Decider(case.build(), num_draws=8, seed=0).save(tmp_path / "state")
+    refused = subprocess.run([sys.executable, "-m", "bayes_safe.cli", "serve", str(tmp_path / "state"), "--port", "0",
+                              "--log", str(tmp_path / "log.sqlite")], check=False, capture_output=True, text=True, cwd=ROOT,
+                             env=dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests")])),
+                             timeout=120)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
+    assert "log_scale_prior" in refused.stderr and "--allow-imports" in refused.stderr, refused.stderr
+    assert not (tmp_path / "log.sqlite").exists()  # refused before the log was opened
+    server = Server(tmp_path / "state", tmp_path / "log.sqlite", allow_imports=True)
+    d = server.client.post("/decide", json={"features": np.eye(K, D).tolist(), "baseline": 0})
+    assert d.status_code == 200, d.text
+    f = server.client.post("/feedback", json={"decision_id": d.json()["decision_id"], "reward": 0.5})
+    assert f.status_code == 200 and f.json() == {"accepted": True}, f.text
+    _, err = server.kill(signal.SIGTERM)
+    assert server.proc.returncode == 0 and "Traceback" not in err, err
 
 
 @pytest.mark.parametrize("likelihood", ["logistic", "probit"])

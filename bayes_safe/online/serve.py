@@ -344,9 +344,12 @@ class Service:
     Args:
         state_dir: a directory written by ``Decider.save``; snapshots replace it.
         log: the ``DecisionLog`` file (default ``default_log_path(state_dir)``); must be outside ``state_dir``.
+        allow_imports: import the module of a prior saved as ``module:function`` (a callable Pyro
+            prior, e.g. of a Langevin model), which runs that module's code (``--allow-imports``).
     """
 
-    def __init__(self, state_dir, log=None):
+    def __init__(self, state_dir, log=None, allow_imports: bool = False):
+        self.allow_imports = bool(allow_imports)
         self.state_dir = Path(state_dir)
         if not self.state_dir.is_dir():
             raise FileNotFoundError(f"STATE_DIR: {self.state_dir} is not a directory (expected one written by Decider.save)")
@@ -376,7 +379,8 @@ class Service:
         self._saved = None
         self.duplicates = 0     # feedback acknowledged and ignored (already had feedback), since the start
         self.bad_feedback = 0   # feedback refused by the Decider (unknown id, wrong number of constraints ...)
-        self.decider = Decider.load(self.state_dir)  # first: a bad STATE_DIR creates no log file
+        # first: a bad STATE_DIR creates no log file
+        self.decider = Decider.load(self.state_dir, allow_imports=self.allow_imports)
         try:
             self.log = DecisionLog(log_path)
         except ValueError as exc:
@@ -1114,13 +1118,16 @@ def _is_loopback(host: str) -> bool:
 def serve(state_dir, *, host: str = "127.0.0.1", port: int = 8080, log=None, snapshot_every: float | None = 60.0,
           http: str = "auto", loop: str = "auto", run_on_loop: bool = True, fast: bool = True,
           token_file=None, allowed_hosts=(), allowed_origins=(), max_body_bytes: int = MAX_BODY_BYTES,
-          max_candidates: int = MAX_CANDIDATES, max_feedback_items: int = MAX_FEEDBACK_ITEMS) -> int:
+          max_candidates: int = MAX_CANDIDATES, max_feedback_items: int = MAX_FEEDBACK_ITEMS,
+          allow_imports: bool = False) -> int:
     """Serve ``state_dir`` until SIGTERM or SIGINT, then write the snapshot and return 0.
 
     ``token_file``: the tokens and their roles (``bayes_safe.online.auth``; default: the file the
     environment variable ``BAYES_SAFE_TOKEN_FILE`` names, else no tokens); without tokens only a
     loopback ``host`` is served (a ``ValueError`` naming ``--host`` otherwise). ``allowed_hosts``,
-    ``allowed_origins`` and the limits: ``Gate`` (docs/security.md).
+    ``allowed_origins`` and the limits: ``Gate`` (docs/security.md). ``allow_imports``: a state whose
+    prior is a Python function (``module:function``, a Langevin model's callable Pyro prior) is
+    served only with it (``--allow-imports``): loading imports that module and runs its code.
 
     ``http`` and ``loop`` are uvicorn's HTTP parser (``"httptools"``, ``"h11"``) and event loop
     (``"uvloop"``, ``"asyncio"``); ``"auto"`` takes httptools and uvloop, which the ``serve`` extra
@@ -1151,7 +1158,7 @@ def serve(state_dir, *, host: str = "127.0.0.1", port: int = 8080, log=None, sna
     import torch
 
     torch.set_num_threads(1)  # tiny tensor operations per request (bayes_safe.threads)
-    service = Service(state_dir, log=log)
+    service = Service(state_dir, log=log, allow_imports=allow_imports)
     try:
         sock = _listen(host, port)
         app = create_app(service, snapshot_every, run_on_loop, gate)

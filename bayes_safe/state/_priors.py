@@ -59,7 +59,7 @@ def import_callable(path: str, dec: Decoder, where: str):
         dec.fail(f"{where}: expected an import path 'module:function', got {path!r}")
     if not dec.allow_imports:
         dec.fail(f"{where}: the prior is the Python function {path!r}; loading it imports and runs the code of "
-                 "that module, so pass allow_imports=True if you trust it")
+                 "that module, so pass allow_imports=True (on the command line --allow-imports) if you trust it")
     module, qualname = path.split(":")
     try:
         obj = importlib.import_module(module)
