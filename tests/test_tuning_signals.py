@@ -122,6 +122,8 @@ def test_sigterm_stops_the_study_and_its_workers_and_resume_reruns_the_abandoned
     _check_resume(out, before, observed)
 
 
+# slow job: a SIGKILL of a study is also covered by test_tuning_crash in the default run
+@pytest.mark.slow
 def test_sigkill_leaves_no_orphan_and_resume_reruns_the_abandoned_trials(tmp_path):
     out, status, log, gone_after = _signal_mid_study(tmp_path, signal.SIGKILL)
     assert status == -signal.SIGKILL, log
