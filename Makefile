@@ -34,10 +34,18 @@ browser:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; \
 	fi
 
-test: $(STAMP) data browser
+# PostgreSQL's server binaries for the tests that start a real server on 127.0.0.1 (tests/postgres.py;
+# Debian's postgresql package, its binaries under /usr/lib/postgresql/*/bin; needs root)
+.PHONY: postgres
+postgres:
+	@if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null; \
+	fi
+
+test: $(STAMP) data browser postgres
 	$(PY) -m pytest -q
 
-test-slow: $(STAMP) data
+test-slow: $(STAMP) data postgres
 	$(PY) -m pytest -q -m slow
 
 bench: $(STAMP)

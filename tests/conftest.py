@@ -1,5 +1,6 @@
 import pytest
 import torch
+from postgres import postgres_server  # noqa: F401  (a real PostgreSQL for the tests that ask for it)
 
 
 @pytest.fixture(autouse=True, scope="session")
