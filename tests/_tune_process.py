@@ -30,3 +30,14 @@ def wait_for_trials(proc: subprocess.Popen, lines: list[str], count: int, timeou
         assert proc.poll() is None, "".join(lines)
         assert time.monotonic() < deadline, f"{count} trial(s) did not complete in time:\n" + "".join(lines)
         time.sleep(0.05)
+
+
+def one_error_line(proc: subprocess.CompletedProcess, *needles: str) -> str:
+    """The one stderr line of a command-line refusal (exit status 2, no traceback), holding every needle."""
+    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    return lines[0]

@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 import pytest
+from _tune_process import one_error_line
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -107,16 +108,6 @@ def kill(proc: subprocess.Popen) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)
-
-
-def one_error_line(proc: subprocess.CompletedProcess, *needles: str) -> str:
-    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
-    lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, proc.stderr
-    assert "Traceback" not in proc.stderr
-    for needle in needles:
-        assert needle in lines[0], lines[0]
-    return lines[0]
 
 
 def digest(path: Path) -> str:

@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from _tune_process import one_error_line
 
 from bayes_safe.offline import skill_routing_logs
 
@@ -32,16 +33,6 @@ def bayes_safe(*args, cwd=None, timeout=300, umask=None) -> subprocess.Completed
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     return subprocess.run([*cmd, *map(str, args)], check=False, cwd=cwd or ROOT, capture_output=True, text=True,
                           timeout=timeout, env=env, umask=-1 if umask is None else umask)
-
-
-def one_error_line(proc: subprocess.CompletedProcess, *needles: str) -> str:
-    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
-    lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, proc.stderr
-    assert "Traceback" not in proc.stderr
-    for needle in needles:
-        assert needle in lines[0], lines[0]
-    return lines[0]
 
 
 def listing(path: Path) -> list[str] | None:
