@@ -50,7 +50,7 @@ the snapshot: decisions made after it become pending (their ids are not issued a
 feedback logged for pending decisions is applied, in the order it arrived, exactly once.
 
 **Decision ids** are ``'<n>-<tag>'``: ``n`` the decision's number (0, 1, ...; the key of the
-log's rows and of ``pending``) and ``tag`` 32 hex digits of an HMAC-SHA256 of ``n`` under a
+log's rows and of ``pending``) and ``tag`` 32 hex digits of a keyed BLAKE2b MAC of ``n`` under a
 256-bit key drawn when the Decider is made and kept in its saved state (``public_id(n)``). A
 client cannot guess another decision's id, and ``feedback`` refuses any id that is not exactly
 one this Decider issued (``'05'``, a wrong tag, a number not issued yet) with the same message,
@@ -537,7 +537,8 @@ class Decider:
     def public_id(self, number: int) -> str:
         """The id a client is given for decision number ``number`` (the log's ``decision_id``):
         ``'<number>-<32 hex digits>'`` (module docstring)."""
-        tag = hmac.new(self._id_key, str(int(number)).encode(), hashlib.sha256).hexdigest()[:32]
+        # keyed BLAKE2b, a MAC by design (RFC 7693 s.2.5): 16 bytes, 128 bits
+        tag = hashlib.blake2b(str(int(number)).encode(), key=self._id_key, digest_size=16).hexdigest()
         return f"{int(number)}-{tag}"
 
     def _resolve(self, decision_id) -> str:
