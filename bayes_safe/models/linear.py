@@ -232,6 +232,23 @@ class BayesianLinear:
             outcomes (Gibbs or Langevin engine; give neither ``noise_std`` nor ``noise_prior``). Then
             ``update`` rejects outcomes outside {0, 1} (NaN too), and ``sample_at`` /
             ``predict`` answer for the success probability ``Phi(x^T w)`` / ``sigmoid(x^T w)``.
+        forgetting: ``lambda`` in (0, 1], or None (no forgetting, the default; 1 is the same): the
+            world drifts, so before each observation a batch element receives, what it learned so
+            far is weighted by ``lambda`` (an observation ``n`` observations old counts
+            ``lambda^n``; the effective memory is about ``1 / (1 - lambda)`` observations, a
+            half-life of ``log(1/2) / log(lambda)``). Conjugate engines (Gaussian and
+            Normal-Inverse-Gamma); the other engines refuse it by name for now.
+        forgetting_rule: ``"stabilized"`` (default) forgets the data and keeps the prior: the
+            sufficient statistics are pulled toward the prior's, ``Lambda <- Lambda0 + lambda
+            (Lambda - Lambda0)`` (and so ``eta``, and the noise posterior's ``a`` and ``y^T y``),
+            the stabilised forgetting of Kulhavy & Zarrop (1993), so that the uncertainty in a
+            direction no longer observed returns to the prior's and never grows past it.
+            ``"exponential"`` weighs everything, the prior included, by ``lambda``
+            (``Lambda <- lambda Lambda``): the classic recursive-least-squares rule, whose
+            uncertainty in an unobserved direction grows without bound (the posterior's variance
+            there is ``lambda^-n`` times the prior's after ``n`` observations elsewhere). Rows
+            given in one ``update`` count as that many observations in order (the same posterior
+            as one ``update`` per row).
 
     Attributes:
         engine_name: ``"conjugate"``, ``"gibbs"``, ``"langevin"``, ``"nuts"`` or ``"svi"``.
@@ -275,6 +292,8 @@ class BayesianLinear:
         refit_every: int | None = None,
         inference_options: dict | None = None,
         likelihood: str = "gaussian",
+        forgetting: float | None = None,
+        forgetting_rule: str = "stabilized",
     ):
         from .gibbs import LIKELIHOODS
 
@@ -305,6 +324,14 @@ class BayesianLinear:
         if likelihood != "gaussian" and inference in ("conjugate", "nuts", "svi"):
             raise ValueError(f"inference: likelihood={likelihood!r} is sampled by the Gibbs or Langevin engine; use "
                              f"inference='auto', 'gibbs' or 'langevin', got {inference!r}")
+        if forgetting is not None:
+            if isinstance(forgetting, bool) or not isinstance(forgetting, (int, float)) or not 0 < forgetting <= 1:
+                raise ValueError(f"forgetting: expected a number in (0, 1] (the weight kept per observation) or None, "
+                                 f"got {forgetting!r}")
+            forgetting = None if forgetting == 1 else float(forgetting)
+        if forgetting_rule not in ("stabilized", "exponential"):
+            raise ValueError(f"forgetting_rule: expected 'stabilized' or 'exponential', got {forgetting_rule!r}")
+        self.forgetting, self.forgetting_rule = forgetting, forgetting_rule
         self.prior = prior
         self.noise_std = noise_std
         self.noise_prior = noise_prior
@@ -364,6 +391,10 @@ class BayesianLinear:
                     f"any other prior, got {type(prior).__name__}")
         self.engine_name = "conjugate" if self.conjugate else "gibbs" if mixture is not None else (
             "langevin" if langevin else "svi" if inference == "svi" else "nuts")
+        if self.forgetting is not None and not self.conjugate:
+            raise ValueError(f"forgetting: the {self.engine_name} engine (this prior{'' if likelihood == 'gaussian' else ', likelihood=' + repr(likelihood)}) "
+                             "does not forget yet; forgetting works with the conjugate engines (a Gaussian prior and "
+                             "likelihood, known noise or an InverseGamma noise_prior)")
         self._count = 0  # observations given to every batch element
         self._masked_count: torch.Tensor | None = None  # per-element counts of masked (per-arm) updates
 
@@ -377,11 +408,13 @@ class BayesianLinear:
             self._scale = 1.0 if noise_prior is not None else 1.0 / noise_std**2
             self.precision = self._prior_precision.clone()
             self.eta = (self._prior_precision @ loc[..., None])[..., 0]
+            self._prior_eta = self.eta.clone()  # what stabilised forgetting keeps
             if noise_prior is not None:
                 self._a = noise_prior.concentration.to(_DTYPE).expand(self.batch_shape).clone()
                 self._b0 = noise_prior.rate.to(_DTYPE).expand(self.batch_shape).clone()
                 # running y^T y + m0^T Lambda0 m0, for b_n = b0 + (sq - eta^T Lambda^-1 eta) / 2
                 self._sq = (loc[..., None, :] @ self._prior_precision @ loc[..., None])[..., 0, 0]
+                self._a0, self._sq0 = self._a.clone(), self._sq.clone()
             self._factor: torch.Tensor | None = None
             # batch elements whose precision changed since the factor was computed (None: none,
             # or the whole factor is stale); masked updates refactor only these
@@ -478,6 +511,16 @@ class BayesianLinear:
             self._masked_count = weight.long() if self._masked_count is None else self._masked_count + weight.long()
         if self.conjugate:
             s = self._scale
+            if self.forgetting is not None:
+                if not single and n > 1:  # in order, one observation at a time: each forgets the ones before it
+                    if weight is None:  # (each row below counts itself)
+                        self._count -= n
+                    else:
+                        self._masked_count = self._masked_count - weight.long()
+                    for i in range(n):
+                        self._update_rows(X[..., i, :], y[..., i], True, weight)
+                    return
+                self._forget(weight)
             # in place: one fused op each instead of building X X^T and adding it
             if single:
                 # unsqueeze: the views of X[..., :, None] and X[..., None, :] at a third of the call cost
@@ -510,6 +553,27 @@ class BayesianLinear:
         self._X.append(X.expand(*self.batch_shape, *X.shape[-2:]))
         self._y.append(y.expand(*self.batch_shape, y.shape[-1]))
         self._since_fit += n
+
+    def _forget(self, weight: torch.Tensor | None) -> None:
+        """Weigh what the batch elements learned by ``forgetting`` before one more observation
+        (only the elements ``weight [*batch] > 0`` receive it); ``forgetting_rule`` says whether the
+        prior is kept (stabilised) or weighed too (exponential)."""
+        lam = self.forgetting
+        f = lam if weight is None else torch.where(weight > 0, lam, 1.0).to(_DTYPE)
+        f2 = f if weight is None else f[..., None]
+        f3 = f if weight is None else f[..., None, None]
+        if self.forgetting_rule == "exponential":
+            self.precision.mul_(f3)
+            self.eta.mul_(f2)
+            if self.noise_prior is not None:
+                self._sq, self._a = self._sq * f, self._a * f
+            return
+        p0, eta0 = self._prior_precision, self._prior_eta
+        self.precision.sub_(p0).mul_(f3).add_(p0)
+        self.eta.sub_(eta0).mul_(f2).add_(eta0)
+        if self.noise_prior is not None:
+            self._sq = self._sq0 + f * (self._sq - self._sq0)
+            self._a = self._a0 + f * (self._a - self._a0)
 
     def _update_elements(self, index: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> None:
         """Trusted conjugate update of some batch elements only: element ``index[i]`` (a flat
@@ -842,8 +906,9 @@ class BayesianLinear:
         stale = ""
         if self.unfitted_observations:
             stale = f", unfitted_observations={self.unfitted_observations} (refit at the next draw or fit())"
+        forget = "" if self.forgetting is None else f", forgetting={self.forgetting} ({self.forgetting_rule})"
         return (f"BayesianLinear(dim={self.dim}, {noise}, batch_shape={list(self.batch_shape)}, "
-                f"inference={self.engine_name!r}{stale})")
+                f"inference={self.engine_name!r}{forget}{stale})")
 
 
 _LINKS = {"probit": torch.special.ndtr, "logistic": torch.sigmoid}

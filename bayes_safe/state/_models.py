@@ -48,6 +48,8 @@ def _enc_linear(m, enc: Encoder, what: str) -> dict:
         "conjugate": bool(m.conjugate), "count": int(m._count),
         "masked_count": enc.optional(m._masked_count, f"{what}.masked_count"),
     }
+    if getattr(m, "forgetting", None) is not None:  # (absent: no forgetting, as in states written before)
+        node.update(forgetting=float(m.forgetting), forgetting_rule=m.forgetting_rule)
     if m.conjugate:
         node.update(prior_loc=enc.tensor(m._prior_loc, f"{what}.prior_loc"),
                     prior_precision=enc.tensor(m._prior_precision, f"{what}.prior_precision"),
@@ -173,16 +175,21 @@ def _dec_linear(node: dict, dec: Decoder, where: str):
     masked = dec.tensor(node.get("masked_count"), f"{where}.masked_count", shape=b, dtype=_LONG, optional=True)
     if masked is not None and bool((masked < 0).any()):
         dec.fail(f"{where}.masked_count: expected counts >= 0")
+    forgetting = dec.float_field(node, "forgetting", where, allow_none=True) if "forgetting" in node else None
+    rule = node.get("forgetting_rule", "stabilized")
     if conjugate:
-        m = build(dec, where, lambda: BayesianLinear(prior, noise_std, noise_prior, batch_shape=b, inference="conjugate", dim=d))
+        m = build(dec, where, lambda: BayesianLinear(prior, noise_std, noise_prior, batch_shape=b, inference="conjugate", dim=d,
+                                                     forgetting=forgetting, forgetting_rule=rule))
 
         def t(name, shape):
             return dec.tensor(node.get(name), f"{where}.{name}", shape=shape, dtype=_F64, finite=True).clone()
 
         m._prior_loc, m._prior_precision = t("prior_loc", (*b, d)), t("prior_precision", (*b, d, d))
         m.precision, m.eta = t("precision", (*b, d, d)), t("eta", (*b, d))
+        m._prior_eta = (m._prior_precision @ m._prior_loc[..., None])[..., 0]  # what stabilised forgetting keeps
         if noise_prior is not None:
             m._a, m._b0, m._sq = t("a", b), t("b0", b), t("sq", b)
+            m._sq0 = (m._prior_loc[..., None, :] @ m._prior_precision @ m._prior_loc[..., None])[..., 0, 0]
         m._factor, m._dirty = None, None
     elif "chain" in node:  # a Gibbs or Langevin chain (NUTS / SVI nodes have no "chain")
         engine = dec.field(node, "engine", str, where)
