@@ -8,7 +8,7 @@ Quick start:
     from bayes_safe import BayesianLinear, TSASC, daulton2019, simulate
 
     env = daulton2019(replications=100, seed=0, alpha=0.01)
-    prior = lambda: dist.Normal(0.0, 0.1).expand([env.dim]).to_event(1)
+    prior = lambda: dist.Normal(0.0, 1.0).expand([env.dim]).to_event(1)   # the weights' own scale
     policy = TSASC(BayesianLinear(prior(), noise_std=0.1, batch_shape=[100]),
                    [BayesianLinear(prior(), noise_std=0.1, batch_shape=[100])], alpha=0.01)
     trace = simulate(policy, env, horizon=500, seed=1)
