@@ -277,6 +277,10 @@ class ReplicationRNG:
     def replications(self) -> int:
         return len(self.seeds)
 
+    def __repr__(self) -> str:
+        shown = self.seeds[:3] + (["..."] if len(self.seeds) > 3 else [])
+        return f"{type(self).__name__}(replications={self.replications}, seeds={shown}, streams={len(self._streams)})"
+
     def _stream(self, kind: str, shape: Sequence[int], key: str, dtype) -> _Stream:
         """The stream of ``kind`` draws of ``[R, *shape]`` named ``key`` (made on first use)."""
         sid = (kind, key, shape, dtype)
@@ -340,6 +344,9 @@ class DrawBatch(ReplicationRNG):
         if generator is not None and not isinstance(generator, torch.Generator):
             raise TypeError(f"generator: expected a torch.Generator or None, got {type(generator).__name__}")
         self.generator = generator if generator is not None else torch.Generator().manual_seed(int(seed))
+
+    def __repr__(self) -> str:
+        return f"DrawBatch(num_draws={self.num_draws}, replications={self.replications}, played={self.played})"
 
     def _draw(self, kind: str, shape, key: str, dtype) -> torch.Tensor:
         return self._full(kind, (self.replications, *(int(s) for s in shape)), dtype)

@@ -68,6 +68,13 @@ class Trace:
     attrs: dict = field(default_factory=dict)
     constraint_violation: torch.Tensor | None = None
 
+    def __repr__(self) -> str:
+        T, R = self.shape
+        recorded = ", ".join(self.recorded)
+        return (f"Trace(horizon={T}, replications={R}, metric_names={list(self.metric_names)}, alpha={self.alpha}, "
+                f"recorded=[{recorded}], policy={self.attrs.get('policy', '?')!r}, "
+                f"problem={self.attrs.get('problem', '?')!r})")
+
     @property
     def regret_available(self) -> bool:
         """False when the problem gave no expected outcomes (regret and violations unknown)."""

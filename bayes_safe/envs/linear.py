@@ -107,6 +107,12 @@ class LinearBandit(Problem):
         base = base.reshape(base.shape[0], *([1] * (expected.dim() - 2)), base.shape[-1])
         return (expected[..., 1:] >= (1 - self.alpha) * base).all(-1)
 
+    def __repr__(self) -> str:
+        noise = [round(v, 6) for v in self.noise_std.reshape(-1).tolist()]
+        return (f"LinearBandit(name={self.name!r}, replications={self.replications}, num_arms={self.num_arms}, "
+                f"dim={self.dim}, metric_names={list(self.metric_names)}, alpha={self.alpha}, noise_std={noise}, "
+                f"parameter_std={self.parameter_std})")
+
     def step(self, t: int = 0) -> Units:
         """The candidates ``[R, K, d]`` and baseline arms ``[R]`` (fixed arms: the same every step)."""
         return Units(self.arm_features, self.baseline_action)

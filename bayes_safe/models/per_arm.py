@@ -50,6 +50,14 @@ class PerArmLinear:
         )
         self.dim = self.arms.dim
 
+    def __repr__(self) -> str:
+        a = self.arms
+        noise = f"noise_std={a.noise_std}" if a.noise_std is not None else "noise_prior=InverseGamma"
+        seen = a.num_observations.reshape(*self.batch_shape, self.num_arms)
+        per_arm = seen.reshape(-1, self.num_arms).sum(0).tolist()
+        return (f"PerArmLinear(dim={self.dim}, num_arms={self.num_arms}, {noise}, batch_shape={list(self.batch_shape)}, "
+                f"observations per arm={per_arm})")
+
     def update(self, contexts, y, actions) -> None:
         """Update the played arms: ``contexts [*batch, d]``, ``y [*batch]``, ``actions [*batch]``."""
         c = check_finite(as_tensor(contexts, "contexts"), "contexts")

@@ -265,6 +265,19 @@ class Policy:
         """The posterior models this policy keeps, by role (for saving and diagnostics)."""
         return {}
 
+    def _settings(self) -> dict[str, object]:
+        """What ``repr`` shows besides the models (subclasses add their own settings)."""
+        alpha = getattr(self, "alpha", None)
+        if isinstance(alpha, torch.Tensor):
+            alpha = [round(a, 6) for a in alpha.reshape(-1).tolist()]
+            alpha = alpha[0] if len(alpha) == 1 else alpha
+        return {} if alpha is None else {"alpha": alpha}
+
+    def __repr__(self) -> str:
+        parts = [f"{role}={model!r}" for role, model in self.models().items()]
+        parts += [f"{k}={v!r}" for k, v in self._settings().items()]
+        return f"{type(self).__name__}({', '.join(parts)})"
+
     def action_probabilities(self, features, baseline=None, valid=None, *, num_draws: int = 1000,
                              generator: torch.Generator | None = None, seed: int = 0):
         """The probability of each action under the current posterior, ``([R, K], se [R, K])``.

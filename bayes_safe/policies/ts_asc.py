@@ -401,6 +401,17 @@ class TSASC(Policy):
         for j, model in enumerate(self.constraint_models):
             model.update(features_chosen, constraints[:, j], actions=actions)
 
+    def _settings(self) -> dict[str, object]:
+        if self.constraints is not None:
+            out: dict[str, object] = {"constraints": [str(c) for c in self.constraints]}
+        else:
+            out = super()._settings()
+        if getattr(self, "metric_names", None):
+            out["metric_names"] = list(self.metric_names)
+        if getattr(self, "fallback", "safest") != "safest":
+            out["fallback"] = self.fallback
+        return out
+
     def models(self):
         out = {"reward": self.reward_model}
         out.update({f"constraint{j}": m for j, m in enumerate(self.constraint_models)})

@@ -1,0 +1,51 @@
+"""Every public object says what it is (issue 31, notebook manners): the class, its engine, shapes,
+observations and settings; never a tensor dump, never ``<object at 0x...>``."""
+
+from __future__ import annotations
+
+import pyro.distributions as dist
+import pytest
+import torch
+
+from bayes_safe import TSASC, BayesianLinear, ThompsonSampling, daulton2019, simulate
+from bayes_safe.envs import Constraint
+from bayes_safe.models import PerArmLinear
+from bayes_safe.policies import CLUCB, Greedy
+from bayes_safe.random import DrawBatch, ReplicationRNG
+
+F64 = torch.float64
+
+
+def _model(**kw):
+    return BayesianLinear(dist.Normal(torch.zeros(4, dtype=F64), 1.0).to_event(1), noise_std=0.5, **kw)
+
+
+def _objects():
+    env = daulton2019(replications=2, seed=0)
+    ts = ThompsonSampling(_model(batch_shape=[2]))
+    trace = simulate(ts, env, horizon=3, seed=0)
+    return {
+        "BayesianLinear": (_model(forgetting=0.99), ["dim=4", "noise_std=0.5", "conjugate", "forgetting=0.99"]),
+        "ThompsonSampling": (ts, ["reward=BayesianLinear(", "batch_shape=[2]"]),
+        "TSASC alpha": (TSASC(_model(), [_model()], alpha=0.1), ["constraint0=BayesianLinear(", "alpha=0.1"]),
+        "TSASC declared": (TSASC(_model(), [_model()], constraints=[Constraint.relative("unsubscribe", at_most=1.02)],
+                                 metric_names=["click", "unsubscribe"]), ["unsubscribe", "metric_names=['click'"]),
+        "CLUCB": (CLUCB(_model(batch_shape=[1]), torch.zeros(1, dtype=F64), alpha=0.1), ["CLUCB(", "alpha=0.1"]),
+        "Greedy": (Greedy(_model()), ["Greedy(reward=BayesianLinear("]),
+        "PerArmLinear": (PerArmLinear(dist.Normal(torch.zeros(3, dtype=F64), 1.0).to_event(1), 5, noise_std=1.0),
+                         ["num_arms=5", "dim=3", "observations per arm=[0, 0, 0, 0, 0]"]),
+        "ReplicationRNG": (ReplicationRNG(list(range(10))), ["replications=10", "'...'"]),
+        "DrawBatch": (DrawBatch(200, played=True), ["num_draws=200", "played=True"]),
+        "LinearBandit": (env, ["daulton2019", "num_arms=100", "dim=4", "alpha=0.01"]),
+        "Trace": (trace, ["horizon=3", "replications=2", "policy='ThompsonSampling'", "problem='daulton2019'"]),
+    }
+
+
+@pytest.mark.parametrize("name", list(_objects()))
+def test_a_repr_says_what_the_object_is_without_dumping_tensors(name):
+    obj, needles = _objects()[name]
+    text = repr(obj)
+    assert " object at 0x" not in text and "tensor(" not in text and len(text) < 700, text
+    assert text.startswith(type(obj).__name__ + "("), text
+    for needle in needles:
+        assert needle in text, (needle, text)
