@@ -48,6 +48,11 @@ def trusted_inputs():
 
 def as_tensor(value, name: str, dtype=torch.float64) -> torch.Tensor:
     """Convert ``value`` to a tensor of ``dtype``; raise TypeError naming ``name`` if impossible."""
+    if type(value).__module__.startswith("pandas") and callable(getattr(value, "to_numpy", None)):
+        try:  # a DataFrame or Series (columns in their order, as the Decider takes named features positionally)
+            value = value.to_numpy(dtype=np.float64)
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"{name}: expected numbers, got a {type(value).__name__} with non-numeric entries") from exc
     if isinstance(value, np.ndarray) and not value.flags.writeable:
         value = np.array(value)  # a read-only view (np.broadcast_to, a memory map): torch would warn, then share it
     try:

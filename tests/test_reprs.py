@@ -49,3 +49,20 @@ def test_a_repr_says_what_the_object_is_without_dumping_tensors(name):
     assert text.startswith(type(obj).__name__ + "("), text
     for needle in needles:
         assert needle in text, (needle, text)
+
+
+def test_models_take_dataframes_and_series_as_the_decider_does():
+    """Features and outcomes as pandas objects (issue 31, conventions): the same posterior as numpy."""
+    import numpy as np
+    import pandas as pd
+
+    rng = np.random.default_rng(0)
+    frame = pd.DataFrame(rng.normal(size=(6, 4)), columns=["age", "price", "hour", "visits"])
+    outcome = pd.Series(rng.normal(size=6), name="revenue")
+    a, b = _model(), _model()
+    a.update(frame, outcome)
+    b.update(frame.to_numpy(), outcome.to_numpy())
+    assert torch.equal(a.precision, b.precision) and torch.equal(a.eta, b.eta)
+    torch.testing.assert_close(a.predict(frame)[0], b.predict(frame.to_numpy())[0])
+    with pytest.raises(TypeError, match="X: expected numbers, got a DataFrame with non-numeric entries"):
+        a.update(frame.assign(hour="noon"), outcome)
