@@ -131,7 +131,8 @@ def _build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--host", default="127.0.0.1", help="the address to listen on (default 127.0.0.1)")
     srv.add_argument("--port", type=_port, default=8080, help="the TCP port (default 8080; 0: a free one, printed)")
     srv.add_argument("--log", default=None, metavar="PATH",
-                     help="the decision log (SQLite; default STATE_DIR.log.sqlite beside STATE_DIR)")
+                     help="the decision log: a SQLite file (default STATE_DIR.log.sqlite beside STATE_DIR) or a "
+                          "PostgreSQL URL postgresql://user@host:port/db (the postgres extra)")
     srv.add_argument("--snapshot-every", type=positive_float, default=60.0, metavar="SECONDS",
                      help="save the Decider to STATE_DIR this often when it changed (default 60), and on shutdown")
     srv.add_argument("--token-file", default=None, metavar="PATH",
@@ -163,7 +164,8 @@ def _build_parser() -> argparse.ArgumentParser:
                          "constraint metric (the policy's metric_names after the reward, else constraint0, ...; "
                          "or one 'constraints' column of JSON lists); other columns are ignored")
     fb.add_argument("--log", default=None, metavar="PATH",
-                    help="the decision log (default STATE_DIR.log.sqlite beside STATE_DIR)")
+                    help="the decision log: a SQLite file (default STATE_DIR.log.sqlite beside STATE_DIR) or a "
+                         "PostgreSQL URL postgresql://user@host:port/db")
     fb.add_argument("--url", default=None, metavar="URL",
                     help="send the table to the running `bayes-safe serve` at URL (one POST /feedback) instead; "
                          "without it, a state being served is refused")

@@ -95,7 +95,7 @@ from .._validation import trusted_inputs
 from ..io import atomic_output_dir
 from ..random import DrawBatch
 from ..state import StateError, load_state, save_state
-from .log import DecisionLog
+from .log import DecisionLog, log_location
 
 __all__ = ["MAX_DRAWS", "Decider", "Decision", "FeedbackRowsError"]
 
@@ -730,7 +730,8 @@ class Decider:
                 raise ValueError("log: this Decider has no decision log; pass one")
             return self.log
         if isinstance(log, (str, Path)):
-            if self.log is not None and Path(log).resolve() == self.log.path.resolve():
+            # a file path or a postgresql:// URL, compared as the log names itself (a URL without its password)
+            if self.log is not None and log_location(log).resolve() == self.log.path.resolve():
                 return self.log
             log = DecisionLog(log)
         if not isinstance(log, DecisionLog):

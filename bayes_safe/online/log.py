@@ -1,5 +1,8 @@
-"""The decision log: every decision and its feedback, as they happen, in SQLite.
+"""The decision log: every decision and its feedback, as they happen, in SQLite or PostgreSQL.
 
+``DecisionLog(target)``: ``target`` a file path (SQLite, embedded: the default) or a URL
+``postgresql://user@host:port/db`` (``postgres://`` too; PostgreSQL through psycopg 3, the
+``postgres`` extra). Both behave the same: the same methods, answers and errors of arguments.
 Each ``write_decision`` / ``write_feedback`` is one transaction (a row is written whole or not
 at all, and a killed process loses at most the row being written). The log reads back as a
 ``pandas.DataFrame``, as the toolkit's ``bayes_safe.offline.LoggedData`` (for IPS, SNIPS, DR
@@ -14,24 +17,41 @@ Schema (one row per decision; feedback joins by ``decision_id``):
   list, the Monte-Carlo probability of every action), ``baseline`` (int or NULL);
 * ``feedback``: ``decision_id`` (primary key: feedback is idempotent), ``time``, ``reward``,
   ``constraints`` (JSON list or NULL);
-* ``meta``: ``key``, ``value`` (text), created when a ``Decider`` first writes to the log:
-  ``decider_id`` (the Decider the log belongs to) and ``first_id`` (its id counter then; the log
-  holds the decisions from that id on). ``Decider.load`` and ``Decider.replay`` compare them with
-  a snapshot and refuse a log that does not belong to it (``Decider.check_log``).
+* ``meta``: ``key``, ``value`` (text): ``schema_version`` (``SCHEMA_VERSION``, written when the
+  log is created or first opened for writing; a log without one, written before logs had it, is
+  version 1; a log of a newer version than this code is refused); ``decider_id`` (the Decider the
+  log belongs to) and ``first_id`` (its id counter then; the log holds the decisions from that id
+  on), written when a ``Decider`` first writes to the log. ``Decider.load`` and ``Decider.replay``
+  compare them with a snapshot and refuse a log that does not belong to it (``Decider.check_log``).
+
+On PostgreSQL both tables also have ``seq``, an identity column (the insertion order SQLite's
+``rowid`` gives: ``feedback_for``, ``feedback_rows_after``); times are double precision seconds,
+integers BIGINT. The decision ids stay text, and the queries that read them as numbers give what
+SQLite's ``CAST(decision_id AS INTEGER)`` gives (the integer prefix, 0 when there is none) for
+ids that are not a Decider's. One connection per ``DecisionLog``, behind a lock (the service
+calls it from several threads). A failure of the server or of the connection raises
+``LogUnavailable`` (a ``ConnectionError``, so an ``OSError``; the service answers 503) and the
+next call connects again; any other PostgreSQL error raises ``LogError``. ``path`` is the URL
+without its password (``LogURL``), so it can be printed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
 import threading
 import time
 from pathlib import Path
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import numpy as np
 import pandas as pd
 
-__all__ = ["DecisionLog"]
+__all__ = ["SCHEMA_VERSION", "DecisionLog", "LogError", "LogURL", "LogUnavailable", "is_log_url", "log_location"]
+
+#: the version of the log's tables this code writes (and the newest it reads)
+SCHEMA_VERSION = 1
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS decisions (
@@ -44,89 +64,413 @@ CREATE TABLE IF NOT EXISTS feedback (
 );
 """
 
+_PG_SCHEMA = [
+    ("CREATE TABLE IF NOT EXISTS decisions (seq BIGINT GENERATED ALWAYS AS IDENTITY UNIQUE, "
+     "decision_id TEXT PRIMARY KEY, time DOUBLE PRECISION NOT NULL, action BIGINT NOT NULL, "
+     "propensity DOUBLE PRECISION NOT NULL, propensity_se DOUBLE PRECISION NOT NULL, model_version BIGINT NOT NULL, "
+     "num_actions BIGINT NOT NULL, context TEXT NOT NULL, probabilities TEXT NOT NULL, baseline BIGINT)"),
+    ("CREATE TABLE IF NOT EXISTS feedback (seq BIGINT GENERATED ALWAYS AS IDENTITY UNIQUE, decision_id TEXT PRIMARY KEY, "
+     "time DOUBLE PRECISION NOT NULL, reward DOUBLE PRECISION NOT NULL, constraints TEXT)"),
+    "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+]
+_META = "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)"
+_DECISION_COLUMNS = ("decision_id", "time", "action", "propensity", "propensity_se", "model_version", "num_actions",
+                     "context", "probabilities", "baseline")
+_SCHEMES = ("postgresql://", "postgres://")
+#: a key for pg_advisory_xact_lock: two processes creating one log's tables at once take turns
+_PG_LOCK_KEY = 0x6261_7965_735F_6C67 & 0x7FFF_FFFF_FFFF_FFFF
+
+
+class LogError(Exception):
+    """A PostgreSQL decision log refused an operation (the server's error, with the log's URL)."""
+
+
+class LogUnavailable(LogError, ConnectionError):
+    """The PostgreSQL server of a decision log could not be reached, or the connection broke
+    (a restart ...): nothing was written; the next call connects again."""
+
+
+def is_log_url(target) -> bool:
+    """Whether ``target`` names a PostgreSQL log (a ``postgresql://`` or ``postgres://`` URL)."""
+    return isinstance(target, str) and target.lower().startswith(_SCHEMES)
+
+
+def _redact(url: str) -> str:
+    """``url`` without a password (in its user part or a ``password`` parameter)."""
+    try:
+        parts = urlsplit(url)
+        netloc = parts.netloc
+        if "@" in netloc:
+            user, host = netloc.rsplit("@", 1)
+            netloc = f"{user.split(':', 1)[0]}@{host}"
+        query = urlencode([(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k.lower() != "password"])
+        return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+    except ValueError:
+        return f"{url.split('://', 1)[0]}://(a URL that does not parse)"
+
+
+class LogURL(str):
+    """A PostgreSQL log's URL as it prints: without its password. The URL as given is kept (not
+    printed) so that ``DecisionLog(log.path)`` opens the same log (the service's metrics reader)."""
+
+    def __new__(cls, url: str):
+        url = url._url if isinstance(url, LogURL) else str(url)
+        self = super().__new__(cls, _redact(url))
+        self._url = url
+        return self
+
+    def resolve(self) -> LogURL:  # what a Path's ``resolve`` is to a file: the same log, compared as text
+        return self
+
+    def __reduce__(self):
+        return LogURL, (self._url,)
+
+
+def log_location(target) -> Path | LogURL:
+    """What ``DecisionLog(target).path`` is: a ``LogURL`` for a PostgreSQL URL, else the ``Path``
+    (a string naming another URL scheme raises ``ValueError``)."""
+    if is_log_url(target):
+        return LogURL(target)
+    if isinstance(target, str) and "://" in target:
+        raise ValueError(f"path: expected a file path or a postgresql:// URL, got {target.split('://', 1)[0]}://...")
+    return Path(target)
+
+
+def _pg_int(col: str) -> str:
+    """PostgreSQL's version of SQLite's ``CAST(col AS INTEGER)``: the integer prefix after leading
+    white space (clamped to 64 bits), 0 when there is none; never an error."""
+    # (no question mark: the queries' placeholders are written '?', turned into psycopg's)
+    slow = (rf"LEAST(GREATEST(COALESCE(substring({col} FROM '^[ \t\n\r\f\v]*([+-]{{0,1}}[0-9]+)')::numeric, 0), "
+            "-9223372036854775808), 9223372036854775807)::bigint")
+    return f"(CASE WHEN {col} ~ '^[0-9]{{1,18}}$' THEN {col}::bigint ELSE {slow} END)"
+
+
+class _SQLite:
+    """The SQLite connection of a log (the caller holds the log's lock)."""
+
+    kind = "sqlite"
+    rowid = "rowid"
+
+    def __init__(self, path: Path, read_only: bool):
+        if read_only:
+            if not path.is_file():
+                raise FileNotFoundError(f"path: no such decision log {str(path)!r}")
+            self.db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, check_same_thread=False,
+                                      isolation_level=None)  # no transaction left open by a refused write
+            try:
+                tables = self.tables()
+            except sqlite3.DatabaseError as exc:
+                self.db.close()
+                raise ValueError(f"path: {path} is not a decision log (SQLite: {exc})") from None
+            if not {"decisions", "feedback"} <= tables:
+                self.db.close()
+                raise ValueError(f"path: {path} is not a decision log (no 'decisions' and 'feedback' tables)")
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        try:
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute("PRAGMA synchronous=NORMAL")
+            self.db.executescript(_SCHEMA)
+        except sqlite3.DatabaseError as exc:
+            self.db.close()
+            raise ValueError(f"path: {path} is not a decision log (SQLite: {exc})") from None
+
+    @staticmethod
+    def int_(col: str) -> str:
+        return f"CAST({col} AS INTEGER)"
+
+    def count_true(self, condition: str) -> str:
+        return f"TOTAL({condition})"
+
+    def tables(self) -> set[str]:
+        return {r[0] for r in self.db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+
+    def ignore(self, table: str, columns: tuple[str, ...]) -> str:
+        return f"INSERT OR IGNORE INTO {table} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})"
+
+    def insert(self, table: str, columns: tuple[str, ...]) -> str:
+        return f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})"
+
+    def rows(self, sql: str, params=()) -> list[tuple]:
+        return self.db.execute(sql, params).fetchall()
+
+    def run(self, sql: str, params=()) -> int:
+        return self.db.execute(sql, params).rowcount
+
+    @contextlib.contextmanager
+    def transaction(self):
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        self.db.execute("COMMIT")
+
+    @contextlib.contextmanager
+    def guard(self):
+        yield
+
+    def frame(self, sql: str) -> pd.DataFrame:
+        return pd.read_sql_query(sql, self.db)
+
+    def close(self, finished: bool = True) -> None:
+        self.db.close()
+
+
+class _Postgres:
+    """The PostgreSQL connection of a log, opened again after it broke (the caller holds the log's lock)."""
+
+    kind = "postgresql"
+    rowid = "seq"
+
+    def __init__(self, url: LogURL, read_only: bool):
+        try:
+            import psycopg
+        except ImportError:
+            raise ImportError("a PostgreSQL decision log needs psycopg 3: pip install 'bayes-safe[postgres]'") from None
+        self.psycopg = psycopg
+        self.url = url
+        self.read_only = read_only
+        self.conn = None
+        self.finished = False  # closed for good (DecisionLog.close): no connecting again
+        with self.guard():
+            if read_only:
+                missing = {"decisions", "feedback"} - self.tables()
+                if missing:
+                    self.close()
+                    raise ValueError(f"path: {url} is not a decision log (no 'decisions' and 'feedback' tables)")
+            else:
+                with self.transaction():
+                    self.rows("SELECT pg_advisory_xact_lock(?)", (_PG_LOCK_KEY,))
+                    for statement in _PG_SCHEMA:
+                        self.run(statement)
+
+    @staticmethod
+    def int_(col: str) -> str:
+        return _pg_int(col)
+
+    def count_true(self, condition: str) -> str:
+        return f"COALESCE(SUM(CASE WHEN {condition} THEN 1 ELSE 0 END), 0)"
+
+    def tables(self) -> set[str]:
+        rows = self.rows("SELECT to_regclass('decisions') IS NOT NULL, to_regclass('feedback') IS NOT NULL, "
+                         "to_regclass('meta') IS NOT NULL")
+        return {name for name, there in zip(("decisions", "feedback", "meta"), rows[0]) if there}
+
+    def ignore(self, table: str, columns: tuple[str, ...]) -> str:
+        return self.insert(table, columns) + " ON CONFLICT DO NOTHING"
+
+    def insert(self, table: str, columns: tuple[str, ...]) -> str:
+        return f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})"
+
+    def connection(self):
+        """The open connection, connecting first when there is none (or it broke)."""
+        if self.conn is None or self.conn.closed or self.conn.broken:
+            if self.finished:
+                raise LogError(f"log: {self.url}: the log was closed")
+            self.close()
+            options = {} if "connect_timeout" in self.url._url else {"connect_timeout": 10}
+            self.conn = self.psycopg.connect(self.url._url, autocommit=True, **options)
+            if self.read_only:  # every transaction of the session (psycopg's read_only needs explicit ones)
+                self.conn.execute("SET default_transaction_read_only = on")
+        return self.conn
+
+    def rows(self, sql: str, params=()) -> list[tuple]:
+        with self.connection().cursor() as cur:
+            cur.execute(sql.replace("?", "%s"), params)
+            return cur.fetchall() if cur.description is not None else []
+
+    def run(self, sql: str, params=()) -> int:
+        with self.connection().cursor() as cur:
+            cur.execute(sql.replace("?", "%s"), params)
+            return cur.rowcount
+
+    @contextlib.contextmanager
+    def transaction(self):
+        with self.connection().transaction():
+            yield
+
+    @contextlib.contextmanager
+    def guard(self):
+        """psycopg's errors as ``LogUnavailable`` (the connection is dropped: the next call connects
+        again) or ``LogError``, naming the log without its password."""
+        psycopg = self.psycopg
+        try:
+            yield
+        except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+            self.close()
+            raise LogUnavailable(f"log: {self.url}: the PostgreSQL server is unavailable ({_first_line(exc)}); "
+                                 "the next call connects again") from None
+        except psycopg.Error as exc:
+            raise LogError(f"log: {self.url}: PostgreSQL: {_first_line(exc)}") from None
+
+    def frame(self, sql: str) -> pd.DataFrame:
+        with self.connection().cursor() as cur:
+            cur.execute(sql)
+            columns = [c.name for c in cur.description]
+            rows = cur.fetchall()
+        if not rows:
+            return pd.DataFrame(columns=columns)
+        return pd.DataFrame.from_records(rows, columns=columns, coerce_float=True)
+
+    def close(self, finished: bool = False) -> None:
+        self.finished = self.finished or finished
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.close()
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
 
 class DecisionLog:
-    """An append-only SQLite log of decisions and feedback.
+    """An append-only log of decisions and feedback, in SQLite or PostgreSQL (module docstring).
 
     Args:
-        path: the database file (created with its parent directory if missing).
+        path: the database file (created with its parent directory if missing), or the URL of a
+            PostgreSQL database (``postgresql://user@host:port/db``; its tables are created if
+            missing).
         read_only: open an existing log for reading only (nothing is created or changed; a
-            file that is not a decision log raises ``ValueError``).
+            file or database that is not a decision log raises ``ValueError``). On PostgreSQL
+            the session's transactions are read-only.
+
+    A log whose ``schema_version`` is newer than ``SCHEMA_VERSION`` raises ``ValueError``.
     """
 
     def __init__(self, path, *, read_only: bool = False):
-        self.path = Path(path)
-        if self.path.exists() and not self.path.is_file():
-            raise ValueError(f"path: expected a database file, got the directory {self.path}")
-        self._lock = threading.Lock()
+        self.path = log_location(path)
         self.read_only = bool(read_only)
-        if read_only:
-            if not self.path.is_file():
-                raise FileNotFoundError(f"path: no such decision log {str(self.path)!r}")
-            self._db = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True, check_same_thread=False)
-            try:
-                tables = {r[0] for r in self._db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-            except sqlite3.DatabaseError as exc:
-                self._db.close()
-                raise ValueError(f"path: {self.path} is not a decision log (SQLite: {exc})") from None
-            if not {"decisions", "feedback"} <= tables:
-                self._db.close()
-                raise ValueError(f"path: {self.path} is not a decision log (no 'decisions' and 'feedback' tables)")
-            return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        self._lock = threading.Lock()
+        # (PostgreSQL) a decision id, and the feedback ids, whose write lost the connection: maybe committed
+        self._uncertain: str | None = None
+        self._uncertain_feedback: set[str] = set()
+        if isinstance(self.path, LogURL):
+            self._b = _Postgres(self.path, self.read_only)
+        else:
+            if self.path.exists() and not self.path.is_file():
+                raise ValueError(f"path: expected a database file, got the directory {self.path}")
+            self._b = _SQLite(self.path, self.read_only)
         try:
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=NORMAL")
-            self._db.executescript(_SCHEMA)
-        except sqlite3.DatabaseError as exc:
-            self._db.close()
-            raise ValueError(f"path: {self.path} is not a decision log (SQLite: {exc})") from None
+            with self._b.guard():
+                self._check_version()
+        except BaseException:
+            self._b.close()
+            raise
+
+    @property
+    def _db(self):
+        """The open connection (``sqlite3.Connection``, or psycopg's, connected if it was not): for tests and repairs."""
+        return self._b.db if self._b.kind == "sqlite" else self._b.connection()
+
+    @property
+    def kind(self) -> str:
+        """``"sqlite"`` or ``"postgresql"``."""
+        return self._b.kind
+
+    def _meta(self) -> dict[str, str]:
+        if "meta" not in self._b.tables():
+            return {}
+        return dict(self._b.rows("SELECT key, value FROM meta"))
+
+    def _check_version(self) -> None:
+        """Refuse a log of a newer schema; record this code's version in a log opened for writing without one."""
+        b = self._b
+        raw = self._meta().get("schema_version")
+        try:
+            version = 1 if raw is None else int(raw)
+        except ValueError:
+            raise ValueError(f"path: {self.path} has a malformed schema_version {raw!r} in its meta table") from None
+        if version > SCHEMA_VERSION:
+            raise ValueError(f"path: {self.path} is a decision log of schema version {version}, newer than this "
+                             f"bayes_safe's {SCHEMA_VERSION}: open it with the bayes_safe that wrote it (or a newer one)")
+        if raw is None and not self.read_only:
+            with b.transaction():
+                b.run(_META)
+                b.run(b.ignore("meta", ("key", "value")), ("schema_version", str(SCHEMA_VERSION)))
+
+    def schema_version(self) -> int:
+        """The log's schema version (1 for a log written before logs recorded it)."""
+        with self._lock, self._b.guard():
+            return int(self._meta().get("schema_version", 1))
 
     # ------------------------------------------------------------------ writing
     def write_decision(self, decision_id: str, action: int, propensity: float, propensity_se: float,
                        model_version: int, context, probabilities, baseline: int | None = None) -> None:
+        """Record a decision (an id already logged raises). After a ``LogUnavailable`` the write of that
+        id may have been committed without its answer arriving: the next write of the same id
+        replaces that row (the caller was told it failed, so the id was never issued)."""
         row = (str(decision_id), time.time(), int(action), float(propensity), float(propensity_se), int(model_version),
                len(probabilities), json.dumps([float(x) for x in context]),
                json.dumps([float(x) for x in probabilities]), None if baseline is None else int(baseline))
         with self._lock:
-            self._db.execute("INSERT INTO decisions VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
+            insert = self._b.insert("decisions", _DECISION_COLUMNS)
+            if row[0] == self._uncertain:
+                # the last write of this id lost its connection: it may have been committed without an
+                # answer; the id was not issued (the caller got the error), so this row replaces it
+                updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in _DECISION_COLUMNS[1:])
+                insert += f" ON CONFLICT (decision_id) DO UPDATE SET {updates}"
+            try:
+                with self._b.guard():
+                    self._b.run(insert, row)
+            except LogUnavailable:
+                self._uncertain = row[0]
+                raise
+            self._uncertain = None
 
     def write_feedback(self, decision_id: str, reward: float, constraints=None) -> bool:
-        """Record feedback; False (and nothing written) when the decision already has some."""
+        """Record feedback; False (and nothing written) when the decision already has some.
+
+        After a ``LogUnavailable`` the write may have been committed without its answer arriving:
+        the next feedback of that decision replaces it (the caller was told it failed, so what it
+        sends again is the feedback it applies)."""
         row = (str(decision_id), time.time(), float(reward),
                None if constraints is None else json.dumps([float(c) for c in constraints]))
+        return self._write_feedback([row])[0]
+
+    def _write_feedback(self, prepared: list[tuple]) -> list[bool]:
+        """Insert feedback ``prepared`` in one transaction (module docstring; ``write_feedback``)."""
+        columns = ("decision_id", "time", "reward", "constraints")
+        insert = self._b.ignore("feedback", columns)
+        replace = (self._b.insert("feedback", columns) + " ON CONFLICT (decision_id) DO UPDATE SET "
+                   + ", ".join(f"{c} = EXCLUDED.{c}" for c in columns[1:]))
+        out = []
         with self._lock:
-            cur = self._db.execute("INSERT OR IGNORE INTO feedback VALUES (?, ?, ?, ?)", row)
-            return cur.rowcount == 1
+            uncertain = self._uncertain_feedback & {row[0] for row in prepared}
+            try:
+                with self._b.guard(), self._b.transaction() if len(prepared) > 1 else contextlib.nullcontext():
+                    for row in prepared:
+                        if row[0] in uncertain:
+                            uncertain.discard(row[0])  # the first of the id's rows replaces; a second is ignored
+                            out.append(self._b.run(replace, row) == 1)
+                        else:
+                            out.append(self._b.run(insert, row) == 1)
+            except LogUnavailable:
+                self._uncertain_feedback.update(row[0] for row in prepared)
+                raise
+            self._uncertain_feedback.difference_update(row[0] for row in prepared)
+        return out
 
     def write_feedback_many(self, rows) -> list[bool]:
         """Record the feedback ``rows`` (``(decision_id, reward, constraints)`` each) in one
         transaction: all of them are committed or none (an exception rolls back every row).
         Returns, per row, True if written, False if that decision already had feedback (a
-        re-sent row, or the same id earlier in ``rows``: ignored)."""
+        re-sent row, or the same id earlier in ``rows``: ignored). A row whose last write raised
+        ``LogUnavailable`` replaces what that write may have committed (as ``write_feedback``)."""
         now = time.time()
         prepared = [(str(k), now, float(r), None if c is None else json.dumps([float(x) for x in c])) for k, r, c in rows]
-        out = []
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                for row in prepared:
-                    out.append(self._db.execute("INSERT OR IGNORE INTO feedback VALUES (?, ?, ?, ?)", row).rowcount == 1)
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
-        return out
+        return self._write_feedback(prepared)
 
     # ------------------------------------------------------------------ identity
     def identity(self) -> dict | None:
         """``{"decider_id", "first_id"}`` of the Decider this log belongs to, or None for a log no
         Decider has bound yet (a new file, or one written before logs recorded their owner)."""
-        with self._lock:
-            if self._db.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='meta'").fetchone() is None:
-                return None
-            rows = dict(self._db.execute("SELECT key, value FROM meta").fetchall())
+        with self._lock, self._b.guard():
+            rows = self._meta()
         if "decider_id" not in rows:
             return None
         try:
@@ -137,34 +481,31 @@ class DecisionLog:
 
     def bind(self, decider_id: str, first_id: int) -> None:
         """Record the Decider this log belongs to (once: an existing owner is kept)."""
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                self._db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
-                self._db.executemany("INSERT OR IGNORE INTO meta VALUES (?, ?)",
-                                     [("decider_id", str(decider_id)), ("first_id", str(int(first_id)))])
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
+        b = self._b
+        with self._lock, b.guard(), b.transaction():
+            b.run(_META)
+            for row in (("decider_id", str(decider_id)), ("first_id", str(int(first_id)))):
+                b.run(b.ignore("meta", ("key", "value")), row)
 
     def id_summary(self) -> dict:
         """What the log's decision ids are: ``count``, ``low`` and ``high`` (the integer ids, None
         when empty) and ``foreign``, the number of ids that are not a Decider's (``str(int)``)."""
-        with self._lock:
-            count, low, high, foreign = self._db.execute(
-                "SELECT COUNT(*), MIN(CAST(decision_id AS INTEGER)), MAX(CAST(decision_id AS INTEGER)), "
-                "TOTAL(CAST(CAST(decision_id AS INTEGER) AS TEXT) != decision_id) FROM decisions").fetchone()
+        b = self._b
+        n = b.int_("decision_id")
+        with self._lock, b.guard():
+            count, low, high, foreign = b.rows(
+                f"SELECT COUNT(*), MIN({n}), MAX({n}), {b.count_true(f'CAST({n} AS TEXT) != decision_id')} "
+                "FROM decisions")[0]
         return {"count": int(count), "low": None if low is None else int(low),
                 "high": None if high is None else int(high), "foreign": int(foreign)}
 
     def decisions_from(self, first: int) -> list[tuple[str, int, int, list[float]]]:
         """``(decision_id, action, num_actions, context)`` of the decisions with integer ids ``>= first``, by id."""
-        with self._lock:
-            rows = self._db.execute(
-                "SELECT decision_id, action, num_actions, context FROM decisions "
-                "WHERE CAST(decision_id AS INTEGER) >= ? AND CAST(CAST(decision_id AS INTEGER) AS TEXT) = decision_id "
-                "ORDER BY CAST(decision_id AS INTEGER)", (int(first),)).fetchall()
+        b = self._b
+        n = b.int_("decision_id")
+        with self._lock, b.guard():
+            rows = b.rows(f"SELECT decision_id, action, num_actions, context FROM decisions "
+                          f"WHERE {n} >= ? AND CAST({n} AS TEXT) = decision_id ORDER BY {n}", (int(first),))
         out = []
         for decision_id, action, num_actions, context in rows:
             try:
@@ -178,45 +519,46 @@ class DecisionLog:
         """The logged action of each of ``decision_ids`` that the log holds."""
         ids = [str(i) for i in decision_ids]
         out: dict[str, int] = {}
-        with self._lock:
+        with self._lock, self._b.guard():
             for i in range(0, len(ids), 500):
                 chunk = ids[i:i + 500]
                 marks = ",".join("?" * len(chunk))
-                out.update((k, int(a)) for k, a in self._db.execute(
+                out.update((k, int(a)) for k, a in self._b.rows(
                     f"SELECT decision_id, action FROM decisions WHERE decision_id IN ({marks})", chunk))
         return out
 
     def unanswered_below(self, end: int, start: int = 0) -> set[str]:
         """The ids in ``[start, end)`` of logged decisions without feedback."""
-        with self._lock:
-            return {r[0] for r in self._db.execute(
-                "SELECT decision_id FROM decisions d WHERE CAST(decision_id AS INTEGER) >= ? "
-                "AND CAST(decision_id AS INTEGER) < ? AND NOT EXISTS "
+        n = self._b.int_("decision_id")
+        with self._lock, self._b.guard():
+            return {r[0] for r in self._b.rows(
+                f"SELECT decision_id FROM decisions d WHERE {n} >= ? AND {n} < ? AND NOT EXISTS "
                 "(SELECT 1 FROM feedback f WHERE f.decision_id = d.decision_id)", (int(start), int(end)))}
 
     def orphan_feedback(self, first: int = 0) -> list[str]:
         """Up to 5 ids ``>= first`` with feedback but no logged decision (a log that is not whole)."""
-        with self._lock:
-            return [r[0] for r in self._db.execute(
-                "SELECT decision_id FROM feedback WHERE CAST(decision_id AS INTEGER) >= ? AND decision_id NOT IN "
-                "(SELECT decision_id FROM decisions) LIMIT 5", (int(first),))]
+        n = self._b.int_("decision_id")
+        with self._lock, self._b.guard():
+            return [r[0] for r in self._b.rows(
+                f"SELECT decision_id FROM feedback WHERE {n} >= ? AND decision_id NOT IN "
+                f"(SELECT decision_id FROM decisions) ORDER BY {self._b.rowid} LIMIT 5", (int(first),))]
 
     def count_from(self, first: int) -> int:
         """The number of decisions with integer ids ``>= first``."""
-        with self._lock:
-            return int(self._db.execute("SELECT COUNT(*) FROM decisions WHERE CAST(decision_id AS INTEGER) >= ?",
-                                        (int(first),)).fetchone()[0])
+        n = self._b.int_("decision_id")
+        with self._lock, self._b.guard():
+            return int(self._b.rows(f"SELECT COUNT(*) FROM decisions WHERE {n} >= ?", (int(first),))[0][0])
 
     def feedback_for(self, decision_ids) -> list[tuple[str, float, list[float] | None]]:
         """``(decision_id, reward, constraints)`` of the logged feedback of ``decision_ids``, in the order it was logged."""
         ids = [str(i) for i in decision_ids]
         rows = []
-        with self._lock:
+        with self._lock, self._b.guard():
             for i in range(0, len(ids), 500):
                 chunk = ids[i:i + 500]
                 marks = ",".join("?" * len(chunk))
-                rows += self._db.execute(f"SELECT rowid, decision_id, reward, constraints FROM feedback "
-                                         f"WHERE decision_id IN ({marks})", chunk).fetchall()
+                rows += self._b.rows(f"SELECT {self._b.rowid}, decision_id, reward, constraints FROM feedback "
+                                     f"WHERE decision_id IN ({marks})", chunk)
         rows.sort()
         try:
             return [(k, float(r), None if c is None else [float(x) for x in json.loads(c)]) for _, k, r, c in rows]
@@ -227,33 +569,36 @@ class DecisionLog:
         """The feedback logged after feedback row ``rowid`` joined with its decision, oldest first, at
         most ``limit``: ``(rowid, feedback_time, reward, constraints (JSON text or None),
         decision_time, action, propensity, baseline)``; the decision's fields are None for feedback
-        whose decision the log does not hold. For live monitors that read only what is new."""
-        with self._lock:
-            return self._db.execute(
-                "SELECT f.rowid, f.time, f.reward, f.constraints, d.time, d.action, d.propensity, d.baseline "
-                "FROM feedback f LEFT JOIN decisions d USING (decision_id) WHERE f.rowid > ? ORDER BY f.rowid LIMIT ?",
-                (int(rowid), int(limit))).fetchall()
+        whose decision the log does not hold. For live monitors that read only what is new
+        (``rowid``: SQLite's rowid, PostgreSQL's ``seq``)."""
+        r = self._b.rowid
+        with self._lock, self._b.guard():
+            return [tuple(row) for row in self._b.rows(
+                f"SELECT f.{r}, f.time, f.reward, f.constraints, d.time, d.action, d.propensity, d.baseline "
+                f"FROM feedback f LEFT JOIN decisions d USING (decision_id) WHERE f.{r} > ? ORDER BY f.{r} LIMIT ?",
+                (int(rowid), int(limit)))]
 
     def has_decision(self, decision_id: str) -> bool:
-        with self._lock:
-            return self._db.execute("SELECT 1 FROM decisions WHERE decision_id = ?", (str(decision_id),)).fetchone() is not None
+        with self._lock, self._b.guard():
+            return bool(self._b.rows("SELECT 1 FROM decisions WHERE decision_id = ?", (str(decision_id),)))
 
     def has_feedback(self, decision_id: str) -> bool:
-        with self._lock:
-            return self._db.execute("SELECT 1 FROM feedback WHERE decision_id = ?", (str(decision_id),)).fetchone() is not None
+        with self._lock, self._b.guard():
+            return bool(self._b.rows("SELECT 1 FROM feedback WHERE decision_id = ?", (str(decision_id),)))
 
     def close(self) -> None:
         with self._lock:
-            self._db.close()
+            self._b.close(finished=True)
 
     # ------------------------------------------------------------------ reading
     def to_dataframe(self, with_feedback_only: bool = False) -> pd.DataFrame:
         """One row per decision, its feedback joined (``reward`` NaN where none arrived)."""
         join = "JOIN" if with_feedback_only else "LEFT JOIN"
-        query = (f"SELECT d.*, f.reward AS reward, f.constraints AS constraints, f.time AS feedback_time "
-                 f"FROM decisions d {join} feedback f USING (decision_id) ORDER BY d.time, d.rowid")
-        with self._lock:
-            frame = pd.read_sql_query(query, self._db)
+        columns = ", ".join(f"d.{c}" for c in _DECISION_COLUMNS)
+        query = (f"SELECT {columns}, f.reward AS reward, f.constraints AS constraints, f.time AS feedback_time "
+                 f"FROM decisions d {join} feedback f USING (decision_id) ORDER BY d.time, d.{self._b.rowid}")
+        with self._lock, self._b.guard():
+            frame = self._b.frame(query)
         for col in ("context", "probabilities"):
             frame[col] = frame[col].map(json.loads)
         frame["constraints"] = frame["constraints"].map(lambda s: None if s is None or pd.isna(s) else json.loads(s))
@@ -314,8 +659,8 @@ class DecisionLog:
                 "position": np.zeros(len(frame), dtype=np.int64)}
 
     def __len__(self) -> int:
-        with self._lock:
-            return int(self._db.execute("SELECT COUNT(*) FROM decisions").fetchone()[0])
+        with self._lock, self._b.guard():
+            return int(self._b.rows("SELECT COUNT(*) FROM decisions")[0][0])
 
     def __repr__(self) -> str:
         return f"DecisionLog({str(self.path)!r}, decisions={len(self)})"

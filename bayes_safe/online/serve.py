@@ -90,7 +90,10 @@ once its own row is committed. The log's SQLite runs in WAL mode with
 machine may lose the last transactions.
 
 The log defaults to ``STATE_DIR.log.sqlite`` beside ``STATE_DIR`` (never inside it: each
-snapshot replaces ``STATE_DIR`` as a whole). Nothing read from either executes code.
+snapshot replaces ``STATE_DIR`` as a whole). Nothing read from either executes code. ``--log
+postgresql://user@host:port/db`` keeps it in a PostgreSQL database instead (``DecisionLog``; the
+``postgres`` extra): while that server is down or restarting, decisions and feedback are refused
+with 503 (nothing recorded) and ``/health`` is degraded; the next request connects again.
 """
 
 import contextlib
@@ -152,7 +155,7 @@ def default_log_path(state_dir) -> Path:
 def recover(decider) -> dict:
     """Bring a ``Decider`` loaded from a snapshot up to date with its log: ``decider.replay()``
     (which checks first that the log is the snapshot's); returns the counts it applied."""
-    if decider.log is None or not Path(decider.log.path).exists():
+    if decider.log is None or (decider.log.kind == "sqlite" and not Path(decider.log.path).exists()):
         return {"decisions": 0, "feedback": 0}
     return decider.replay()
 
@@ -343,7 +346,8 @@ class Service:
 
     Args:
         state_dir: a directory written by ``Decider.save``; snapshots replace it.
-        log: the ``DecisionLog`` file (default ``default_log_path(state_dir)``); must be outside ``state_dir``.
+        log: the ``DecisionLog`` file (default ``default_log_path(state_dir)``; must be outside
+            ``state_dir``) or the URL of its PostgreSQL database (``postgresql://user@host:port/db``).
         allow_imports: import the module of a prior saved as ``module:function`` (a callable Pyro
             prior, e.g. of a Langevin model), which runs that module's code (``--allow-imports``).
     """
@@ -353,8 +357,13 @@ class Service:
         self.state_dir = Path(state_dir)
         if not self.state_dir.is_dir():
             raise FileNotFoundError(f"STATE_DIR: {self.state_dir} is not a directory (expected one written by Decider.save)")
-        log_path = Path(log) if log is not None else default_log_path(self.state_dir)
-        if log_path.resolve().is_relative_to(self.state_dir.resolve()):
+        from .log import is_log_url, log_location
+
+        try:
+            log_path = log_location(log) if log is not None else default_log_path(self.state_dir)
+        except ValueError as exc:
+            raise ValueError(f"--log: {exc}") from None
+        if not is_log_url(log_path) and log_path.resolve().is_relative_to(self.state_dir.resolve()):
             raise ValueError(f"--log: {log_path} is inside STATE_DIR, which each snapshot replaces as a whole; "
                              "put the log beside it")
         self._lockfile = _hold_state_lock(self.state_dir)  # one process serves a state: refused while another does
@@ -364,10 +373,13 @@ class Service:
             self._lockfile.close()
             raise
 
-    def _open(self, log_path: Path) -> None:
+    def _open(self, log_path) -> None:
         from .decider import Decider
-        from .log import DecisionLog
+        from .log import DecisionLog, LogError
 
+        # what a failed log write raises: SQLite's errors, a file's, a PostgreSQL log's (LogUnavailable
+        # when its server is down: a ConnectionError; the next write connects again)
+        self.log_errors = (sqlite3.Error, OSError, LogError)
         self.lock = threading.Lock()
         self.started = time.time()
         self.last_snapshot: float | None = None
@@ -385,6 +397,8 @@ class Service:
             self.log = DecisionLog(log_path)
         except ValueError as exc:
             raise ValueError(f"--log: {exc}") from None
+        except LogError as exc:  # a PostgreSQL log: its server unreachable, no such database, no permission ...
+            raise ValueError(f"--log: {str(exc).removeprefix('log: ')}") from None
         try:
             # checks that the log is this snapshot's (refused before anything is applied), then replays it
             self.recovered = self.decider.replay(self.log)
@@ -417,7 +431,7 @@ class Service:
             if args["field"] == "context" and message.startswith("features"):
                 message = "context" + message[len("features"):]
             raise BadRequest(message) from None
-        except (sqlite3.Error, OSError) as exc:  # the log write failed: no id issued, nothing pending
+        except self.log_errors as exc:  # the log write failed: no id issued, nothing pending
             raise self._log_failed(exc) from None
         else:
             self._changed()
@@ -463,7 +477,7 @@ class Service:
             self.bad_feedback += 1
             message = str(exc)
             raise BadRequest(message, status=404 if message.startswith("decision_id: unknown") else 422) from None
-        except (sqlite3.Error, OSError) as exc:  # the log write failed: nothing recorded, still pending
+        except self.log_errors as exc:  # the log write failed: nothing recorded, still pending
             raise self._log_failed(exc) from None
         else:
             self._changed()
@@ -1020,9 +1034,14 @@ def create_app(service: Service, snapshot_every: float | None = 60.0, run_on_loo
         return generate_latest(metrics_registry)
 
     @app.get("/metrics", response_class=Response, summary="Prometheus metrics",
-             responses={200: {"content": {CONTENT_TYPE_LATEST: {}}, "description": "The Prometheus text format"}})
+             responses={200: {"content": {CONTENT_TYPE_LATEST: {}}, "description": "The Prometheus text format"},
+                        503: {"description": "The decision log could not be read (its database is down ...)"}})
     async def metrics():
-        return Response(await run_in_threadpool(scrape), media_type=CONTENT_TYPE_LATEST)
+        try:
+            return Response(await run_in_threadpool(scrape), media_type=CONTENT_TYPE_LATEST)
+        except service.log_errors as exc:  # a PostgreSQL log's server down: 503, and the next scrape reads again
+            return JSONResponse({"detail": f"the decision log could not be read ({type(exc).__name__}: {exc}); "
+                                           "retry later"}, status_code=503)
 
     def openapi() -> dict:
         if app.openapi_schema is None:

@@ -138,7 +138,7 @@ class LoggedAlpha(ABProblem):
     """A served TS-ASC tuned from its decision log (module docstring).
 
     Args:
-        log: the ``DecisionLog`` file (``.sqlite``) the service wrote.
+        log: the ``DecisionLog`` the service wrote: its file (``.sqlite``) or its PostgreSQL URL.
         state: the state directory (``Decider.save``) whose TS-ASC posterior the trials use.
         alpha_max: the alpha study's search space ``alpha in [0, alpha_max]`` (default 0.5).
         min_ratio: the alpha study's outcome constraint ``constraint0_ratio >= min_ratio``
@@ -172,10 +172,13 @@ class LoggedAlpha(ABProblem):
                  tune: str | None = None):
         from ..state import StateError
         from .decider import Decider
-        from .log import DecisionLog
+        from .log import DecisionLog, is_log_url, log_location
 
-        self.log_path = Path(log)
-        if not self.log_path.is_file():
+        try:
+            self.log_path = log_location(log)  # a PostgreSQL URL: a LogURL, which prints without its password
+        except ValueError as exc:
+            raise ValueError(f"log: {str(exc).removeprefix('path: ')}") from None
+        if not is_log_url(self.log_path) and not self.log_path.is_file():
             raise FileNotFoundError(f"log: no such decision log {str(self.log_path)!r}")
         self.state_path = Path(state)
         for key, value in (("num_draws", num_draws), ("n_boot", n_boot)):
