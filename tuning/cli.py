@@ -15,8 +15,10 @@ Exit status: 0 done; 1 the study stopped on an error (too many failed trials); 2
 Ctrl-C / SIGTERM / SIGHUP (the trials in flight are re-run on resume; the workers are stopped).
 `tune resume` keeps the study's stored parallelism unless --parallel is given.
 
-The study lives in ``DIR/study.sqlite`` unless ``--storage URL`` names another database; at the
-end ``DIR`` holds ``report.md``, the figures, ``trials.csv``, ``best.json`` and ``study.json``.
+The study lives in ``DIR/study.sqlite`` unless ``--storage URL`` names another database (an
+SQLite file, or ``postgresql://user@host:port/db``: the server is contacted before any work, and
+a running study holds an advisory lock there; ``bayes_safe.tuning.storage``); at the end ``DIR``
+holds ``report.md``, the figures, ``trials.csv``, ``best.json`` and ``study.json``.
 ``bayes_safe.cli`` adds these commands with ``add_tune_parser`` and runs them with
 ``run_tune``. ``--mlflow`` logs every finished trial to MLflow (``bayes_safe.tuning.tracking``):
 with no value to a file store in ``DIR/mlruns``, else to the directory, ``file:`` URI,
@@ -71,7 +73,8 @@ QUICK = {"n_users": 4_000, "batches": 2, "warmup": 4_000, "model": {"nn_epochs":
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, type=output_dir, help="output directory (report, figures; the SQLite study by default)")
     p.add_argument("--storage", default=None, help="database URL of the study (default: sqlite in --out), e.g. "
-                   "postgresql://user@host/db, or an SQLite file path")
+                   "postgresql://user@host:5432/db (psycopg 3: pip install 'bayes-safe[postgres]'; the password from "
+                   "PGPASSWORD or ~/.pgpass), or an SQLite file path")
     p.add_argument("--parallel", type=positive_int, default=None, help="trials in flight at once, each in its own process")
     p.add_argument("--scheduler", default=None, metavar="ADDRESS",
                    help="run trials on a Dask distributed scheduler (tcp://host:8786) instead of local processes")
@@ -547,6 +550,9 @@ def run_tune(args) -> int:
     from .study import InfrastructureError, Study
 
     check_output_dir(args.out)
+    if args.storage is not None:
+        # a server that does not answer: one line naming --storage and host:port, before any work
+        storage.check_server(storage.resolve_url(args.storage, args.out), what="--storage")
     start = time.perf_counter()
     if args.tune_command == "resume":
         url = storage.resolve_url(args.storage, args.out)
@@ -669,7 +675,8 @@ def run_tune(args) -> int:
                 print("  " + row["text"], flush=True)
         summary = study.run(trials=trials, parallel=parallel, scheduler=args.scheduler, progress=progress)
     except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM, SIGHUP: Study.run raises StudyInterrupted (exit 128 + signal)
-        resume = f"bayes-safe tune resume --out {args.out}" + (f" --storage {args.storage}" if args.storage else "")
+        resume = f"bayes-safe tune resume --out {args.out}" + (f" --storage {storage.display_url(args.storage)}"
+                                                                if args.storage else "")
         print(f"\n{exc or 'interrupted'}; continue with: {resume}", file=sys.stderr)
         status = getattr(exc, "exit_status", 130)
         if status != 130:
@@ -680,7 +687,8 @@ def run_tune(args) -> int:
             os._exit(status)
         return status
     except InfrastructureError as exc:  # the Dask scheduler was lost: no trial failed, exit 75 (EX_TEMPFAIL)
-        resume = f"bayes-safe tune resume --out {args.out}" + (f" --storage {args.storage}" if args.storage else "")
+        resume = f"bayes-safe tune resume --out {args.out}" + (f" --storage {storage.display_url(args.storage)}"
+                                                                if args.storage else "")
         print(f"bayes-safe tune: error: {exc}; continue with: {resume} [--scheduler ADDRESS]", file=sys.stderr)
         return 75
     except RuntimeError as exc:

@@ -29,7 +29,10 @@ Built on ``ax.api.Client`` (``AxClient`` is deprecated). Choices where the issue
   data was already saved (the process died between saving the data and the status) is marked
   completed, any other is marked ABANDONED with ``interrupted`` in its run metadata (kept in
   the study, never modelled) and its parameters are run again as a new trial, so nothing is
-  counted twice. An SQLite study is locked while it runs.
+  counted twice. A study is locked while it runs (an SQLite file, or a PostgreSQL advisory lock;
+  ``bayes_safe.tuning.storage.study_lock``), and loading it writes nothing (``Study.load`` does
+  not re-save what it read, as Ax's ``Client.load_from_database`` does), so a second process
+  refused by the lock has not touched the running study.
 * **The re-run queue lives in the database, not in memory**: it is derived, every time a run
   starts, from the stored trials: an ABANDONED ``interrupted`` trial is owed a re-run while no
   later trial has the same parameters (the same arm). A re-run trial is created with its
@@ -321,6 +324,33 @@ def _ax_context(url: str | None = None):
         yield
 
 
+def _load_client(client_class, name: str, url: str):
+    """``Client.load_from_database`` without its writes.
+
+    Ax 1.3.1's ``load_from_database`` saves the experiment and the generation strategy it has
+    just read (``set_experiment`` and ``set_generation_strategy`` both save). Loading a study
+    while another process runs it therefore wrote that snapshot over the running study: measured
+    on PostgreSQL, a ``tune resume`` refused by the running study's lock had already turned a
+    trial the study had completed back to RUNNING and replaced data rows. Here the stored
+    experiment and generation strategy are read the same way and attached without a save:
+    loading never writes, and the run's lock is the first thing that decides.
+    """
+    from ax.api.utils.storage import db_settings_from_storage_config
+    from ax.storage.sqa_store.with_db_settings_base import WithDBSettingsBase
+
+    config = _storage.storage_config(url)
+    reader = WithDBSettingsBase(db_settings=db_settings_from_storage_config(storage_config=config))
+    experiment, generation_strategy = reader._load_experiment_and_generation_strategy(experiment_name=name)
+    if experiment is None:
+        raise ValueError(f"name: no study named {name!r} in {_storage.display_url(url)}")
+    client = client_class(storage_config=config)
+    client._maybe_experiment = experiment
+    if generation_strategy is not None:
+        client._maybe_generation_strategy = generation_strategy
+        generation_strategy._experiment = experiment
+    return client
+
+
 def _to_ax_parameter(p):
     from ax.api.configs import ChoiceParameterConfig, RangeParameterConfig
 
@@ -531,7 +561,7 @@ class Study:
         from ax.api.client import Client
 
         with _ax_context(url):
-            client = Client.load_from_database(name, storage_config=_storage.storage_config(url))
+            client = _load_client(Client, name, url)
         props = client._experiment._properties.get(PROPERTY_KEY)
         if props is None:
             raise ValueError(f"name: the Ax experiment {name!r} was not created by bayes_safe tuning (no {PROPERTY_KEY} properties)")
@@ -912,7 +942,7 @@ class Study:
         import cloudpickle
 
         payload = cloudpickle.dumps(self.ab_test)
-        lock = _storage.study_lock(self.url) if self.url else contextlib.nullcontext()
+        lock = _storage.study_lock(self.url, self.name) if self.url else contextlib.nullcontext()
         wall = time.perf_counter()
         failures = 0
         stop = _StopSignals()

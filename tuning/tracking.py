@@ -26,7 +26,11 @@ Where it goes (``resolve_mlflow_uri``): a directory or ``file:`` URI is an MLflo
 (``mlflow server``; credentials come from ``MLFLOW_TRACKING_USERNAME`` / ``..._PASSWORD``,
 never from the URI, since the URI is stored with the study); ``sqlite:///``,
 ``postgresql://``, ``mysql://`` and ``mssql://`` are MLflow's SQL stores (they need the full
-``mlflow`` package). MLflow 3 keeps its file store in "maintenance mode" and refuses it unless
+``mlflow`` package). A server SQL store is contacted before any work (``check_mlflow_uri``: one
+line naming the option and ``host:port``); a plain ``postgresql://`` store is opened with psycopg
+3 (``postgresql+psycopg://``, as the study's own ``--storage``; the stored URI stays as given),
+and it can be the very database that holds the study (MLflow's tables and Ax's do not collide).
+MLflow 3 keeps its file store in "maintenance mode" and refuses it unless
 ``MLFLOW_ALLOW_FILE_STORE`` is true: the tracker sets that variable around its own calls
 only, for a file store.
 """
@@ -209,9 +213,15 @@ def is_mlflow_file_store(path: Path) -> bool:
 def check_mlflow_uri(uri: str, option: str = "mlflow", timeout: float = CHECK_TIMEOUT) -> None:
     """Check, before any work, that a resolved tracking URI can be written (``ValueError`` naming
     ``option`` and the expected form otherwise): a file store's directory is new, empty or an
-    MLflow file store; a tracking server answers MLflow's REST API within ``timeout`` seconds."""
+    MLflow file store; a tracking server answers MLflow's REST API within ``timeout`` seconds; a
+    server SQL store (``postgresql://``) accepts a connection."""
     lead = f"{option}: "
     kind = _kind(uri)
+    if kind == "sql":
+        from .storage import check_server
+
+        check_server(uri, what=option)  # SQLite: nothing; a server: one connection (host:port named)
+        return
     if kind == "file":
         path = _file_store_path(uri)
         if os.path.lexists(path) and not path.is_dir():
@@ -252,6 +262,32 @@ def check_mlflow_uri(uri: str, option: str = "mlflow", timeout: float = CHECK_TI
 
 
 # ---------------------------------------------------------------------- MLflow
+def _client_uri(uri: str) -> str:
+    """The URI MLflow opens: a plain ``postgresql://`` store through psycopg 3 (see the module docstring)."""
+    if _kind(uri) == "sql":
+        from .storage import engine_url
+
+        return engine_url(uri)
+    return uri
+
+
+@contextlib.contextmanager
+def _quiet_sql_store():
+    """MLflow announces at INFO, on stderr, that it creates (migrates) an SQL store's tables: the
+    study's output keeps to its own lines."""
+    import logging
+
+    loggers = [logging.getLogger(n) for n in ("mlflow.store.db.utils", "alembic.runtime.migration")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+
+
 def _ms(seconds: float | None) -> int | None:
     return None if seconds is None else round(1000 * seconds)
 
@@ -325,7 +361,8 @@ class MlflowTracker:
         previous = {k: os.environ.get(k) for k in settings}
         os.environ.update(settings)
         try:
-            yield
+            with _quiet_sql_store() if self.kind == "sql" else contextlib.nullcontext():
+                yield
         finally:
             for key, value in previous.items():
                 if value is None:
@@ -340,7 +377,7 @@ class MlflowTracker:
             from mlflow import MlflowClient
 
             with self._calls():
-                self._client = MlflowClient(tracking_uri=self.uri)
+                self._client = MlflowClient(tracking_uri=_client_uri(self.uri))
         return self._client
 
     def open(self, study: str, study_uid: str, description: Mapping[str, str] | None = None) -> None:
