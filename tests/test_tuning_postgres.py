@@ -90,6 +90,7 @@ def test_urls_are_opened_with_psycopg_and_shown_without_password():
     assert "s3cret" not in display_url("postgresql://bayes:s3cret@db.example:5433/studies")
 
 
+@pytest.mark.slow  # 30 s: a real study killed and resumed (the Python API test covers the lock in the default run)
 def test_cli_study_on_postgresql_is_locked_survives_sigkill_and_resumes_with_mlflow_in_the_same_database(
         postgres_server, tmp_path):
     url = postgres_server.url()
