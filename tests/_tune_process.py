@@ -41,3 +41,15 @@ def one_error_line(proc: subprocess.CompletedProcess, *needles: str) -> str:
     for needle in needles:
         assert needle in lines[0], lines[0]
     return lines[0]
+
+
+def check_reruns(study, interrupted, status: dict, observed: dict) -> None:
+    """After ``tune resume``: each trial a kill interrupted is either completed or abandoned (never
+    modelled) and run again exactly once, as a new trial with the same parameters."""
+    for i in interrupted:
+        assert status[i] in ("ABANDONED", "COMPLETED")
+        if status[i] == "ABANDONED":
+            assert i not in observed
+            rerun = [t for t in study.experiment.trials.values() if t.run_metadata.get("rerun_of") == i]
+            assert len(rerun) == 1 and rerun[0].status.name == "COMPLETED"
+            assert dict(rerun[0].arm.parameters) == dict(study.experiment.trials[i].arm.parameters)

@@ -132,6 +132,8 @@ def test_missing_method_and_bad_declarations_are_clear(email_dir):
 
 
 # ---------------------------------------------------------------------- (b) the command line, kill and resume
+# slow job: tune resume of a problem class is also in test_security_cli, a SIGKILL mid-study in test_tuning_crash
+@pytest.mark.slow
 def test_simulate_and_tune_by_import_path_then_sigkill_and_resume(email_dir):
     sim = _cli(["simulate", "--problem", "email_problem:EmailTiming", "--param", "seed=2", "--policy", "ts-asc",
                 "--replications", "3", "--horizon", "40", "--no-progress", "--out", "sim"], email_dir)

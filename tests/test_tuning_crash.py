@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 
 import pytest
-from _tune_process import start_tune, wait_for_trials
+from _tune_process import check_reruns, start_tune, wait_for_trials
 
 from bayes_safe.cli import main
 from bayes_safe.tuning import Study
@@ -49,13 +49,7 @@ def test_sigkill_mid_trial_then_resume_loses_and_duplicates_nothing(tmp_path):
     assert all(status2[i] == "COMPLETED" and observed2[i] == observed[i] for i in completed)
     # interrupted trials are kept as abandoned (never modelled) and run again as new trials
     study = Study.load(db)
-    for i in interrupted:
-        assert status2[i] in ("ABANDONED", "COMPLETED")
-        if status2[i] == "ABANDONED":
-            assert i not in observed2
-            rerun = [t for t in study.experiment.trials.values() if t.run_metadata.get("rerun_of") == i]
-            assert len(rerun) == 1 and rerun[0].status.name == "COMPLETED"
-            assert dict(rerun[0].arm.parameters) == dict(study.experiment.trials[i].arm.parameters)
+    check_reruns(study, interrupted, status2, observed2)
     # the study finished: exactly TARGET completed trials, one observation per metric each
     assert sum(s == "COMPLETED" for s in status2.values()) == TARGET
     df = study.experiment.lookup_data().df

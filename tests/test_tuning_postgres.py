@@ -18,7 +18,7 @@ import sys
 import time
 
 import pytest
-from _tune_process import ROOT, one_error_line, start_tune, wait_for_trials
+from _tune_process import ROOT, check_reruns, one_error_line, start_tune, wait_for_trials
 
 from bayes_safe.tuning import ABTest, Study, VideoUploadProblem
 from bayes_safe.tuning.storage import display_url, engine_url, study_lock
@@ -134,13 +134,7 @@ def test_cli_study_on_postgresql_is_locked_survives_sigkill_and_resumes_with_mlf
     # nothing finished before the kill was lost or changed
     assert all(status2[i] == "COMPLETED" and observed2[i] == observed[i] for i in completed)
     # the interrupted trials are abandoned (never modelled) and run again exactly once
-    for i in interrupted:
-        assert status2[i] in ("ABANDONED", "COMPLETED")
-        if status2[i] == "ABANDONED":
-            assert i not in observed2
-            rerun = [t for t in study.experiment.trials.values() if t.run_metadata.get("rerun_of") == i]
-            assert len(rerun) == 1 and rerun[0].status.name == "COMPLETED"
-            assert dict(rerun[0].arm.parameters) == dict(study.experiment.trials[i].arm.parameters)
+    check_reruns(study, interrupted, status2, observed2)
     assert sum(s == "COMPLETED" for s in status2.values()) == target and "RUNNING" not in status2.values()
     df = study.experiment.lookup_data().df
     per_trial = df[df.metric_name == "q_1080p_change"].groupby("trial_index").size()
