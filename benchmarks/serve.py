@@ -29,6 +29,11 @@ the median of the values read after each round), the server's CPU time per decis
 to the target. In-process rows time ``Decider.decide`` with its log (the server's own work,
 without HTTP) at 1000 and 200 draws, and ``Decider.save`` (what a snapshot per feedback would add).
 
+Measured 2026-11-26, after issue 28 put a gate (Host, Origin, token role, content type, size) in
+front of every request and signed the decision ids (``--quick``, load average 0.58): now 1,718
+decisions/s (1.15x the target), p99 4.4 ms, 0.57 ms of server CPU per decision; fast path on the
+thread pool 967/s, p99 5.9 ms.
+
 Measured 2026-11-25 (issue 27; raw client, 3 rounds of 5 s, the Decider of that hour, in
 process 0.33 ms per decision with its log at 200 draws). At load average 1.7: issue 19 837
 decisions/s, p99 6.4 ms, 1.20 ms server CPU per decision; FastAPI routes on the loop 1,313/s,
