@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import math
 import numbers
 import sys
@@ -30,20 +29,23 @@ def trusted() -> bool:
     return _TRUST.on
 
 
-@contextlib.contextmanager
-def trusted_inputs():
+class trusted_inputs:  # (lower case: used as a function, ``with trusted_inputs():``)
     """Skip per-element value checks for data the library produced or checked itself (simulation
     loops, the ``Decider`` after its own boundary checks), on this thread.
 
     A NaN scan is two tensor operations; in a simulation loop of 4x4 posteriors that is a
     fifth of the step. Data from users (``model.update`` called directly, logged data, CLI
-    arguments) is always checked.
+    arguments) is always checked. A plain class, not a generator-based context manager: the
+    Decider enters it twice per decision and feedback, where a generator's set-up cost counts.
     """
-    old, _TRUST.on = _TRUST.on, True
-    try:
-        yield
-    finally:
-        _TRUST.on = old
+
+    __slots__ = ("old",)
+
+    def __enter__(self) -> None:
+        self.old, _TRUST.on = _TRUST.on, True
+
+    def __exit__(self, *exc) -> None:
+        _TRUST.on = self.old
 
 
 def as_tensor(value, name: str, dtype=torch.float64) -> torch.Tensor:

@@ -28,7 +28,8 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 parser = pytest.importorskip("prometheus_client.parser")
 
-from test_serve import ROOT, Server, _model
+import test_serve
+from test_serve import ROOT, _model
 
 from bayes_safe import TSASC, Constraint
 from bayes_safe.cli import main
@@ -36,6 +37,7 @@ from bayes_safe.online import Decider, DecisionLog
 
 OFFERS = np.eye(3).tolist()
 REVENUE = np.array([1.0, 1.3, 1.1])
+started = test_serve.started  # test_serve's fixture: every server it started is killed after the test
 
 
 def _policy():
@@ -46,19 +48,6 @@ def _policy():
 def _state(path: Path) -> Path:
     Decider(_policy(), num_draws=200, seed=0).save(path)
     return path
-
-
-@pytest.fixture
-def started():
-    servers = []
-
-    def start(*args, **kwargs):
-        servers.append(Server(*args, **kwargs))
-        return servers[-1]
-
-    yield start
-    for s in servers:
-        s.kill()
 
 
 def _decide(server, n: int) -> list[dict]:

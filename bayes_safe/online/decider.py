@@ -90,7 +90,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .. import _validation
 from .._validation import trusted_inputs
 from ..io import atomic_output_dir
 from ..random import DrawBatch
@@ -166,19 +165,18 @@ def _finite(value, what: str) -> float:
 
 class _QuietInference:
     """``trusted_inputs`` and ``torch.inference_mode`` together (models that never need
-    gradients), as one context manager (a third of the two nested ones' cost)."""
+    gradients), as one context manager."""
 
     __slots__ = ("mode", "trust")
 
     def __enter__(self):
-        self.trust = _validation._TRUST.on
-        _validation._TRUST.on = True
-        self.mode = torch.inference_mode()
+        self.trust, self.mode = trusted_inputs(), torch.inference_mode()
+        self.trust.__enter__()
         self.mode.__enter__()
 
     def __exit__(self, *exc):
         self.mode.__exit__(*exc)
-        _validation._TRUST.on = self.trust
+        self.trust.__exit__(*exc)
 
 
 _INDEX: list[torch.Tensor] = []
@@ -281,10 +279,10 @@ class Decider:
         num_draws: ``S``, the Monte-Carlo draws behind each propensity (>= 2). The default 200
             gives a standard error ``sqrt(p (1 - p) / S)`` of at most 0.035 (0.016 at
             ``p = 0.05``) and a relative bias ``(1 - p)^S`` of the inverse propensity under 2 %
-            for ``p >= 0.02``; the draws are the largest part of a decision's cost (about
-            0.16 ms of the 0.33 to 0.5 ms a conjugate TS-ASC decide + feedback takes at 200 draws
-            on the shared 2-core machine this project is built on: ``benchmarks/single_stream.py``). Raise it when rare actions matter to the off-policy
-            estimates.
+            for ``p >= 0.02``; the draws are the largest part of a decision's cost (a conjugate
+            TS-ASC decide + feedback took 0.28 ms at 200 draws, 3,636 a second, on the shared
+            2-core machine this project is built on: ``benchmarks/single_stream.py``). Raise it
+            when rare actions matter to the off-policy estimates.
         update_every: apply feedback to the posterior after this many arrive (>= 1).
         log: a ``DecisionLog`` (or a path to one) that records every decision and feedback.
         featurize: ``context [p] -> candidate features [K, d]`` for shared-weight policies that
@@ -584,7 +582,7 @@ class Decider:
 
     def _bounded(self, value: float, what: str, metric: int) -> float:
         """``value`` if within the outcome limit (and 0 / 1 for a binary metric), else ``ValueError``."""
-        if self._binary[metric] if metric < len(self._binary) else False:
+        if self._binary[metric]:
             if value != 0.0 and value != 1.0:
                 raise ValueError(f"{what}: expected 0 or 1 (its model learns binary outcomes), got {value:g}")
         elif abs(value) > self.outcome_limit:
