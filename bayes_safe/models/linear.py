@@ -505,6 +505,10 @@ class BayesianLinear:
         """Trusted update (inputs already validated). ``weight [*batch]`` in {0, 1} masks batch
         elements that receive no observation (per-arm models)."""
         n = 1 if single else X.shape[-2]
+        if self.forgetting is not None and n > 1:  # in order, one row at a time: each forgets the ones before it
+            for i in range(n):
+                self._update_rows(X[..., i, :], y[..., i], True, weight)
+            return
         if weight is None:
             self._count += n
         else:
@@ -512,14 +516,6 @@ class BayesianLinear:
         if self.conjugate:
             s = self._scale
             if self.forgetting is not None:
-                if not single and n > 1:  # in order, one observation at a time: each forgets the ones before it
-                    if weight is None:  # (each row below counts itself)
-                        self._count -= n
-                    else:
-                        self._masked_count = self._masked_count - weight.long()
-                    for i in range(n):
-                        self._update_rows(X[..., i, :], y[..., i], True, weight)
-                    return
                 self._forget(weight)
             # in place: one fused op each instead of building X X^T and adding it
             if single:
