@@ -11,8 +11,9 @@ served TS-ASC's alpha from its decision log with ``bayes_safe.tuning.Study``.
 
 from .decider import Decider, Decision, FeedbackRowsError
 from .log import DecisionLog
+from .replica import ReplicaDecider
 
-__all__ = ["Decider", "Decision", "DecisionLog", "FeedbackRowsError"]
+__all__ = ["Decider", "Decision", "DecisionLog", "FeedbackRowsError", "ReplicaDecider"]
 
 
 def __getattr__(name: str):

@@ -182,6 +182,12 @@ class _QuietInference:
 _INDEX: list[torch.Tensor] = []
 
 
+def _unknown_id(decision_id) -> ValueError:
+    """The one answer to any decision id that is not one this Decider issued (module docstring)."""
+    return ValueError(f"decision_id: unknown decision {_shown(decision_id)}: not an id this Decider issued "
+                      "(expected the decision_id a decision returned, '<number>-<32 hex digits>')")
+
+
 def _index(i: int) -> torch.Tensor:
     """``torch.tensor([i])`` (long), one shared tensor per small ``i`` (the baseline and the played
     action as the policies take them: read as indices, never written)."""
@@ -213,9 +219,11 @@ def _played_features(context: list[float], action: int, num_actions: int, dim: i
                      f"{num_actions} x {dim} candidate features" + (f" or one context of {dim}" if per_arm else ""))
 
 
-def _log_mismatch(log: DecisionLog, decider_id: str | None, next_id: int, pending: Mapping[str, dict]) -> str | None:
+def _log_mismatch(log: DecisionLog, decider_id: str | None, next_id: int, pending: Mapping[str, dict],
+                  replicas: bool = False) -> str | None:
     """Why ``log`` is not the decision log of a Decider state (its id, id counter and pending
-    decisions), or None when it is (read-only: nothing is written)."""
+    decisions), or None when it is (read-only: nothing is written). ``replicas``: the decisions
+    past the counter may be replicas' (numbered in blocks, with gaps), not one unbroken run."""
     ids = log.id_summary()
     if ids["foreign"]:
         return (f"{ids['foreign']} of its decision ids were not issued by a Decider (which issues '0', '1', ...): "
@@ -231,7 +239,7 @@ def _log_mismatch(log: DecisionLog, decider_id: str | None, next_id: int, pendin
     if next_id > end:
         return (f"the state has issued decision ids up to {next_id - 1} but the log's last is "
                 f"{end - 1 if end else 'none'}: the log is older than the snapshot (or another state's)")
-    past = log.count_from(next_id)
+    past = 0 if replicas else log.count_from(next_id)
     if past and past != end - next_id:
         return (f"it holds {past} decisions past the state's counter {next_id} with ids up to {end - 1}, not the "
                 f"run of ids {next_id} to {end - 1} that a crash after the snapshot leaves: not this state's log")
@@ -549,13 +557,16 @@ class Decider:
             if match is not None:
                 number = int(match.group(1))
                 # the tag is compared whatever the number, in constant time: no timing says which numbers exist
-                if hmac.compare_digest(self.public_id(number), decision_id) and number < self.next_id:
+                if hmac.compare_digest(self.public_id(number), decision_id) and self._issued(number):
                     return match.group(1)
             elif (self._legacy_below and decision_id.isdigit() and str(int(decision_id)) == decision_id
                   and int(decision_id) < self._legacy_below):
                 return decision_id
-        raise ValueError(f"decision_id: unknown decision {_shown(decision_id)}: not an id this Decider issued "
-                         "(expected the decision_id a decision returned, '<number>-<32 hex digits>')")
+        raise _unknown_id(decision_id)
+
+    def _issued(self, number: int) -> bool:
+        """Whether this Decider has issued decision number ``number`` (its tag checked already)."""
+        return number < self.next_id
 
     def _outcome(self, reward, constraints) -> tuple[float, list[float] | None]:
         """One outcome checked and coerced (``feedback`` and ``feedback_many``): the reward a finite
@@ -749,11 +760,22 @@ class Decider:
                     "queued": self.queued,
                     "generator": base64.b64encode(self._generator.get_state().numpy().tobytes()).decode(),
                     "id_key": base64.b64encode(self._id_key).decode(), "legacy_below": self._legacy_below,
-                    "feature_limit": self.feature_limit, "outcome_limit": self.outcome_limit}
+                    "feature_limit": self.feature_limit, "outcome_limit": self.outcome_limit} | self._extra_meta()
             with atomic_output_dir(directory, replace=True) as out:
                 save_state(self.policy, out / "policy")
                 (out / "decider.json").write_text(json.dumps(meta))
         return Path(directory)
+
+    @classmethod
+    def _restored(cls, policy, **settings) -> Decider:
+        """A Decider of this class with the saved ``settings``, without a log (``load`` fills it in)."""
+        out = cls.__new__(cls)
+        Decider.__init__(out, policy, **settings)
+        return out
+
+    def _extra_meta(self) -> dict:
+        """What a subclass adds to ``decider.json`` (``ReplicaDecider``: its watermark)."""
+        return {}
 
     @classmethod
     def load(cls, directory, *, log: DecisionLog | str | Path | None = None, featurize: Callable | None = None,
@@ -781,6 +803,11 @@ class Decider:
             raise StateError(f"{meta_path}: not a Decider state (format {FORMAT!r})")
         if meta.get("version") != VERSION:
             raise StateError(f"{meta_path}: format version {meta.get('version')!r}; this bayes_safe reads {VERSION}")
+        if "replica" in meta and not getattr(cls, "_replica", False):
+            raise StateError(f"{meta_path}: a state saved by a replica (ReplicaDecider), whose posterior holds its "
+                             "log's feedback up to row {}: load it with ReplicaDecider.load (bayes-safe serve "
+                             "--replica); a one-process Decider would learn that feedback again".format(
+                                 meta["replica"].get("log_seq") if isinstance(meta["replica"], dict) else "?"))
         try:
             next_id, model_version = int(meta["next_id"]), int(meta["model_version"])
             pending = {str(k): {"features": [float(x) for x in v["features"]], "action": int(v["action"])}
@@ -818,8 +845,9 @@ class Decider:
                     decider_id = owner["decider_id"]  # an older state adopts the log it wrote
             policy = load_state(directory / "policy", allow_imports=allow_imports)
             try:
-                out = cls(policy, feature_names=meta["feature_names"], num_draws=meta["num_draws"],
-                          update_every=meta["update_every"], featurize=featurize, seed=meta["seed"], **limits)
+                out = cls._restored(policy, feature_names=meta["feature_names"], num_draws=meta["num_draws"],
+                                    update_every=meta["update_every"], featurize=featurize, seed=meta["seed"],
+                                    **limits)
                 dims = {getattr(m, "dim", None) for m in policy.models().values()} - {None}
                 for key, entry in [*pending.items(), *((q["decision_id"], q) for q in queued)]:
                     if dims and len(entry["features"]) not in dims:

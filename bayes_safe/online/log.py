@@ -79,6 +79,10 @@ _DECISION_COLUMNS = ("decision_id", "time", "action", "propensity", "propensity_
 _SCHEMES = ("postgresql://", "postgres://")
 #: a key for pg_advisory_xact_lock: two processes creating one log's tables at once take turns
 _PG_LOCK_KEY = 0x6261_7965_735F_6C67 & 0x7FFF_FFFF_FFFF_FFFF
+#: replicas' feedback writers take turns on this key, so feedback ``seq`` follows commit order
+_PG_FEEDBACK_KEY = _PG_LOCK_KEY ^ 0x0F
+#: replicas take decision numbers in blocks of this many (``reserve_numbers``)
+NUMBER_BLOCK = 64
 
 
 class LogError(Exception):
@@ -549,16 +553,19 @@ class DecisionLog:
         with self._lock, self._b.guard():
             return int(self._b.rows(f"SELECT COUNT(*) FROM decisions WHERE {n} >= ?", (int(first),))[0][0])
 
-    def feedback_for(self, decision_ids) -> list[tuple[str, float, list[float] | None]]:
-        """``(decision_id, reward, constraints)`` of the logged feedback of ``decision_ids``, in the order it was logged."""
+    def feedback_for(self, decision_ids, through: int | None = None) -> list[tuple[str, float, list[float] | None]]:
+        """``(decision_id, reward, constraints)`` of the logged feedback of ``decision_ids``, in the
+        order it was logged (only rows with ``seq <= through`` when given)."""
         ids = [str(i) for i in decision_ids]
         rows = []
+        r = self._b.rowid
+        bound = "" if through is None else f" AND {r} <= {int(through)}"
         with self._lock, self._b.guard():
             for i in range(0, len(ids), 500):
                 chunk = ids[i:i + 500]
                 marks = ",".join("?" * len(chunk))
-                rows += self._b.rows(f"SELECT {self._b.rowid}, decision_id, reward, constraints FROM feedback "
-                                     f"WHERE decision_id IN ({marks})", chunk)
+                rows += self._b.rows(f"SELECT {r}, decision_id, reward, constraints FROM feedback "
+                                     f"WHERE decision_id IN ({marks}){bound}", chunk)
         rows.sort()
         try:
             return [(k, float(r), None if c is None else [float(x) for x in json.loads(c)]) for _, k, r, c in rows]
@@ -577,6 +584,97 @@ class DecisionLog:
                 f"SELECT f.{r}, f.time, f.reward, f.constraints, d.time, d.action, d.propensity, d.baseline "
                 f"FROM feedback f LEFT JOIN decisions d USING (decision_id) WHERE f.{r} > ? ORDER BY f.{r} LIMIT ?",
                 (int(rowid), int(limit)))]
+
+    # ------------------------------------------------------------------ replicas (PostgreSQL)
+    def _shared(self, what: str):
+        if self.kind != "postgresql":
+            raise ValueError(f"log: {what} needs a PostgreSQL decision log (postgresql://...); an SQLite log "
+                             f"({self.path}) serves one process")
+        return self._b
+
+    def reserve_numbers(self, at_least: int = 0) -> int:
+        """The first of ``NUMBER_BLOCK`` decision numbers no other replica will use (PostgreSQL).
+
+        The numbers come from the sequence ``decision_numbers`` (created on first use), which is
+        first moved past ``at_least`` and past every decision the log holds, so a replica's
+        numbers never meet an id issued before replicas shared the log. A replica that dies
+        leaves the rest of its block unused (decision numbers have gaps; nothing else depends on
+        them being consecutive in a log of replicas)."""
+        b = self._shared("reserving decision numbers")
+        n = b.int_("decision_id")
+        with self._lock, b.guard(), b.transaction():
+            b.rows("SELECT pg_advisory_xact_lock(?)", (_PG_LOCK_KEY,))
+            b.run(f"CREATE SEQUENCE IF NOT EXISTS decision_numbers MINVALUE 0 START WITH 0 INCREMENT BY {NUMBER_BLOCK}")
+            high = b.rows(f"SELECT MAX({n}) FROM decisions WHERE CAST({n} AS TEXT) = decision_id")[0][0]
+            floor = max(int(at_least), -1 if high is None else int(high) + 1)
+            last, called = b.rows("SELECT last_value, is_called FROM decision_numbers")[0]
+            if (int(last) + NUMBER_BLOCK if called else int(last)) < floor:
+                b.rows("SELECT setval('decision_numbers', ?, false)", (floor,))
+            return int(b.rows("SELECT nextval('decision_numbers')")[0][0])
+
+    def write_feedback_shared(self, rows) -> list[bool | None]:
+        """Record the feedback ``rows`` (``(decision_id, reward, constraints)`` each) of replicas in
+        one transaction, all or none (PostgreSQL). Per row: True if written, False if the decision
+        already had feedback (the first committed is the one every replica learns), None if the
+        log holds no such decision (nothing written for it).
+
+        The writers of every replica take turns on one advisory lock for the transaction, so the
+        feedback's ``seq`` follows the order of the commits: a replica that has read every row up to
+        ``seq = s`` never meets a row below ``s`` later (``feedback_since``)."""
+        b = self._shared("feedback from replicas")
+        now = time.time()
+        prepared = [(now, float(r), None if c is None else json.dumps([float(x) for x in c]), str(k))
+                    for k, r, c in rows]
+        insert = ("INSERT INTO feedback (decision_id, time, reward, constraints) SELECT d.decision_id, ?, ?, ? "
+                  "FROM decisions d WHERE d.decision_id = ? ON CONFLICT DO NOTHING")
+        out: list[bool | None] = []
+        with self._lock, b.guard():
+            if len(prepared) == 1:  # one statement, one round trip: the lock is its transaction's
+                written = b.run("WITH turn AS (SELECT pg_advisory_xact_lock(?)) " + insert.replace(
+                    "FROM decisions d WHERE", "FROM decisions d, turn WHERE"), (_PG_FEEDBACK_KEY, *prepared[0])) == 1
+                out.append(True if written else None)
+            else:
+                with b.transaction():
+                    b.rows("SELECT pg_advisory_xact_lock(?)", (_PG_FEEDBACK_KEY,))
+                    out.extend(True if b.run(insert, row) == 1 else None for row in prepared)
+            missing = [row[3] for row, new in zip(prepared, out) if new is None]
+            if missing:  # not written: a duplicate (the decision is there) or an unknown decision
+                there = set()
+                for i in range(0, len(missing), 500):
+                    chunk = missing[i:i + 500]
+                    there.update(r[0] for r in b.rows(
+                        f"SELECT decision_id FROM decisions WHERE decision_id IN ({','.join('?' * len(chunk))})", chunk))
+                out = [False if new is None and row[3] in there else new for row, new in zip(prepared, out)]
+        return out
+
+    def feedback_high(self) -> int:
+        """The ``seq`` of the last feedback row committed (0 for none; PostgreSQL's ``seq``, SQLite's rowid)."""
+        r = self._b.rowid
+        with self._lock, self._b.guard():
+            return int(self._b.rows(f"SELECT COALESCE(MAX({r}), 0) FROM feedback")[0][0])
+
+    def feedback_count(self, through: int | None = None) -> int:
+        """The number of feedback rows (with ``seq <= through``)."""
+        r = self._b.rowid
+        where, params = ("", ()) if through is None else (f" WHERE {r} <= ?", (int(through),))
+        with self._lock, self._b.guard():
+            return int(self._b.rows(f"SELECT COUNT(*) FROM feedback{where}", params)[0][0])
+
+    def feedback_since(self, seq: int, limit: int = 10_000) -> list[tuple]:
+        """The feedback logged after row ``seq`` with its decision, in log order, at most ``limit``:
+        ``(seq, decision_id, reward, constraints (list or None), action, num_actions, context)``
+        (what a replica learns at a sync; feedback whose decision the log lacks is left out)."""
+        r = self._b.rowid
+        with self._lock, self._b.guard():
+            rows = self._b.rows(
+                f"SELECT f.{r}, f.decision_id, f.reward, f.constraints, d.action, d.num_actions, d.context "
+                f"FROM feedback f JOIN decisions d USING (decision_id) WHERE f.{r} > ? ORDER BY f.{r} LIMIT ?",
+                (int(seq), int(limit)))
+        try:
+            return [(int(s), k, float(y), None if c is None else [float(x) for x in json.loads(c)], int(a), int(K),
+                     [float(x) for x in json.loads(ctx)]) for s, k, y, c, a, K, ctx in rows]
+        except (ValueError, TypeError):
+            raise ValueError(f"log: {self.path}: malformed constraints or context in its feedback") from None
 
     def has_decision(self, decision_id: str) -> bool:
         with self._lock, self._b.guard():

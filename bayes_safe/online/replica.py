@@ -1,0 +1,291 @@
+"""Replicas: several Deciders serving one stream of decisions from one PostgreSQL decision log.
+
+```python
+from bayes_safe.online import Decider, ReplicaDecider
+
+Decider(policy, seed=0).save("state/")          # once: the prior, the id key, the settings
+r1 = ReplicaDecider.load("state/", log="postgresql://app@db:5432/decisions")
+r2 = ReplicaDecider.load("state/", log="postgresql://app@db:5432/decisions")
+d = r1.decide(candidates, baseline=0)
+r2.feedback(d.decision_id, reward=1.0, constraints=[0.0])   # any replica takes any decision's feedback
+r1.sync(); r2.sync()                              # both posteriors now hold it, in the same order
+```
+
+(``bayes-safe serve STATE_DIR --log postgresql://... --replica`` runs one per process and
+syncs every ``--sync-every`` seconds.)
+
+**The log is the posterior.** A replica's posterior is its snapshot's updated with every feedback
+row the log committed after the snapshot's watermark ``log_seq``, one row at a time in the log's
+order, and nothing else. Feedback sent to a replica is written to the log (committed before it
+is acknowledged) and learned, like everyone else's, at the next ``sync``. So every replica that
+has synced to the same row holds the posterior of the prior updated once with the same feedback
+in the same order: for conjugate Gaussian and Normal-Inverse-Gamma models the same numbers on
+every replica, and the numbers one process gets from that feedback (``benchmarks/replicas.py``
+measures the largest difference). The log orders feedback by commit: its writers take turns on
+one PostgreSQL advisory lock (``DecisionLog.write_feedback_shared``), so a row that commits
+later has a larger ``seq`` and a sync never skips one.
+
+**Other engines** learn the same rows in the same order: a Gibbs or Langevin chain, a NUTS / SVI
+refit, the probit GP condition on the same data on every replica; their posterior *samples*
+differ (each replica's chain runs on its own random stream), as two runs of one process with
+different seeds do.
+
+``model_version`` of a replica is the number of feedback rows its posterior holds: the same on
+every replica at the same point of the log, and recorded with every decision. ``update_every``
+does not apply (a replica learns at each sync).
+
+**Decision ids** stay ``'<n>-<tag>'`` under the key every replica loaded from the same state, so
+any replica checks any id. The numbers ``n`` come from the log in blocks of ``NUMBER_BLOCK``
+(``DecisionLog.reserve_numbers``): unique across replicas, with gaps (a killed replica leaves
+the rest of its block unused). The log, not a replica, holds the decisions that wait for
+feedback.
+
+**Faults.** Nothing is acknowledged before its log transaction commits, so a replica killed at
+any moment loses nothing acknowledged; a replica restarted from a snapshot learns the rows past
+the snapshot's ``log_seq`` exactly once (the watermark and the posterior are saved together).
+While the database is down, decisions and feedback raise ``LogUnavailable`` (the service answers
+503) and ``sync`` raises it too; the next call connects again.
+
+**Starting from a one-process state.** ``load`` takes a state saved by ``Decider.save`` (with or
+without a log behind it): it first reads the log's last feedback row ``W``, then brings the
+state up to date as ``Decider.replay`` would with the feedback up to ``W`` (the decisions made
+after the snapshot, the feedback of every decision that was pending) and carries on from ``W``.
+Replicas started at different times from the same one-process state end with the same
+posterior. A state saved by a replica is refused by ``Decider.load`` (and by a one-process
+``bayes-safe serve``), which would apply its log's feedback a second time.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+from ..state import StateError
+from .decider import (
+    Decider,
+    FeedbackRowsError,
+    _log_mismatch,
+    _per_arm,
+    _played_features,
+    _unknown_id,
+)
+from .log import NUMBER_BLOCK, DecisionLog
+
+__all__ = ["ReplicaDecider"]
+
+
+class ReplicaDecider(Decider):
+    """A ``Decider`` that shares its stream with other replicas through one PostgreSQL log (module docstring).
+
+    Made by ``ReplicaDecider.load(directory, log=url)`` from a state saved by ``Decider.save``
+    or by a replica, or new: ``ReplicaDecider(policy, log=url, ...)`` with ``Decider``'s arguments
+    and a log no Decider has written to.
+
+    Attributes:
+        log_seq: the ``seq`` of the last log feedback row the posterior holds (the watermark).
+        applied: the number of feedback rows the posterior holds (= ``model_version``).
+        decided: decisions this replica made since it started; ``received``: feedback it accepted.
+    """
+
+    _replica = True
+
+    def __init__(self, policy, *, log=None, **kwargs):
+        if log is None:
+            raise ValueError("log: a ReplicaDecider needs its PostgreSQL decision log (postgresql://...)")
+        log = _shared_log(log)
+        super().__init__(policy, log=log, **kwargs)
+        self._start_replica(log_seq=0, applied=0)
+
+    def _start_replica(self, log_seq: int, applied: int) -> None:
+        self.log_seq, self.applied = int(log_seq), int(applied)
+        self.model_version = self.applied
+        self.decided = self.received = 0
+        self._block_end = self.next_id  # the first decision reserves a block
+        self._sync_lock = threading.Lock()
+        self.pending.clear()
+        self.queued = []
+
+    # ------------------------------------------------------------------ deciding
+    def decide(self, features, baseline: int | None = None, valid=None):
+        """``Decider.decide``, numbered from this replica's block of the log's decision numbers."""
+        with self._lock:
+            if self.next_id >= self._block_end:
+                start = self.log.reserve_numbers(self.next_id)
+                self.next_id, self._block_end = start, start + NUMBER_BLOCK
+            decision = super().decide(features, baseline, valid)
+            self.pending.clear()  # the log holds what waits for feedback: any replica takes it
+            self.decided += 1
+        return decision
+
+    def _issued(self, number: int) -> bool:
+        return True  # a valid tag names a number some replica issued; the log says whether it was logged
+
+    # ------------------------------------------------------------------ feedback
+    def feedback(self, decision_id: str, reward, constraints=None) -> bool:
+        """Write the outcome to the log (committed before this returns); True if new, False for a
+        duplicate. Learned at the next ``sync``, by every replica."""
+        reward, constraints = self._outcome(reward, constraints)
+        key = self._resolve(decision_id)
+        new = self.log.write_feedback_shared([(key, reward, constraints)])[0]
+        if new is None:  # a tag this state's key made, for a number whose decision was never logged
+            raise _unknown_id(decision_id)
+        self.received += new
+        return new
+
+    def feedback_many(self, rows, *, check_only: bool = False) -> list[bool]:
+        """``Decider.feedback_many`` for replicas: every row checked (unknown ids named) before one
+        log transaction writes them all; learned at the next ``sync``."""
+        checked, problems = [], []
+        for i, row in enumerate(rows):
+            try:
+                decision_id, reward, constraints = row
+            except (TypeError, ValueError):
+                problems.append((i, "", "expected (decision_id, reward, constraints)"))
+                continue
+            try:
+                reward, constraints = self._outcome(reward, constraints)
+                key = self._resolve(decision_id)
+            except (TypeError, ValueError) as exc:
+                problems.append((i, str(decision_id)[:80], str(exc)))
+                continue
+            checked.append((i, decision_id, key, reward, constraints))
+        keys = {key for _, _, key, _, _ in checked}
+        logged = self.log.actions_of(keys)
+        problems += [(i, str(k)[:80], str(_unknown_id(k))) for i, k, key, _, _ in checked if key not in logged]
+        if problems:
+            raise FeedbackRowsError(sorted(problems))
+        if check_only:
+            answered = {k for k, _, _ in self.log.feedback_for(keys)}
+            seen, out = set(), []
+            for _, _, key, _, _ in checked:
+                out.append(key not in answered and key not in seen)
+                seen.add(key)
+            return out
+        if not checked:
+            return []
+        out = self.log.write_feedback_shared([(key, r, c) for _, _, key, r, c in checked])
+        accepted = [bool(x) for x in out]
+        self.received += sum(accepted)
+        return accepted
+
+    def refresh(self) -> int:
+        """``sync``: a replica learns from the log, not from a queue of its own."""
+        return self.sync()
+
+    # ------------------------------------------------------------------ learning from the log
+    def fetch(self, limit: int = 10_000) -> list[tuple]:
+        """The feedback rows the log committed past ``log_seq`` (at most ``limit``; reads only)."""
+        return self.log.feedback_since(self.log_seq, limit)
+
+    def learn(self, rows) -> int:
+        """Apply ``fetch``'s rows to the posterior in the log's order and move ``log_seq`` past them.
+        Rows at or below ``log_seq`` (read twice) are skipped; returns how many were applied."""
+        dims = {getattr(m, "dim", None) for m in self.policy.models().values()}
+        dim = dims.pop() if len(dims) == 1 else None
+        per_arm = _per_arm(self.policy) is not None
+        with self._lock:
+            rows = [r for r in rows if r[0] > self.log_seq]
+            if not rows:
+                return 0
+            entries = [{"decision_id": k, "reward": y, "constraints": c, "action": a,
+                        "features": _played_features(ctx, a, K, dim, per_arm, k, self.log.path)}
+                       for _, k, y, c, a, K, ctx in rows]
+            with self._quiet():
+                for entry, row in zip(entries, rows):
+                    self._apply([entry])
+                    self.log_seq, self.applied = row[0], self.applied + 1  # moved with each row applied
+            self.model_version = self.applied
+            return len(rows)
+
+    def sync(self, limit: int = 10_000) -> int:
+        """Learn every feedback row the log committed since the last sync (``fetch`` then
+        ``learn``, in pages of ``limit``); returns how many. One sync runs at a time."""
+        total = 0
+        with self._sync_lock:
+            while True:
+                rows = self.fetch(limit)
+                total += self.learn(rows)
+                if len(rows) < limit:
+                    return total
+
+    # ------------------------------------------------------------------ state
+    def _extra_meta(self) -> dict:
+        return {"replica": {"log_seq": self.log_seq, "applied": self.applied},
+                "next_id": max(self.next_id, self._block_end)}
+
+    @classmethod
+    def load(cls, directory, *, log=None, featurize=None, allow_imports: bool = False) -> ReplicaDecider:
+        """A replica from a state saved by a replica or by ``Decider.save``, caught up with ``log``
+        (module docstring). A ``StateError`` names the log and the mismatch when ``log`` is not
+        the state's."""
+        if log is None:
+            raise ValueError("log: a ReplicaDecider needs its PostgreSQL decision log (postgresql://...)")
+        directory = Path(directory)
+        log, opened = (log, None) if isinstance(log, DecisionLog) else (None, log)
+        if opened is not None:
+            log = _shared_log(opened)
+        else:
+            _shared_log(log)
+        try:
+            out = super().load(directory, featurize=featurize, allow_imports=allow_imports)
+            meta = json.loads((directory / "decider.json").read_text()).get("replica")
+            owner = log.identity()
+            if meta is not None:
+                if owner is None or owner["decider_id"] != out.decider_id:
+                    raise StateError(f"{log.path}: not the decision log of the replica state {directory} ("
+                                     + ("no Decider has written to it" if owner is None else
+                                        f"it is the log of Decider {owner['decider_id']}") + ")")
+                seq, applied = int(meta["log_seq"]), int(meta["applied"])
+                if log.feedback_high() < seq:
+                    raise StateError(f"{log.path}: holds feedback up to row {log.feedback_high()} but the state "
+                                     f"{directory} has learned up to row {seq}: the log is older than the snapshot")
+                out.log = log
+                out._start_replica(seq, applied)
+            else:
+                out._convert(log, directory)
+            out.sync()
+        except BaseException:
+            if opened is not None:
+                log.close()
+            raise
+        return out
+
+    def _convert(self, log: DecisionLog, directory: Path) -> None:
+        """Bring a one-process state up to the log's feedback row ``W`` read first (module docstring)."""
+        problem = _log_mismatch(log, self.decider_id, self.next_id, self.pending, replicas=True)
+        if problem:
+            raise StateError(f"{log.path}: not the decision log of the state {directory}: {problem}")
+        high = log.feedback_high()  # first: a row committed after this read has a larger seq, learned by sync
+        dims = {getattr(m, "dim", None) for m in self.policy.models().values()}
+        dim = dims.pop() if len(dims) == 1 else None
+        per_arm = _per_arm(self.policy) is not None
+        waiting = dict(self.pending)
+        for decision_id, action, num_actions, context in log.decisions_from(self.next_id):
+            waiting[decision_id] = {"features": _played_features(context, action, num_actions, dim, per_arm,
+                                                                 decision_id, log.path), "action": action}
+        if log.identity() is None:
+            log.bind(self.decider_id, self.next_id)
+        self.log = log
+        # the snapshot's queued feedback was logged before any feedback of its pending decisions
+        entries = list(self.queued)
+        for decision_id, reward, constraints in log.feedback_for(waiting, through=high):
+            entries.append({"decision_id": decision_id, "reward": reward, "constraints": constraints,
+                            **waiting.pop(decision_id)})
+        with self._lock, self._quiet():
+            self._apply(entries)
+        self._start_replica(high, log.feedback_count(through=high))
+        self.replayed = {"decisions": 0, "feedback": len(entries)}
+
+
+def _shared_log(log) -> DecisionLog:
+    """``log`` as a PostgreSQL ``DecisionLog`` (a ``ValueError`` naming ``log`` for anything else)."""
+    if isinstance(log, (str, Path)):
+        log = DecisionLog(log)
+    if not isinstance(log, DecisionLog):
+        raise TypeError(f"log: expected a DecisionLog or a postgresql:// URL, got {type(log).__name__}")
+    if log.kind != "postgresql":
+        raise ValueError(f"log: replicas share a PostgreSQL decision log (postgresql://user@host:port/db); {log.path} "
+                         "is an SQLite file, which serves one process")
+    return log
+
