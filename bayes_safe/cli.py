@@ -154,6 +154,11 @@ def _build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--allow-imports", action="store_true",
                      help="import the prior functions the saved models name (module:function, e.g. a Langevin "
                           "model's callable Pyro prior); this runs that module's code: only for states you trust")
+    srv.add_argument("--replica", action="store_true",
+                     help="one of several processes serving STATE_DIR from one PostgreSQL --log: decisions and "
+                          "feedback at any replica, every replica learning every logged feedback (docs/replicas.md)")
+    srv.add_argument("--sync-every", type=positive_float, default=1.0, metavar="SECONDS",
+                     help="(--replica) learn the feedback other replicas logged this often (default 1)")
     _add_debug(srv)
 
     fb = sub.add_parser("feedback", help="apply a table of outcomes (CSV or Parquet, joined on decision ids) to a "
@@ -553,7 +558,8 @@ def _run(args) -> int:
         return serve(args.state_dir, host=args.host, port=args.port, log=args.log, snapshot_every=args.snapshot_every,
                      token_file=args.token_file, allowed_hosts=args.allowed_host, allowed_origins=args.allowed_origin,
                      max_body_bytes=args.max_body_bytes, max_candidates=args.max_candidates,
-                     max_feedback_items=args.max_feedback_items, allow_imports=args.allow_imports)
+                     max_feedback_items=args.max_feedback_items, allow_imports=args.allow_imports,
+                     replica=args.replica, sync_every=args.sync_every)
     if args.command == "feedback":
         return _feedback(args)
     raise AssertionError(f"unknown command {args.command!r}")  # pragma: no cover - argparse requires one

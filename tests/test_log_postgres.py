@@ -7,12 +7,9 @@ module's server) and the parity test writes the same rows to both and compares e
 
 from __future__ import annotations
 
-import os
 import re
 import signal
 import sqlite3
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -24,13 +21,13 @@ import psycopg
 import pyro.distributions as dist
 import pytest
 import torch
+from serving import ServeProcess
 
 from bayes_safe import TSASC, BayesianLinear
 from bayes_safe.online import Decider, DecisionLog
 from bayes_safe.online.log import SCHEMA_VERSION, LogError, LogUnavailable, LogURL
 
 F64 = torch.float64
-ROOT = Path(__file__).resolve().parents[1]
 RATES = np.array([0.30, 0.45, 0.38])
 
 
@@ -396,33 +393,6 @@ def _frame(log):
 
 
 # ---------------------------------------------------------------------------------- the service on PostgreSQL
-class Server:
-    """``bayes-safe serve STATE --log URL --port 0`` as a subprocess; its stderr goes to a file (a
-    line per failed log write: a pipe nobody reads would fill and block the server)."""
-
-    def __init__(self, state: Path, log: str, stderr: Path):
-        self.stderr = stderr
-        with open(stderr, "w") as err:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "bayes_safe.cli", "serve", str(state), "--port", "0", "--log", log,
-                 "--snapshot-every", "3600"],
-                stdout=subprocess.PIPE, stderr=err, text=True, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
-        line = self.proc.stdout.readline()
-        match = re.search(r"listening on (http://\S+)", line)
-        if not match:
-            self.proc.kill()
-            raise AssertionError(f"the server did not start: {line!r} {stderr.read_text()}")
-        self.first_line = line
-        self.client = httpx.Client(base_url=match.group(1), timeout=30)
-
-    def kill(self, sig=signal.SIGKILL) -> tuple[int, str]:
-        self.client.close()
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-        self.proc.communicate(timeout=60)
-        return self.proc.returncode, self.stderr.read_text()
-
-
 def _outcome(action, rng):
     return {"reward": float(RATES[action] + 0.5 * rng.normal()), "constraints": [float(1 + 0.5 * rng.normal())]}
 
@@ -435,7 +405,7 @@ def test_serve_on_postgresql_survives_a_kill_and_a_database_restart(tmp_path, po
     decided: list[tuple[str, int]] = []
     servers = []
     try:
-        server = Server(state, url, tmp_path / f"serve{len(servers)}.err")
+        server = ServeProcess(state, "--log", url, stderr=tmp_path / f"serve{len(servers)}.err")
         servers.append(server)
         assert f"log {url}" in server.first_line
         for i in range(30):
@@ -447,7 +417,7 @@ def test_serve_on_postgresql_survives_a_kill_and_a_database_restart(tmp_path, po
                 acknowledged[d["decision_id"]] = body
         code, _ = server.kill()  # SIGKILL: no shutdown snapshot, the log is the record
         assert code == -signal.SIGKILL
-        server = Server(state, url, tmp_path / f"serve{len(servers)}.err")
+        server = ServeProcess(state, "--log", url, stderr=tmp_path / f"serve{len(servers)}.err")
         servers.append(server)
         assert f"recovered 30 decisions and {len(acknowledged)} feedback" in server.first_line
         posterior = server.client.get("/posterior").json()

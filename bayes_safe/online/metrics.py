@@ -193,23 +193,34 @@ def registry(service):
     class _Collector:
         def collect(self):
             d = service.decider
-            pending, queued = len(d.pending), len(d.queued)
-            yield CounterMetricFamily("bayes_safe_decisions", "Decisions made by this Decider (its id counter)",
-                                      value=d.next_id)
-            yield CounterMetricFamily("bayes_safe_feedback_received",
-                                      "Decisions whose feedback was received (decisions - pending)",
-                                      value=d.next_id - pending)
+            replica = getattr(service, "replica", False)
+            if replica:  # counters of this replica (a dashboard sums them over the replicas)
+                yield CounterMetricFamily("bayes_safe_decisions", "Decisions made by this replica since it started",
+                                          value=d.decided)
+                yield CounterMetricFamily("bayes_safe_feedback_received",
+                                          "Feedback accepted by this replica since it started", value=d.received)
+                yield GaugeMetricFamily("bayes_safe_log_seq", "The log's feedback row this replica's posterior has "
+                                        "learned up to", value=d.log_seq)
+            else:
+                pending, queued = len(d.pending), len(d.queued)
+                yield CounterMetricFamily("bayes_safe_decisions", "Decisions made by this Decider (its id counter)",
+                                          value=d.next_id)
+                yield CounterMetricFamily("bayes_safe_feedback_received",
+                                          "Decisions whose feedback was received (decisions - pending)",
+                                          value=d.next_id - pending)
             yield CounterMetricFamily("bayes_safe_feedback_duplicates",
                                       "Feedback acknowledged and ignored (the decision had feedback), since the start",
                                       value=service.duplicates)
             yield CounterMetricFamily("bayes_safe_feedback_refused",
                                       "Feedback requests refused (unknown decision id, bad values), since the start",
                                       value=service.bad_feedback)
-            yield GaugeMetricFamily("bayes_safe_feedback_pending", "Decisions still waiting for feedback", value=pending)
-            yield GaugeMetricFamily("bayes_safe_feedback_queued", "Feedback received, not yet applied to the posterior",
-                                    value=queued)
-            yield GaugeMetricFamily("bayes_safe_model_version", "Feedback batches the posterior has learned from",
-                                    value=d.model_version)
+            if not replica:  # (a replica's log holds what waits: no replica knows it alone)
+                yield GaugeMetricFamily("bayes_safe_feedback_pending", "Decisions still waiting for feedback",
+                                        value=pending)
+                yield GaugeMetricFamily("bayes_safe_feedback_queued",
+                                        "Feedback received, not yet applied to the posterior", value=queued)
+            yield GaugeMetricFamily("bayes_safe_model_version", "Feedback rows (a replica) or batches the posterior "
+                                    "has learned from", value=d.model_version)
             yield GaugeMetricFamily("bayes_safe_last_snapshot_timestamp_seconds",
                                     "Unix time of the last snapshot of the state (0: none yet)",
                                     value=service.last_snapshot or 0.0)

@@ -122,6 +122,8 @@ MAX_CANDIDATES = 1000
 MAX_FEEDBACK_ITEMS = 10_000
 #: JSON nested deeper than this is refused (422) before it is parsed (a /decide body needs 3 levels)
 MAX_DEPTH = 32
+#: (replicas) the default seconds between syncs with the log (``--sync-every``)
+SYNC_EVERY = 1.0
 #: /health reports the snapshot stale when changes have waited this many snapshot intervals
 STALE_INTERVALS = 3
 _FLOAT_MAX = 1.7976931348623157e308
@@ -352,8 +354,11 @@ class Service:
             prior, e.g. of a Langevin model), which runs that module's code (``--allow-imports``).
     """
 
-    def __init__(self, state_dir, log=None, allow_imports: bool = False):
+    def __init__(self, state_dir, log=None, allow_imports: bool = False, replica: bool = False,
+                 sync_every: float = SYNC_EVERY):
         self.allow_imports = bool(allow_imports)
+        self.replica = bool(replica)
+        self.sync_every = float(sync_every)
         self.state_dir = Path(state_dir)
         if not self.state_dir.is_dir():
             raise FileNotFoundError(f"STATE_DIR: {self.state_dir} is not a directory (expected one written by Decider.save)")
@@ -366,11 +371,18 @@ class Service:
         if not is_log_url(log_path) and log_path.resolve().is_relative_to(self.state_dir.resolve()):
             raise ValueError(f"--log: {log_path} is inside STATE_DIR, which each snapshot replaces as a whole; "
                              "put the log beside it")
-        self._lockfile = _hold_state_lock(self.state_dir)  # one process serves a state: refused while another does
+        if self.replica and not is_log_url(log_path):
+            raise ValueError("--replica: replicas share one PostgreSQL decision log: give --log postgresql://user@host:"
+                             "port/db (an SQLite log serves one process)")
+        if self.replica:  # the replica holding the state's lock writes its snapshots; the others try again later
+            self._lockfile = _hold_state_lock(self.state_dir, wait=False)
+        else:  # one process serves a state: refused while another does
+            self._lockfile = _hold_state_lock(self.state_dir)
         try:
             self._open(log_path)
         except BaseException:
-            self._lockfile.close()
+            if self._lockfile is not None:
+                self._lockfile.close()
             raise
 
     def _open(self, log_path) -> None:
@@ -391,6 +403,23 @@ class Service:
         self._saved = None
         self.duplicates = 0     # feedback acknowledged and ignored (already had feedback), since the start
         self.bad_feedback = 0   # feedback refused by the Decider (unknown id, wrong number of constraints ...)
+        self.sync_error: str | None = None  # (replicas) of the last sync; None once one succeeds
+        self._log_unreachable = False  # the last failed write found the PostgreSQL server unreachable
+        self.last_sync = time.time()
+        self._sync_lock = threading.Lock()
+        if self.replica:
+            from .replica import ReplicaDecider
+
+            try:
+                self.decider = ReplicaDecider.load(self.state_dir, log=log_path, allow_imports=self.allow_imports)
+            except LogError as exc:  # its server unreachable, no such database, no permission ...
+                raise ValueError(f"--log: {str(exc).removeprefix('log: ')}") from None
+            self.log = self.decider.log
+            self.recovered = dict(self.decider.replayed)
+            self._saved = None
+            if self._lockfile is not None:
+                self.snapshot()  # the state as a replica's, with its watermark: the next start begins here
+            return
         # first: a bad STATE_DIR creates no log file
         self.decider = Decider.load(self.state_dir, allow_imports=self.allow_imports)
         try:
@@ -412,7 +441,28 @@ class Service:
 
     def _mark(self) -> tuple:
         d = self.decider
+        if self.replica:  # the log keeps the decisions and feedback; the snapshot, the posterior and its watermark
+            return (d.log_seq,)
         return d.next_id, d.model_version, len(d.pending), len(d.queued)
+
+    def sync(self) -> int:
+        """(Replicas) learn the feedback the log committed since the last sync (``ReplicaDecider.sync``:
+        read outside the lock, applied under it); returns how many rows. A failure is kept for
+        ``/health`` and raised."""
+        with self._sync_lock:
+            try:
+                rows = self.decider.fetch()
+            except self.log_errors as exc:
+                self.sync_error = f"{type(exc).__name__}: {exc}"
+                raise
+            with self.lock:
+                n = self.decider.learn(rows)
+            self.last_sync, self.sync_error = time.time(), None
+            if self._log_unreachable:  # the server is back (a write that failed on its own stays reported)
+                self.log_error, self._log_unreachable = None, False
+            if n and self._changed_since is None:
+                self._changed_since = time.time()
+            return n
 
     # ------------------------------------------------------------------ endpoints
     def decide(self, body: bytes) -> dict:
@@ -496,7 +546,10 @@ class Service:
 
     def _log_failed(self, exc: BaseException) -> BadRequest:
         """A 503 for a decision or feedback whose log write failed (kept for /health)."""
+        from .log import LogUnavailable
+
         self.log_error = f"{type(exc).__name__}: {exc}"
+        self._log_unreachable = isinstance(exc, LogUnavailable)
         print(f"bayes-safe serve: the decision log could not be written: {self.log_error}", file=sys.stderr, flush=True)
         return BadRequest(f"the decision log could not be written ({self.log_error}); nothing was recorded: retry "
                           "later", status=503)
@@ -511,6 +564,13 @@ class Service:
         if self.snapshot_error is not None:
             out.append("snapshot: the last snapshot failed" + (f" ({type(self.snapshot_error).__name__}: "
                                                                f"{self.snapshot_error})" if detailed else ""))
+        if self.replica:
+            if self.sync_error is not None:
+                out.append("decision log: the last sync failed" + (f" ({self.sync_error})" if detailed else ""))
+            behind = time.time() - self.last_sync
+            if behind > STALE_INTERVALS * self.sync_every + 1:
+                out.append(f"sync: the posterior has not learned from the log for {behind:.0f} s (syncs every "
+                           f"{self.sync_every:g} s)")
         changed = self._changed_since
         if snapshot_every and changed is not None and time.time() - changed > STALE_INTERVALS * snapshot_every:
             out.append(f"snapshot: changes unsaved for {time.time() - changed:.0f} s (snapshots every "
@@ -527,16 +587,25 @@ class Service:
         if not detailed:
             return out
         d = self.decider
-        return out | {"model_version": d.model_version, "decisions": d.next_id, "pending": len(d.pending),
-                      "queued": len(d.queued), "uptime_seconds": time.time() - self.started,
+        return out | {"model_version": d.model_version, **self._counts(), "uptime_seconds": time.time() - self.started,
                       "last_snapshot": self.last_snapshot,
                       "snapshot_error": None if self.snapshot_error is None else str(self.snapshot_error)}
+
+    def _counts(self) -> dict:
+        """``decisions``, ``pending``, ``queued``: of the Decider; a replica's are its own decisions
+        since it started, the feedback it accepted (``received``) and its watermark (``log_seq``,
+        the log's feedback row its posterior has learned up to: the same posterior on every
+        replica at the same ``log_seq``), and whether it writes the snapshots (``writer``)."""
+        d = self.decider
+        if self.replica:
+            return {"decisions": d.decided, "received": d.received, "log_seq": d.log_seq,
+                    "writer": self._lockfile is not None}
+        return {"decisions": d.next_id, "pending": len(d.pending), "queued": len(d.queued)}
 
     def posterior(self) -> dict:
         with self.lock:
             d = self.decider
-            out = {"model_version": d.model_version, "decisions": d.next_id, "pending": len(d.pending),
-                   "queued": len(d.queued), "feature_names": d.feature_names, "models": {}}
+            out = {"model_version": d.model_version, **self._counts(), "feature_names": d.feature_names, "models": {}}
             for role, model in d.policy.models().items():
                 out["models"][str(role)] = _summary(model)
         return out
@@ -545,6 +614,11 @@ class Service:
     def snapshot(self, force: bool = False) -> bool:
         """Save the Decider to ``state_dir`` (atomic) if it changed since the last snapshot; True if written."""
         with self.lock:
+            if self.replica and self._lockfile is None:  # another replica writes the snapshots while it lives
+                self._lockfile = _hold_state_lock(self.state_dir, wait=False)
+                if self._lockfile is None:
+                    self._changed_since = None
+                    return False
             mark = self._mark()
             if mark == self._saved and not force:
                 self._changed_since = None  # (a duplicate feedback changes nothing)
@@ -560,7 +634,8 @@ class Service:
 
     def close(self) -> None:
         self.log.close()
-        self._lockfile.close()  # releases the state's lock
+        if self._lockfile is not None:
+            self._lockfile.close()  # releases the state's lock
 
 
 def state_lock_path(state_dir) -> Path:
@@ -569,9 +644,10 @@ def state_lock_path(state_dir) -> Path:
     return state_dir.with_name(state_dir.name + ".lock")
 
 
-def _hold_state_lock(state_dir):
+def _hold_state_lock(state_dir, wait: bool = True):
     """An open file holding an exclusive lock on ``state_lock_path(state_dir)`` (released when it
-    is closed or the process dies), or ``StateInUse`` when another process holds it."""
+    is closed or the process dies), or ``StateInUse`` when another process holds it (None
+    instead with ``wait=False``: a replica that does not write the snapshots)."""
     import os
 
     try:
@@ -586,6 +662,8 @@ def _hold_state_lock(state_dir):
         f.seek(0)
         holder = f.read().strip() or "another process"
         f.close()
+        if not wait:
+            return None
         raise StateInUse(f"STATE_DIR: {Path(state_dir)} is being served by {holder} (it holds {path}): stop that "
                          "process first (to send it outcomes meanwhile: bayes-safe feedback --url URL)") from None
     f.seek(0)
@@ -931,11 +1009,21 @@ def create_app(service: Service, snapshot_every: float | None = 60.0, run_on_loo
                 except Exception as exc:  # noqa: BLE001 - a failed snapshot must not stop the service: the log has it all
                     print(f"bayes-safe serve: snapshot failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
 
-        task = asyncio.create_task(schedule()) if snapshot_every else None
+        async def sync():
+            while True:
+                await asyncio.sleep(service.sync_every)
+                try:
+                    await run_in_threadpool(service.sync)
+                except Exception as exc:  # noqa: BLE001 - kept for /health; the next sync reads from the same row
+                    print(f"bayes-safe serve: sync failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+
+        tasks = [asyncio.create_task(schedule())] if snapshot_every else []
+        if service.replica:
+            tasks.append(asyncio.create_task(sync()))
         try:
             yield
         finally:
-            if task is not None:
+            for task in tasks:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
@@ -947,9 +1035,9 @@ def create_app(service: Service, snapshot_every: float | None = 60.0, run_on_loo
                 print(f"bayes-safe serve: the shutdown snapshot failed: {type(exc).__name__}: {exc}", file=sys.stderr,
                       flush=True)
             else:
-                d = service.decider
-                print(f"bayes-safe serve: wrote {service.state_dir} (model_version {d.model_version}, decisions "
-                      f"{d.next_id}, pending {len(d.pending)})", flush=True)
+                counts = ", ".join(f"{k} {v}" for k, v in service._counts().items())
+                print(f"bayes-safe serve: {'wrote' if service._lockfile is not None else 'left to the writer'} "
+                      f"{service.state_dir} (model_version {service.decider.model_version}, {counts})", flush=True)
 
     app = fastapi.FastAPI(title="bayes_safe Decider", lifespan=lifespan, version="1",
                           description="Safe Bayesian decisions with propensities; feedback (one or a list); posterior "
@@ -1138,7 +1226,7 @@ def serve(state_dir, *, host: str = "127.0.0.1", port: int = 8080, log=None, sna
           http: str = "auto", loop: str = "auto", run_on_loop: bool = True, fast: bool = True,
           token_file=None, allowed_hosts=(), allowed_origins=(), max_body_bytes: int = MAX_BODY_BYTES,
           max_candidates: int = MAX_CANDIDATES, max_feedback_items: int = MAX_FEEDBACK_ITEMS,
-          allow_imports: bool = False) -> int:
+          allow_imports: bool = False, replica: bool = False, sync_every: float = SYNC_EVERY) -> int:
     """Serve ``state_dir`` until SIGTERM or SIGINT, then write the snapshot and return 0.
 
     ``token_file``: the tokens and their roles (``bayes_safe.online.auth``; default: the file the
@@ -1156,6 +1244,8 @@ def serve(state_dir, *, host: str = "127.0.0.1", port: int = 8080, log=None, sna
     uvicorn = require("uvicorn", "bayes-safe serve")
     if snapshot_every is not None and not (math.isfinite(snapshot_every) and snapshot_every > 0):
         raise ValueError(f"--snapshot-every: expected a number of seconds > 0, got {snapshot_every!r}")
+    if not (isinstance(sync_every, (int, float)) and math.isfinite(sync_every) and sync_every > 0):
+        raise ValueError(f"--sync-every: expected a number of seconds > 0, got {sync_every!r}")
     if http not in ("auto", "h11", "httptools"):
         raise ValueError(f"http: expected 'auto', 'h11' or 'httptools', got {http!r}")
     if loop not in ("auto", "asyncio", "uvloop"):
@@ -1177,7 +1267,7 @@ def serve(state_dir, *, host: str = "127.0.0.1", port: int = 8080, log=None, sna
     import torch
 
     torch.set_num_threads(1)  # tiny tensor operations per request (bayes_safe.threads)
-    service = Service(state_dir, log=log, allow_imports=allow_imports)
+    service = Service(state_dir, log=log, allow_imports=allow_imports, replica=replica, sync_every=sync_every)
     try:
         sock = _listen(host, port)
         app = create_app(service, snapshot_every, run_on_loop, gate)
@@ -1197,9 +1287,16 @@ def serve(state_dir, *, host: str = "127.0.0.1", port: int = 8080, log=None, sna
             r = service.recovered
             access = (f"{len(tokens)} token(s) from {tokens.source}" if tokens is not None else
                       "no tokens: every endpoint open to local clients")
+            if service.replica:
+                d = service.decider
+                learned = (f"a replica: posterior at log row {d.log_seq} ({d.applied} feedback), syncs every "
+                           f"{service.sync_every:g} s, {'writes' if service._lockfile is not None else 'does not write'}"
+                           " the snapshots")
+            else:
+                learned = f"recovered {r['decisions']} decisions and {r['feedback']} feedback from the log"
             print(f"bayes-safe serve: listening on http://{shown}:{bound[1]} (state {service.state_dir}, log "
-                  f"{service.log.path}, recovered {r['decisions']} decisions and {r['feedback']} feedback from the "
-                  f"log; {access}; Host names {', '.join(sorted(gate.allowed_hosts))})", flush=True)
+                  f"{service.log.path}, {learned}; {access}; Host names {', '.join(sorted(gate.allowed_hosts))})",
+                  flush=True)
             server.run(sockets=[sock])
         finally:
             for sig, handler in previous.items():
