@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -22,6 +21,7 @@ import pyro
 import pyro.distributions as dist
 import pytest
 import torch
+from serving import ServeProcess
 
 from bayes_safe import TSASC, BayesianLinear
 from bayes_safe.models import PerArmLinear
@@ -414,29 +414,11 @@ SERVED = {
 }
 
 
-class Server:
-    """``python -m bayes_safe.cli serve STATE --port 0`` on 127.0.0.1; ``url`` read from its first line."""
-
-    def __init__(self, state: Path, log: Path, allow_imports: bool = False):
-        import httpx
-
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "bayes_safe.cli", "serve", str(state), "--port", "0", "--log", str(log),
-             "--snapshot-every", "3600", *(["--allow-imports"] if allow_imports else [])],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-            env=dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests")])))
-        self.first_line = self.proc.stdout.readline()
-        match = re.search(r"listening on (http://\S+)", self.first_line)
-        if not match:
-            self.proc.kill()
-            raise AssertionError(f"the server did not start: {self.first_line!r} {self.proc.communicate()[1]}")
-        self.client = httpx.Client(base_url=match.group(1), timeout=60)
-
-    def kill(self, sig=signal.SIGKILL):
-        self.client.close()
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-        return self.proc.communicate(timeout=60)
+def _serve(state: Path, log: Path, allow_imports: bool, tmp_path: Path) -> ServeProcess:
+    """``bayes-safe serve STATE --log LOG [--allow-imports]`` on 127.0.0.1 (``tests/serving.py``)."""
+    count = len(list(tmp_path.glob("serve*.err")))
+    return ServeProcess(state, "--log", log, *(["--allow-imports"] if allow_imports else []),
+                        stderr=tmp_path / f"serve{count}.err")
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if slow else n
@@ -471,10 +453,10 @@ def test_every_engine_served_killed_and_restarted(name, tmp_path):
                 assert f.status_code == 200 and f.json() == {"accepted": True}, f.text
                 acknowledged[decision_id] = (reward, constraints)
 
-    server = Server(state, log_path, allow_imports=case.imports)
+    server = _serve(state, log_path, case.imports, tmp_path)
     run(server, 8)
     server.kill(signal.SIGKILL)  # mid-way, no snapshot since the start: the restart rebuilds from the log
-    server = Server(state, log_path, allow_imports=case.imports)
+    server = _serve(state, log_path, case.imports, tmp_path)
     assert f"recovered 8 decisions and {len(acknowledged)} feedback" in server.first_line
     again = server.client.post("/feedback", json={"decision_id": next(iter(acknowledged)), "reward": 0.0,
                                                   "constraints": [0.0] * case.constraints or None})
@@ -510,7 +492,7 @@ def test_a_state_with_a_callable_prior_is_served_only_with_allow_imports(tmp_pat
     assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
     assert "log_scale_prior" in refused.stderr and "--allow-imports" in refused.stderr, refused.stderr
     assert not (tmp_path / "log.sqlite").exists()  # refused before the log was opened
-    server = Server(tmp_path / "state", tmp_path / "log.sqlite", allow_imports=True)
+    server = _serve(tmp_path / "state", tmp_path / "log.sqlite", True, tmp_path)
     d = server.client.post("/decide", json={"features": np.eye(K, D).tolist(), "baseline": 0})
     assert d.status_code == 200, d.text
     f = server.client.post("/feedback", json={"decision_id": d.json()["decision_id"], "reward": 0.5})
