@@ -206,3 +206,27 @@ def test_replicas_need_a_postgresql_log(state, tmp_path):
         ReplicaDecider.load(state, log=tmp_path / "log.sqlite")
     with pytest.raises(ValueError, match="log: a ReplicaDecider needs"):
         ReplicaDecider.load(state)
+
+
+def test_the_command_line_refuses_a_replica_state_without_replica_in_one_line(state, tmp_path, postgres_server):
+    """A state saved by a replica served by one process, or fed a table of outcomes directly,
+    would learn its log's feedback a second time: refused, one line naming the way."""
+    import subprocess
+    import sys
+
+    url = postgres_server.url()
+    replica = ReplicaDecider.load(state, log=url)
+    d = replica.decide(_candidates(np.random.default_rng(5)), baseline=0)
+    replica.feedback(d.decision_id, 1.0, [0.0])
+    replica.sync()
+    replica.save(state)
+    (tmp_path / "outcomes.csv").write_text(f"decision_id,reward,constraint0\n{d.decision_id},1.0,0.0\n")
+    for args in (["serve", str(state), "--port", "0", "--log", url],
+                 ["feedback", str(state), "--from", str(tmp_path / "outcomes.csv"), "--log", url],
+                 ["serve", str(state), "--port", "0", "--replica"]):
+        done = subprocess.run([sys.executable, "-m", "bayes_safe.cli", *args], check=False, capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+        assert ("ReplicaDecider.load" in done.stderr or "--replica: replicas share one PostgreSQL" in done.stderr), \
+            done.stderr
