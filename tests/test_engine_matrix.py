@@ -299,6 +299,31 @@ def test_every_engine_through_the_decider(name, tmp_path):
         assert 0 <= int(served.select(X, torch.tensor([0]), valid=mask)[0]) < case.arms
 
 
+@pytest.mark.parametrize("name", list(CASES))
+def test_every_engine_as_replicas_on_one_postgresql_log(name, tmp_path, postgres_server):
+    """Two replicas of one state (``ReplicaDecider``): decisions at both, each one's feedback sent
+    to the other, both learn every logged row once; a replica's snapshot resumes at its watermark."""
+    from bayes_safe.online import ReplicaDecider
+
+    case, url = CASES[name], postgres_server.url()
+    policy = case.build()
+    known = _observations(policy)
+    Decider(policy, num_draws=16, seed=0).save(tmp_path / "state")
+    a, b = (ReplicaDecider.load(tmp_path / "state", log=url, allow_imports=case.imports) for _ in range(2))
+    rng = np.random.default_rng(0)
+    for i in range(4):
+        deciding, told = (a, b) if i % 2 else (b, a)
+        d = _decide(deciding, case, rng)
+        assert told.feedback(d.decision_id, *case.outcome(d.action, rng)) is True
+    assert a.sync() == b.sync() == 4
+    assert _observations(a.policy) == _observations(b.policy) == known + 4 and a.model_version == 4
+    a.save(tmp_path / "snapshot")
+    d = _decide(b, case, rng)
+    b.feedback(d.decision_id, *case.outcome(d.action, rng))
+    again = ReplicaDecider.load(tmp_path / "snapshot", log=url, allow_imports=case.imports)
+    assert again.applied == 5 and _observations(again.policy) == known + 5
+
+
 @pytest.mark.parametrize("name", ["gibbs-logistic", "gibbs-horseshoe", "langevin"])
 def test_chain_engines_continue_from_the_played_draw(name):
     """A decision moves a chain exactly as one ordinary draw does; the other S - 1 draws leave no trace."""
