@@ -3,10 +3,12 @@
 ``ProbitGP`` and its wrappers load GPyTorch, so they are imported on first use.
 """
 
+from .empirical_bayes import PriorFit, fit_prior, power_prior
 from .linear import BayesianLinear
 from .per_arm import PerArmLinear
 
-__all__ = ["BayesianLinear", "PerArmLinear", "ProbitGP", "ScaledOutcome", "SuccessProbability"]
+__all__ = ["BayesianLinear", "PerArmLinear", "PriorFit", "ProbitGP", "ScaledOutcome", "SuccessProbability", "fit_prior",
+           "power_prior"]
 
 _LAZY = {"ProbitGP", "SuccessProbability", "ScaledOutcome"}
 
