@@ -1,0 +1,778 @@
+"""The safe bake-off (issue 32): contextual bandit learners on multiclass data, against a baseline.
+
+    .venv/bin/python benchmarks/bakeoff.py                      # 10 shuffles of every dataset
+    .venv/bin/python benchmarks/bakeoff.py --quick              # 2 shuffles, streams cut to 400
+    .venv/bin/python benchmarks/bakeoff.py --datasets iris,wine --shuffles 3 --report out.md
+
+Protocol (Bietti, Agarwal & Langford, "A contextual bandit bake-off", JMLR 2021, s.5): a
+multiclass data set is a contextual bandit with one action per class and reward 1 for the true
+label, 0 otherwise; each data set is seen once, in each of ``--shuffles`` random orders, and a
+learner's score on a stream is its progressive-validation (PV) loss, the mean of ``1 - reward``
+over the stream (every decision is scored before the learner sees its reward).
+
+The baseline (this bake-off's addition; Bietti et al. report no safety): a multinomial logistic
+regression (scikit-learn ``LogisticRegression``, lbfgs, C = 1) fitted on the first 5 % of each
+shuffled stream, ``ceil(0.05 n)`` rows (the *warm slice*, today's production data). Features are
+standardised with the mean and standard deviation of the warm slice only (a feature constant
+there keeps sd 1), then a constant 1 is appended (the intercept of the linear learners). The warm
+slice fits the baseline and the standardisation and is not scored; every learner starts with no
+data at the first row after it, sees the standardised row and the baseline's action there, and
+is scored on the rest of the stream (``T = n - ceil(0.05 n)`` decisions). The baseline's PV loss
+is that of its own actions over the same ``T`` rows.
+
+Budget (Kazerouni, Ghavamzadeh, Abbasi-Yadkori & Van Roy 2017, constraint (3), with alpha =
+0.1): the learner's cumulative reward must stay at least ``(1 - alpha)`` times the baseline's at
+every step. Measured on realised rewards: with ``L_t`` and ``B_t`` the learner's and the
+baseline's cumulative rewards after ``t`` of the ``T`` scored steps, step ``t`` *violates* the
+budget when ``L_t < (1 - alpha) B_t``. A stream's *violation rate* is the fraction of its ``T``
+steps that violate; tables average it over the shuffles of a data set, and the summary averages
+those over data sets (each data set weighs the same). The learner *overtakes* the baseline at the
+first ``t`` with ``L_t > B_t`` (tables: the median over the shuffles, "never" when it does not in
+more than half of them; the summary: in how many streams it ever does, and the median position as
+a fraction of the stream among those).
+
+Per learner and data set: PV loss (mean over shuffles), the baseline's, their ratio (of the
+means), the violation rate, the overtake step, decisions/s (decisions over the seconds spent in
+the learner's own ``act`` + ``learn`` calls, which include converting the standardised numpy row
+to the learner's input: a torch tensor, or VW's text format; data loading, shuffling,
+standardisation and the baseline's fit are not timed). The summary averages PV losses, ratios and
+violation rates over data sets and gives decisions/s as all decisions over all timed seconds.
+Pairwise: for learners A and B, over every (data set, shuffle) stream, A *wins* when its PV loss
+is lower (ties dropped); a two-sided sign test (``scipy.stats.binomtest``, p = 0.5) on the wins.
+
+Data sets: only those that ship inside PyPI wheels and are read without any download: scikit-learn's
+digits, wine, breast_cancer and iris; river's Phishing, Bananas and ImageSegments (files in the
+river wheel); palmerpenguins (rows with a missing value dropped, island and sex one-hot).
+
+Learners: a registry, ``LEARNERS``; a new learner is one ``register(LearnerSpec(...))``. A
+learner is built per stream by ``make(dim, num_actions, seed)`` and answers ``act(x, baseline,
+baseline_prob) -> action`` and ``learn(x, action, reward)``, one decision at a time (``x`` the
+standardised row with its constant, float64 ``[dim]``; ``baseline_prob`` the logistic
+baseline's probability of its own action). Learners whose package is missing are left out with
+a printed line. Seeds: shuffle ``s`` of data set ``D`` under ``--seed S`` is the permutation of
+``numpy.random.default_rng([S, crc32(D), s])``, and every learner's own seed derives from the
+same three numbers and its name, so a run is repeatable and every learner sees the same streams.
+One process, one torch thread, learners run one after another on each stream.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+ALPHA = 0.1  # the budget: at least (1 - ALPHA) of the baseline's cumulative reward
+WARM_FRACTION = 0.05  # the baseline's training slice, from the start of each shuffled stream
+PRIOR_SD = 1.0  # the docs' prior for standardised features: N(0, 1) on every weight
+NOISE_SD = 0.5  # the docs' noise sd
+FULL_SHUFFLES = 10
+QUICK_SHUFFLES = 2
+QUICK_MAX_ROWS = 400
+
+
+# ------------------------------------------------------------------------------------ data sets
+@dataclass
+class Dataset:
+    """A multiclass data set: features ``X [n, p]`` (float64) and labels ``y [n]`` in ``0..K-1``."""
+
+    name: str
+    X: np.ndarray
+    y: np.ndarray
+    num_classes: int
+
+    @classmethod
+    def from_labels(cls, name: str, X, labels) -> Dataset:
+        labels = np.asarray(labels)
+        classes, y = np.unique(labels, return_inverse=True)
+        return cls(name, np.asarray(X, dtype=np.float64), y.astype(np.int64), len(classes))
+
+
+def _sklearn(loader: str) -> Callable[[], Dataset]:
+    def load() -> Dataset:
+        import sklearn.datasets
+
+        bunch = getattr(sklearn.datasets, f"load_{loader}")()  # bundled in the wheel: no download
+        return Dataset.from_labels(loader, bunch.data, bunch.target)
+
+    return load
+
+
+def _river(cls_name: str, name: str) -> Callable[[], Dataset]:
+    def load() -> Dataset:
+        import river.datasets
+
+        ds = getattr(river.datasets, cls_name)()  # a file inside the river wheel (ds.path)
+        rows, labels, keys = [], [], None
+        for x, label in ds:
+            keys = keys or list(x)
+            rows.append([float(x[k]) for k in keys])
+            labels.append(str(label))
+        return Dataset.from_labels(name, rows, labels)
+
+    return load
+
+
+def _penguins() -> Dataset:
+    import palmerpenguins
+    import pandas as pd
+
+    df = palmerpenguins.load_penguins().dropna()
+    features = pd.get_dummies(df.drop(columns=["species"]), columns=["island", "sex"], dtype=float)
+    return Dataset.from_labels("penguins", features.to_numpy(dtype=np.float64), df["species"].to_numpy())
+
+
+#: name -> loader; a loader's packages are imported only when it runs
+DATASETS: dict[str, Callable[[], Dataset]] = {
+    "digits": _sklearn("digits"),
+    "wine": _sklearn("wine"),
+    "breast_cancer": _sklearn("breast_cancer"),
+    "iris": _sklearn("iris"),
+    "phishing": _river("Phishing", "phishing"),
+    "bananas": _river("Bananas", "bananas"),
+    "segment": _river("ImageSegments", "segment"),
+    "penguins": _penguins,
+}
+
+
+# ------------------------------------------------------------------------------------ streams
+@dataclass
+class Stream:
+    """One shuffled stream, ready for the learners: rows after the warm slice only."""
+
+    dataset: str
+    shuffle: int
+    X: np.ndarray  # [T, p + 1] standardised with the warm slice, then a constant 1
+    y: np.ndarray  # [T] true labels
+    baseline: np.ndarray  # [T] the baseline's actions
+    baseline_prob: np.ndarray  # [T] the baseline's probability of its action
+    num_actions: int
+    num_warm: int
+
+    @property
+    def baseline_rewards(self) -> np.ndarray:
+        return (self.baseline == self.y).astype(np.float64)
+
+
+def warm_size(n: int, fraction: float = WARM_FRACTION) -> int:
+    """Rows in the warm slice: ``ceil(fraction n)``, at least 1 and leaving at least 1 scored row."""
+    return min(max(1, math.ceil(fraction * n)), n - 1)
+
+
+def standardiser(X_warm: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(mean, sd)`` of the warm slice's columns; a constant column keeps sd 1."""
+    mean = X_warm.mean(axis=0)
+    sd = X_warm.std(axis=0)
+    return mean, np.where(sd > 1e-12, sd, 1.0)
+
+
+class LogisticBaseline:
+    """The production policy: multinomial logistic regression on the (standardised) warm slice.
+
+    With a single class in the warm slice it plays that class with probability 1.
+    """
+
+    def __init__(self, Z: np.ndarray, y: np.ndarray, seed: int):
+        self.classes = np.unique(y)
+        self.model = None
+        if len(self.classes) > 1:
+            from sklearn.linear_model import LogisticRegression
+
+            self.model = LogisticRegression(max_iter=2000, random_state=seed).fit(Z, y)
+
+    def act(self, Z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Actions ``[n]`` and the probability of each ``[n]``."""
+        if self.model is None:
+            return np.full(len(Z), self.classes[0], dtype=np.int64), np.ones(len(Z))
+        proba = self.model.predict_proba(Z)
+        best = proba.argmax(axis=1)
+        return self.model.classes_[best].astype(np.int64), proba[np.arange(len(Z)), best]
+
+
+def stream_seed(seed: int, dataset: str, shuffle: int) -> list[int]:
+    return [int(seed), zlib.crc32(dataset.encode()), int(shuffle)]
+
+
+def make_stream(ds: Dataset, shuffle: int, seed: int, max_rows: int | None = None) -> Stream:
+    """Shuffle ``ds`` (seeded), cut to ``max_rows``, fit the standardisation and the baseline on the
+    warm slice, and return the scored rest."""
+    order = np.random.default_rng(stream_seed(seed, ds.name, shuffle)).permutation(len(ds.y))
+    if max_rows is not None:
+        order = order[:max_rows]
+    X, y = ds.X[order], ds.y[order]
+    w = warm_size(len(y))
+    mean, sd = standardiser(X[:w])
+    Z = (X - mean) / sd
+    baseline = LogisticBaseline(Z[:w], y[:w], seed=int(zlib.crc32(f"{seed}/{ds.name}/{shuffle}".encode())))
+    b, pb = baseline.act(Z[w:])
+    Zc = np.ascontiguousarray(np.hstack([Z[w:], np.ones((len(y) - w, 1))]))
+    return Stream(ds.name, shuffle, Zc, y[w:].copy(), b, pb, ds.num_classes, w)
+
+
+# ------------------------------------------------------------------------------------ learners
+@dataclass
+class LearnerSpec:
+    """A registry entry. ``make(dim, num_actions, seed)`` returns an object with ``act(x, baseline,
+    baseline_prob) -> int`` and ``learn(x, action, reward)``; ``requires`` names the importable
+    packages it needs (missing: the learner is left out with a printed line)."""
+
+    name: str
+    make: Callable[[int, int, int], object]
+    description: str
+    requires: tuple[str, ...] = ()
+    safe: bool = False  # designed to keep the budget
+    default: bool = True  # run unless --learners names others
+
+
+LEARNERS: dict[str, LearnerSpec] = {}
+
+
+def register(spec: LearnerSpec) -> LearnerSpec:
+    LEARNERS[spec.name] = spec
+    return spec
+
+
+class GreedyRidge:
+    """Per-arm ridge regression, play the argmax of the means (ties: the lowest index).
+
+    The ridge penalty is ``NOISE_SD^2 / PRIOR_SD^2``, so its means are the posterior means of the
+    Bayesian per-arm models below; inverses kept by Sherman-Morrison, numpy only.
+    """
+
+    def __init__(self, dim: int, num_actions: int, seed: int):
+        lam = NOISE_SD**2 / PRIOR_SD**2
+        self.inv = np.repeat(np.eye(dim)[None] / lam, num_actions, axis=0)
+        self.b = np.zeros((num_actions, dim))
+        self.theta = np.zeros((num_actions, dim))
+
+    def act(self, x, baseline, baseline_prob) -> int:
+        return int(np.argmax(self.theta @ x))
+
+    def learn(self, x, action, reward) -> None:
+        inv = self.inv[action]
+        v = inv @ x
+        inv -= np.outer(v, v) / (1.0 + x @ v)
+        self.b[action] += reward * x
+        self.theta[action] = inv @ self.b[action]
+
+
+class _Torch:
+    """Shared set-up of the bayes_safe learners: the docs' per-arm prior, a seeded generator."""
+
+    def __init__(self, dim: int, num_actions: int, seed: int):
+        import torch
+
+        self.torch = torch
+        self.K = num_actions
+        self.dim = dim
+        self.generator = torch.Generator().manual_seed(int(seed))
+        self._x = None
+
+    def per_arm(self):
+        import pyro.distributions as dist
+
+        from bayes_safe.models import PerArmLinear
+
+        prior = dist.Normal(self.torch.zeros(self.dim, dtype=self.torch.float64), PRIOR_SD).to_event(1)
+        return PerArmLinear(prior, num_arms=self.K, noise_std=NOISE_SD)
+
+
+class BayesSafeTS(_Torch):
+    """``ThompsonSampling(PerArmLinear(N(0, 1), noise_std=0.5))``, the one-stream API."""
+
+    def __init__(self, dim, num_actions, seed):
+        super().__init__(dim, num_actions, seed)
+        from bayes_safe import ThompsonSampling
+
+        self.policy = ThompsonSampling(self.per_arm())
+
+    def act(self, x, baseline, baseline_prob) -> int:
+        self._x = self.torch.from_numpy(x)
+        return int(self.policy.select(self._x.expand(self.K, self.dim), generator=self.generator))
+
+    def learn(self, x, action, reward) -> None:
+        self.policy.update(self._x, self.torch.tensor(reward, dtype=self.torch.float64), actions=action)
+
+
+class BayesSafeTSASC(_Torch):
+    """``TSASC(reward, [guard], alpha=0.1)``: both per-arm models of the reward (the guard compares
+    a draw of each action's reward with the baseline action's, Daulton et al. 2019 Algorithm 1)."""
+
+    def __init__(self, dim, num_actions, seed):
+        super().__init__(dim, num_actions, seed)
+        from bayes_safe import TSASC
+
+        self.policy = TSASC(self.per_arm(), [self.per_arm()], alpha=ALPHA)
+
+    def act(self, x, baseline, baseline_prob) -> int:
+        self._x = self.torch.from_numpy(x)
+        return int(self.policy.select(self._x.expand(self.K, self.dim), int(baseline), generator=self.generator))
+
+    def learn(self, x, action, reward) -> None:
+        r = self.torch.tensor(reward, dtype=self.torch.float64)
+        self.policy.update(self._x, r, r.reshape(1), actions=action)
+
+
+class BayesSafeCLUCB(_Torch):
+    """``CLUCB(BayesianLinear(N(0, 1), noise_std=0.5), baseline_reward, alpha=0.1)``.
+
+    CLUCB takes one linear model with batch ``[1]``, not a ``PerArmLinear``, so the per-arm
+    model is written as one model over block features: action ``k``'s row holds ``x`` in block
+    ``k`` and zeros elsewhere (width ``K dim``; the same posterior as per-arm models). The known
+    baseline reward CLUCB needs is the logistic baseline's probability of its own action;
+    ``delta`` and ``weight_bound`` keep their defaults (0.001 and 1).
+    """
+
+    def __init__(self, dim, num_actions, seed):
+        super().__init__(dim, num_actions, seed)
+        import pyro.distributions as dist
+
+        from bayes_safe import BayesianLinear
+        from bayes_safe.policies import CLUCB
+
+        torch = self.torch
+        width = num_actions * dim
+        prior = dist.Normal(torch.zeros(width, dtype=torch.float64), PRIOR_SD).to_event(1)
+        model = BayesianLinear(prior, noise_std=NOISE_SD, batch_shape=[1])
+        self._rb = torch.zeros(1, dtype=torch.float64)
+        self.policy = CLUCB(model, lambda features, baseline: self._rb, alpha=ALPHA)
+        self._blocks = torch.zeros(num_actions, num_actions, dim, dtype=torch.float64)
+        self._arms = torch.arange(num_actions)
+        self._features = None
+
+    def act(self, x, baseline, baseline_prob) -> int:
+        self._blocks[self._arms, self._arms] = self.torch.from_numpy(x)
+        self._features = self._blocks.reshape(self.K, self.K * self.dim)
+        self._rb[0] = float(baseline_prob)
+        return int(self.policy.select(self._features, int(baseline), generator=self.generator))
+
+    def learn(self, x, action, reward) -> None:
+        self.policy.update(self._features[action].clone(), self.torch.tensor(reward, dtype=self.torch.float64))
+
+
+class VowpalWabbit:
+    """Vowpal Wabbit's ``--cb_explore_adf`` from Python: one shared line of the context, one line
+    per action (``|a cK``), ``-q sa`` crosses them (a linear model per action); cost ``1 - reward``;
+    the action sampled from VW's pmf with a seeded numpy generator. ``baseline_first``: the
+    baseline's action is listed first (``--baseline_challenger_cb`` treats action 0 of the list
+    as the baseline)."""
+
+    def __init__(self, dim, num_actions, seed, args: str, baseline_first: bool = False):
+        from vowpalwabbit import Workspace
+
+        self.ws = Workspace(f"--cb_explore_adf -q sa --quiet --random_seed {int(seed) % 2**31} {args}")
+        self.rng = np.random.default_rng(seed)
+        self.K = num_actions
+        self.baseline_first = baseline_first
+        self.lines = [f"|a c{k}" for k in range(num_actions)]
+        self._state = None
+
+    def act(self, x, baseline, baseline_prob) -> int:
+        shared = "shared |s " + " ".join(f"{j}:{v:.6g}" for j, v in enumerate(x.tolist()))
+        if self.baseline_first:
+            b = int(baseline)
+            order = [b, *(k for k in range(self.K) if k != b)]
+        else:
+            order = range(self.K)
+        lines = [self.lines[k] for k in order]
+        pmf = np.asarray(self.ws.predict([shared, *lines]), dtype=np.float64)
+        i = int(np.searchsorted(np.cumsum(pmf), self.rng.random() * pmf.sum(), side="right"))
+        i = min(i, self.K - 1)
+        self._state = (shared, lines, i, float(pmf[i]))
+        return int(order[i]) if self.baseline_first else i
+
+    def learn(self, x, action, reward) -> None:
+        shared, lines, i, p = self._state
+        labelled = list(lines)
+        labelled[i] = f"0:{1.0 - reward}:{p} {lines[i]}"
+        self.ws.learn([shared, *labelled])
+
+    def __del__(self):
+        ws = getattr(self, "ws", None)
+        if ws is not None:
+            ws.finish()
+
+
+class BayesianBanditsTS:
+    """bayesianbandits' ``ContextualAgent`` with one ``NormalRegressor`` per arm (prior precision
+    ``1 / PRIOR_SD^2``, noise precision ``1 / NOISE_SD^2``: the bayes_safe TS model) and its
+    ``ThompsonSampling``."""
+
+    def __init__(self, dim, num_actions, seed):
+        import bayesianbandits as bb
+
+        rng = np.random.default_rng(seed)
+        arms = [bb.Arm(k, learner=bb.NormalRegressor(alpha=1 / PRIOR_SD**2, beta=1 / NOISE_SD**2, random_state=rng))
+                for k in range(num_actions)]
+        self.agent = bb.ContextualAgent(arms, bb.ThompsonSampling(), random_seed=rng)
+
+    def act(self, x, baseline, baseline_prob) -> int:
+        return int(self.agent.pull(x[None])[0])
+
+    def learn(self, x, action, reward) -> None:
+        self.agent.update(x[None], np.array([reward]))
+
+
+register(LearnerSpec("greedy", GreedyRidge, "greedy: per-arm ridge, argmax of the mean (numpy)"))
+register(LearnerSpec("bayes_safe TS", BayesSafeTS, "bayes_safe ThompsonSampling, PerArmLinear N(0,1), noise sd 0.5",
+                     requires=("torch", "pyro")))
+register(LearnerSpec("bayes_safe TS-ASC", BayesSafeTSASC,
+                     "bayes_safe TSASC alpha=0.1, guard = per-arm reward model vs the baseline action",
+                     requires=("torch", "pyro"), safe=True))
+register(LearnerSpec("bayes_safe CLUCB", BayesSafeCLUCB,
+                     "bayes_safe CLUCB alpha=0.1, block-per-arm BayesianLinear, known baseline reward = its probability",
+                     requires=("torch", "pyro"), safe=True))
+_VW_CONFIGS = {  # Bietti et al. 2021's best configurations of each method family
+    "VW epsilon": "--epsilon 0.02",
+    "VW squarecb": "--squarecb --gamma_scale 10",
+    "VW regcbopt": "--regcbopt --mellowness 0.01",
+    "VW bag": "--bag 4 --greedify",
+}
+for _name, _args in _VW_CONFIGS.items():
+    register(LearnerSpec(_name, lambda d, k, s, a=_args: VowpalWabbit(d, k, s, a),
+                         f"vowpalwabbit --cb_explore_adf {_args}", requires=("vowpalwabbit",)))
+register(LearnerSpec("VW baseline-challenger",
+                     lambda d, k, s: VowpalWabbit(d, k, s, "--epsilon 0.02 --baseline_challenger_cb", baseline_first=True),
+                     "vowpalwabbit --cb_explore_adf --epsilon 0.02 --baseline_challenger_cb (baseline listed first)",
+                     requires=("vowpalwabbit",), safe=True))
+register(LearnerSpec("bayesianbandits TS", BayesianBanditsTS,
+                     "bayesianbandits ContextualAgent, NormalRegressor per arm, ThompsonSampling",
+                     requires=("bayesianbandits",)))
+
+
+def learner_name(name: str) -> str | None:
+    """The registry name ``name`` stands for: case, spaces, hyphens and underscores do not matter
+    (``--learners bayes_safe-ts,vw-regcbopt``); None if none matches."""
+
+    def key(n: str) -> str:
+        return "".join(ch for ch in n.lower() if ch not in " -_")
+
+    matches = [n for n in LEARNERS if key(n) == key(name)]
+    return matches[0] if matches else None
+
+
+def available(names: Sequence[str]) -> list[LearnerSpec]:
+    """The registry entries named, less those whose packages do not import (a printed line each)."""
+    import importlib
+
+    out = []
+    for name in names:
+        spec = LEARNERS[name]
+        missing = []
+        for pkg in spec.requires:
+            try:
+                importlib.import_module(pkg)
+            except Exception as exc:  # noqa: BLE001 - an extension that fails to load counts as missing
+                missing.append(f"{pkg} ({type(exc).__name__})")
+        if missing:
+            print(f"left out: {name} (not installed or fails to import: {', '.join(missing)})")
+        else:
+            out.append(spec)
+    return out
+
+
+# ------------------------------------------------------------------------------------ metrics
+def pv_loss(rewards: np.ndarray) -> float:
+    """Progressive-validation loss: the mean of ``1 - reward`` over the scored stream."""
+    return float(1.0 - np.mean(rewards))
+
+
+def budget_violations(learner_rewards, baseline_rewards, alpha: float = ALPHA) -> np.ndarray:
+    """Per step ``t``: ``L_t < (1 - alpha) B_t`` on the cumulative rewards (bool ``[T]``)."""
+    L = np.cumsum(np.asarray(learner_rewards, dtype=np.float64))
+    B = np.cumsum(np.asarray(baseline_rewards, dtype=np.float64))
+    return L < (1.0 - alpha) * B - 1e-9
+
+
+def violation_rate(learner_rewards, baseline_rewards, alpha: float = ALPHA) -> float:
+    """Fraction of the scored steps at which the budget is broken."""
+    return float(np.mean(budget_violations(learner_rewards, baseline_rewards, alpha)))
+
+
+def first_overtake(learner_rewards, baseline_rewards) -> int | None:
+    """The first step ``t`` (1-based) with ``L_t > B_t``; None if the learner never overtakes."""
+    ahead = np.cumsum(learner_rewards) > np.cumsum(baseline_rewards) + 1e-9
+    return int(np.argmax(ahead)) + 1 if ahead.any() else None
+
+
+@dataclass
+class Result:
+    learner: str
+    dataset: str
+    shuffle: int
+    steps: int
+    pv: float
+    baseline_pv: float
+    violation: float
+    overtake: int | None
+    seconds: float
+
+
+def run_stream(learner, stream: Stream) -> tuple[np.ndarray, float]:
+    """One learner over one stream: its rewards ``[T]`` and the seconds of its act + learn calls."""
+    T = len(stream.y)
+    rewards = np.zeros(T)
+    X, y, b, pb = stream.X, stream.y, stream.baseline.tolist(), stream.baseline_prob.tolist()
+    labels = y.tolist()
+    clock = time.perf_counter
+    spent = 0.0
+    for t in range(T):
+        x = X[t]
+        t0 = clock()
+        a = learner.act(x, b[t], pb[t])
+        t1 = clock()
+        r = 1.0 if a == labels[t] else 0.0
+        t2 = clock()
+        learner.learn(x, a, r)
+        spent += (t1 - t0) + (clock() - t2)
+        rewards[t] = r
+    return rewards, spent
+
+
+def evaluate(spec: LearnerSpec, stream: Stream, seed: int) -> Result:
+    lseed = int(np.random.default_rng([*stream_seed(seed, stream.dataset, stream.shuffle),
+                                       zlib.crc32(spec.name.encode())]).integers(2**31 - 1))
+    learner = spec.make(stream.X.shape[1], stream.num_actions, lseed)
+    rewards, seconds = run_stream(learner, stream)
+    base = stream.baseline_rewards
+    return Result(spec.name, stream.dataset, stream.shuffle, len(rewards), pv_loss(rewards), pv_loss(base),
+                  violation_rate(rewards, base), first_overtake(rewards, base), seconds)
+
+
+def sign_tests(results: Sequence[Result]) -> dict[tuple[str, str], tuple[int, int, float]]:
+    """For each ordered pair (A, B): (wins of A, wins of B, two-sided sign-test p) over the streams."""
+    from scipy.stats import binomtest
+
+    pv: dict[str, dict[tuple[str, int], float]] = {}
+    for r in results:
+        pv.setdefault(r.learner, {})[(r.dataset, r.shuffle)] = r.pv
+    names = list(pv)
+    out = {}
+    for a in names:
+        for b in names:
+            if a == b:
+                continue
+            keys = pv[a].keys() & pv[b].keys()
+            wins = sum(pv[a][k] < pv[b][k] for k in keys)
+            losses = sum(pv[a][k] > pv[b][k] for k in keys)
+            p = binomtest(wins, wins + losses, 0.5).pvalue if wins + losses else 1.0
+            out[(a, b)] = (wins, losses, float(p))
+    return out
+
+
+# ------------------------------------------------------------------------------------ tables
+@dataclass
+class Row:
+    learner: str
+    pv: float
+    baseline_pv: float
+    ratio: float
+    violation: float
+    overtake: str
+    rate: float
+    streams: int = 0
+    extra: dict = field(default_factory=dict)
+
+
+def _ratio(pv: float, base: float) -> float:
+    return pv / base if base > 0 else float("nan")
+
+
+def dataset_rows(results: Sequence[Result], dataset: str) -> list[Row]:
+    rows = []
+    for name in dict.fromkeys(r.learner for r in results):
+        rs = [r for r in results if r.learner == name and r.dataset == dataset]
+        if not rs:
+            continue
+        pv, base = statistics.fmean(r.pv for r in rs), statistics.fmean(r.baseline_pv for r in rs)
+        steps = [r.overtake if r.overtake is not None else math.inf for r in rs]
+        med = statistics.median(steps)
+        overtake = "never" if math.isinf(med) else f"{med:g}"
+        rate = sum(r.steps for r in rs) / max(sum(r.seconds for r in rs), 1e-12)
+        rows.append(Row(name, pv, base, _ratio(pv, base), statistics.fmean(r.violation for r in rs), overtake, rate,
+                        len(rs)))
+    return rows
+
+
+def summary_rows(results: Sequence[Result]) -> list[Row]:
+    datasets = list(dict.fromkeys(r.dataset for r in results))
+    rows = []
+    for name in dict.fromkeys(r.learner for r in results):
+        per = [row for d in datasets for row in dataset_rows([r for r in results if r.learner == name], d)]
+        rs = [r for r in results if r.learner == name]
+        ratios = [row.ratio for row in per if not math.isnan(row.ratio)]
+        over = [r.overtake / r.steps for r in rs if r.overtake is not None]
+        overtake = f"{len(over)}/{len(rs)}" + (f" @ {statistics.median(over):.0%}" if over else "")
+        rate = sum(r.steps for r in rs) / max(sum(r.seconds for r in rs), 1e-12)
+        rows.append(Row(name, statistics.fmean(row.pv for row in per), statistics.fmean(row.baseline_pv for row in per),
+                        statistics.fmean(ratios) if ratios else float("nan"),
+                        statistics.fmean(row.violation for row in per), overtake, rate, len(rs)))
+    return rows
+
+
+def markdown_table(rows: Sequence[Row], overtake_header: str = "overtakes at (median step)") -> str:
+    lines = [f"| learner | PV loss | baseline PV loss | ratio | budget violation rate | {overtake_header} | decisions/s |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r.learner} | {r.pv:.3f} | {r.baseline_pv:.3f} | {r.ratio:.2f} | {r.violation:.3f} | "
+                     f"{r.overtake} | {r.rate:,.0f} |")
+    return "\n".join(lines)
+
+
+def sign_table(results: Sequence[Result]) -> str:
+    tests = sign_tests(results)
+    names = list(dict.fromkeys(r.learner for r in results))
+    short = {n: f"({i + 1})" for i, n in enumerate(names)}
+    lines = ["| A \\ B | " + " | ".join(short[n] for n in names) + " |", "|---" * (len(names) + 1) + "|"]
+    for a in names:
+        cells = []
+        for b in names:
+            if a == b:
+                cells.append("-")
+                continue
+            w, losses, p = tests[(a, b)]
+            cells.append(f"{w}-{losses}{'*' if p < 0.05 else ''}")
+        lines.append(f"| {short[a]} {a} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def load_average() -> str:
+    try:
+        return " ".join(f"{v:.2f}" for v in os.getloadavg())
+    except OSError:
+        return "n/a"
+
+
+def render(results: Sequence[Result], *, command: str, load_start: str, load_end: str, shuffles: int,
+           max_rows: int | None, wall: float, datasets: Sequence[Dataset]) -> str:
+    parts = ["## Summary (averaged over data sets)", "",
+             markdown_table(summary_rows(results), "overtakes the baseline: streams @ median position"), ""]
+    parts += ["## Pairwise wins (PV loss, over every data set x shuffle stream)", "",
+              ("Cell: wins of the row's learner - wins of the column's (ties dropped); `*`: two-sided sign test "
+              "p < 0.05 (`scipy.stats.binomtest`)."), "", sign_table(results), ""]
+    parts += ["## Per data set", ""]
+    for ds in datasets:
+        rows = dataset_rows(results, ds.name)
+        if not rows:
+            continue
+        T = next(r.steps for r in results if r.dataset == ds.name)
+        parts += [(f"### {ds.name} (n = {len(ds.y) if max_rows is None else min(max_rows, len(ds.y))}, "
+                  f"{ds.X.shape[1]} features, {ds.num_classes} actions, {T} scored steps per stream)"), "",
+                  markdown_table(rows), ""]
+    head = [f"Command: `{command}`", "",
+            f"Load average (1, 5, 15 min) at start: {load_start}; at end: {load_end}. "
+            f"{shuffles} shuffle{'s' if shuffles != 1 else ''} per data set" + (f", streams cut to {max_rows} rows" if max_rows else "") +
+            f"; wall time {wall / 60:.1f} min; {_git_state()}; Python {platform.python_version()}, {_versions()}.", ""]
+    return "\n".join(head + parts)
+
+
+def _git_state() -> str:
+    """The commit measured, and whether bayes_safe/ had uncommitted changes (files changed)."""
+    import subprocess
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
+                              timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "bayes_safe"], cwd=root, capture_output=True,
+                               text=True, timeout=10, check=True).stdout.split("\n")
+    except (OSError, subprocess.SubprocessError):
+        return "commit unknown"
+    changed = [line for line in dirty if line.strip()]
+    return f"commit {head}" + (f" with {len(changed)} uncommitted file(s) under bayes_safe/" if changed else "")
+
+
+def _versions() -> str:
+    import importlib.metadata as md
+
+    out = []
+    for pkg in ("torch", "scikit-learn", "vowpalwabbit", "river", "bayesianbandits"):
+        try:
+            out.append(f"{pkg} {md.version(pkg)}")
+        except md.PackageNotFoundError:
+            pass
+    return ", ".join(out)
+
+
+# ------------------------------------------------------------------------------------ main
+def run(dataset_names: Sequence[str], learner_specs: Sequence[LearnerSpec], shuffles: int, seed: int,
+        max_rows: int | None = None, log=print) -> tuple[list[Result], list[Dataset]]:
+    results, datasets = [], []
+    for name in dataset_names:
+        try:
+            ds = DATASETS[name]()
+        except ImportError as exc:
+            print(f"left out: data set {name} (its package is not installed: {exc.name or exc})")
+            continue
+        datasets.append(ds)
+        for s in range(shuffles):
+            stream = make_stream(ds, s, seed, max_rows)
+            for spec in learner_specs:
+                res = evaluate(spec, stream, seed)
+                results.append(res)
+                log(f"  {name:14s} shuffle {s}  {spec.name:24s} PV {res.pv:.3f} (baseline {res.baseline_pv:.3f}) "
+                    f"violations {res.violation:.3f}  {res.steps / max(res.seconds, 1e-12):,.0f}/s")
+    return results, datasets
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help=f"{QUICK_SHUFFLES} shuffles, streams cut to {QUICK_MAX_ROWS} rows")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--shuffles", type=int, default=None, help=f"random orders per data set (default {FULL_SHUFFLES})")
+    parser.add_argument("--max-rows", type=int, default=None, help="cut every shuffled stream to this many rows")
+    parser.add_argument("--datasets", default=",".join(DATASETS), help="comma-separated, from: " + ", ".join(DATASETS))
+    parser.add_argument("--learners", default=None,
+                        help="comma-separated registry names, case/space/-/_ insensitive (default: all): " + ", ".join(LEARNERS))
+    parser.add_argument("--report", default=None, help="write the markdown report here")
+    parser.add_argument("--quiet", action="store_true", help="no line per stream")
+    args = parser.parse_args(argv)
+
+    import torch
+
+    torch.set_num_threads(1)
+    names = [d.strip() for d in args.datasets.split(",") if d.strip()]
+    unknown = [d for d in names if d not in DATASETS]
+    if unknown:
+        parser.error(f"--datasets: unknown {unknown}; choose from {list(DATASETS)}")
+    if args.learners:
+        asked = [n.strip() for n in args.learners.split(",") if n.strip()]
+        bad = [n for n in asked if learner_name(n) is None]
+        if bad:
+            parser.error(f"--learners: unknown {bad}; choose from {list(LEARNERS)}")
+        wanted = [learner_name(n) for n in asked]
+    else:
+        wanted = [s.name for s in LEARNERS.values() if s.default]
+    shuffles = args.shuffles if args.shuffles is not None else (QUICK_SHUFFLES if args.quick else FULL_SHUFFLES)
+    max_rows = args.max_rows if args.max_rows is not None else (QUICK_MAX_ROWS if args.quick else None)
+    specs = available(wanted)
+    try:
+        python = os.path.relpath(sys.executable)
+    except ValueError:  # another drive (Windows)
+        python = sys.executable
+    command = " ".join([python, "benchmarks/bakeoff.py", *(argv if argv is not None else sys.argv[1:])])
+    load_start = load_average()
+    print(f"bake-off: {len(names)} data sets x {shuffles} shuffles, {len(specs)} learners; load average {load_start}")
+    t0 = time.perf_counter()
+    results, datasets = run(names, specs, shuffles, args.seed, max_rows, log=(lambda *a: None) if args.quiet else print)
+    text = render(results, command=command, load_start=load_start, load_end=load_average(), shuffles=shuffles,
+                  max_rows=max_rows, wall=time.perf_counter() - t0, datasets=datasets)
+    print()
+    print(text)
+    if args.report:
+        with open(args.report, "w") as fh:
+            fh.write("# Safe bake-off: measured run\n\n" + text + "\n")
+        print(f"\nreport written to {args.report}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,156 @@
+"""The safe bake-off harness (``benchmarks/bakeoff.py``, issue 32) on a tiny synthetic data set.
+
+Checks the protocol's arithmetic, not anybody's speed: PV loss, the budget's violation rate,
+the overtake step, warm-slice-only standardisation, an oracle's perfect score, the registry, the
+sign test and the report, with greedy and one bayes_safe learner (no timing assertions).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def bakeoff():
+    name = "_bakeoff_under_test"
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / "bakeoff.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up while the class is built
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.modules.pop(name, None)
+
+
+def _blobs(bakeoff, n: int = 160, K: int = 3, p: int = 4, seed: int = 0):
+    """Well-separated Gaussian blobs, one per class, with a feature on a large scale."""
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, K, size=n)
+    centres = rng.normal(scale=3.0, size=(K, p))
+    X = centres[y] + rng.normal(size=(n, p))
+    X[:, 0] = 100.0 + 50.0 * X[:, 0]
+    return bakeoff.Dataset.from_labels("blobs", X, y)
+
+
+class Oracle:
+    """Plays the true label of each row in turn (it is handed the stream's labels)."""
+
+    def __init__(self, labels):
+        self.labels, self.t = list(labels), 0
+
+    def act(self, x, baseline, baseline_prob):
+        a = self.labels[self.t]
+        self.t += 1
+        return a
+
+    def learn(self, x, action, reward):
+        pass
+
+
+def test_violation_rate_and_overtake_on_hand_made_sequences(bakeoff):
+    learner = [0, 1, 1, 1, 0]
+    baseline = [1, 1, 0, 1, 1]
+    # cumulative: L = 0 1 2 3 3, B = 1 2 2 3 4, 0.9 B = 0.9 1.8 1.8 2.7 3.6 -> broken at steps 1, 2, 5
+    assert bakeoff.budget_violations(learner, baseline, 0.1).tolist() == [True, True, False, False, True]
+    assert bakeoff.violation_rate(learner, baseline, 0.1) == pytest.approx(3 / 5)
+    assert bakeoff.first_overtake(learner, baseline) is None  # never strictly ahead (3 = 3 is a tie)
+    assert bakeoff.first_overtake([1, 1, 0], [0, 1, 1]) == 1
+    assert bakeoff.violation_rate([1, 1, 0], [0, 1, 1], 0.1) == 0.0
+    # exactly (1 - alpha) of the baseline's is within the budget: 9 of 10
+    assert not bakeoff.budget_violations([0] + [1] * 9, [1] * 10, 0.1)[-1]
+    assert bakeoff.budget_violations([0] + [1] * 8 + [0], [1] * 10, 0.1)[-1]
+    assert bakeoff.pv_loss(np.array([1.0, 0.0, 1.0, 1.0])) == pytest.approx(0.25)
+
+
+def test_standardisation_uses_the_warm_slice_only(bakeoff):
+    ds = _blobs(bakeoff)
+    stream = bakeoff.make_stream(ds, shuffle=1, seed=7)
+    n = len(ds.y)
+    order = np.random.default_rng(bakeoff.stream_seed(7, "blobs", 1)).permutation(n)
+    w = bakeoff.warm_size(n)
+    assert w == int(np.ceil(0.05 * n)) == stream.num_warm
+    X = ds.X[order]
+    expected = (X[w:] - X[:w].mean(0)) / X[:w].std(0)
+    np.testing.assert_allclose(stream.X[:, :-1], expected, rtol=1e-12, atol=1e-12)
+    assert np.all(stream.X[:, -1] == 1.0)  # the appended constant
+    np.testing.assert_array_equal(stream.y, ds.y[order][w:])
+    # the scored rows' own statistics were not used: their mean is not 0 nor their sd 1
+    full = (X[w:] - X.mean(0)) / X.std(0)
+    assert not np.allclose(stream.X[:, :-1], full)
+    # a column constant in the warm slice keeps sd 1 (no division by zero)
+    warm = np.array([[1.0, 5.0], [3.0, 5.0]])
+    mean, sd = bakeoff.standardiser(warm)
+    assert mean.tolist() == [2.0, 5.0] and sd.tolist() == [1.0, 1.0]
+
+
+def test_an_oracle_scores_zero_and_never_breaks_the_budget(bakeoff):
+    stream = bakeoff.make_stream(_blobs(bakeoff), shuffle=0, seed=3)
+    rewards, seconds = bakeoff.run_stream(Oracle(stream.y), stream)
+    assert bakeoff.pv_loss(rewards) == 0.0 and seconds >= 0.0
+    assert bakeoff.violation_rate(rewards, stream.baseline_rewards) == 0.0
+    assert 0.0 <= bakeoff.pv_loss(stream.baseline_rewards) <= 1.0
+
+
+def test_greedy_and_bayes_safe_ts_in_the_harness(bakeoff):
+    import torch
+
+    torch.set_num_threads(1)
+    ds = _blobs(bakeoff, n=120)
+    specs = bakeoff.available(["greedy", "bayes_safe TS"])
+    assert [s.name for s in specs] == ["greedy", "bayes_safe TS"]
+    stream = bakeoff.make_stream(ds, shuffle=0, seed=0)
+    first = [bakeoff.evaluate(s, stream, seed=0) for s in specs]
+    again = [bakeoff.evaluate(s, stream, seed=0) for s in specs]
+    for r, r2 in zip(first, again):
+        assert 0.0 <= r.pv <= 1.0 and 0.0 <= r.baseline_pv <= 1.0 and 0.0 <= r.violation <= 1.0
+        assert r.steps == len(stream.y) == len(ds.y) - bakeoff.warm_size(len(ds.y))
+        assert r.overtake is None or 1 <= r.overtake <= r.steps
+        assert (r.pv, r.violation, r.overtake) == (r2.pv, r2.violation, r2.overtake)  # seeded
+    # the whole pipeline: two shuffles, the tables, the sign test and the report
+    results, datasets = _run_on(bakeoff, ds, specs)
+    tests = bakeoff.sign_tests(results)
+    w, losses, p = tests[("greedy", "bayes_safe TS")]
+    assert w + losses <= 2 and tests[("bayes_safe TS", "greedy")] == (losses, w, p) and 0.0 <= p <= 1.0
+    text = bakeoff.render(results, command="test", load_start="0", load_end="0", shuffles=2, max_rows=None,
+                          wall=1.0, datasets=datasets)
+    assert "| greedy |" in text and "| bayes_safe TS |" in text and "### blobs" in text
+
+
+def _run_on(bakeoff, ds, specs):
+    results = []
+    for s in range(2):
+        stream = bakeoff.make_stream(ds, s, seed=0)
+        results += [bakeoff.evaluate(spec, stream, seed=0) for spec in specs]
+    return results, [ds]
+
+
+def test_a_new_learner_is_one_registry_entry_and_a_missing_package_is_left_out(bakeoff, capsys):
+    spec = bakeoff.LearnerSpec("test oracle-free random", lambda d, k, s: _Constant(), "plays action 0",
+                               default=False)
+    bakeoff.register(spec)
+    try:
+        assert bakeoff.available(["test oracle-free random"]) == [spec]
+        missing = bakeoff.LearnerSpec("needs a missing package", lambda d, k, s: _Constant(), "never built",
+                                      requires=("no_such_package_for_the_bakeoff",), default=False)
+        bakeoff.register(missing)
+        assert bakeoff.available(["needs a missing package"]) == []
+        assert "left out: needs a missing package" in capsys.readouterr().out
+    finally:
+        bakeoff.LEARNERS.pop("test oracle-free random", None)
+        bakeoff.LEARNERS.pop("needs a missing package", None)
+
+
+class _Constant:
+    def act(self, x, baseline, baseline_prob):
+        return 0
+
+    def learn(self, x, action, reward):
+        pass
