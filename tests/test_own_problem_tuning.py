@@ -250,3 +250,48 @@ def test_resume_of_a_study_whose_problem_cannot_be_imported_says_so(tmp_path, ca
     assert info.value.code == 2
     err = capsys.readouterr().err
     assert "cannot be rebuilt by name" in err and len(err.strip().splitlines()) == 1
+
+
+def test_forgetting_is_a_study_parameter_of_the_default_models(email_dir):
+    """Issue 30: ``--parameter forgetting=LOW:HIGH`` tunes the default models' forgetting factor."""
+    import torch
+    from email_problem import EmailTiming
+
+    from bayes_safe.tuning import ABTest, Range
+    from bayes_safe.tuning.own_problem import SimulatedProblem
+
+    problem = SimulatedProblem(EmailTiming(seed=1))
+    assert "forgetting" in problem.known_parameters()
+    problem.check_parameters([Range("forgetting", 0.95, 1.0), Range("tolerance_unsubscribe", 0.0, 0.04)])
+    with pytest.raises(ValueError, match=r"parameter 'forgetting': expected bounds within \(0, 1\]"):
+        problem.check_parameters([Range("forgetting", 0.9, 1.5)])
+    with pytest.raises(ValueError, match="parameters: 'forgetting' expected a number in"):
+        problem.check_parameter_values({"forgetting": 1.2})
+    env = problem.make_env({}, 0)
+    policy = problem.make_policy("ts-asc", {"forgetting": 0.97, "tolerance_unsubscribe": 0.01}, env, seed=0,
+                                 refit_every=50)
+    assert [m.forgetting for m in policy.models().values()] == [0.97, 0.97]
+    assert problem.make_policy("ts", {}, env, seed=0, refit_every=50).models()["reward"].forgetting is None
+    # one A/B test trial with the factor runs end to end and reports the guarded metric
+    result = ABTest(problem, n_users=200, batches=2).evaluate({"forgetting": 0.97,
+                                                                     "tolerance_unsubscribe": 0.01}, seed=3)
+    assert "click_change" in result and all(torch.isfinite(torch.tensor(v[0])) for v in result.values())
+
+
+def test_forgetting_is_refused_by_name_for_a_problems_own_models(email_dir):
+    import pyro.distributions as dist
+    import torch
+    from email_problem import EmailTiming
+
+    from bayes_safe.models import BayesianLinear
+    from bayes_safe.tuning.own_problem import SimulatedProblem
+
+    class WithModels(EmailTiming):
+        def models(self, replications):
+            prior = dist.Normal(torch.zeros(18, dtype=torch.float64), 1.0).to_event(1)
+            return [BayesianLinear(prior, noise_std=0.5, forgetting=0.99) for _ in range(2)]
+
+    problem = SimulatedProblem(WithModels())
+    assert "forgetting" not in problem.known_parameters()
+    with pytest.raises(ValueError, match=r"unknown parameter name\(s\) \['forgetting'\]"):
+        problem.check_parameter_values({"forgetting": 0.9})

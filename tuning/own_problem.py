@@ -44,6 +44,12 @@
 * the objective is ``<reward>_change``, maximised; every metric ``m`` is reported as ``m_change``
   (% change against the baseline, paired delta-method SE), ``m`` and ``baseline_m``.
 
+* ``forgetting`` (issue 30): a study may tune the models' forgetting factor too
+  (``--parameter forgetting=0.95:1``): the default models (conjugate ridge) are built with
+  ``BayesianLinear(..., forgetting=value)``, the stabilised rule (1: no forgetting). A problem
+  whose ``models`` hook builds its own models sets their forgetting there, and the parameter is
+  refused for it by name.
+
 The default search space is ``problem.search_space`` (dicts or ``Range`` of ``tolerance_*`` names)
 or, when empty, one range per constraint: relative ``[0, 2 |bound - 1|]`` (at least 0.02 wide;
 capped at 0.9 for ``at_least``), absolute ``[-s, s]`` with ``s = |level| / 4`` (0.1 for a level 0).
@@ -367,7 +373,21 @@ class SimulatedProblem(ABProblem):
         return _numbered([tolerance_name(c) for c in self.declared])
 
     def known_parameters(self) -> tuple[str, ...]:
-        return tuple(self.tolerance_names())
+        # the default models' forgetting factor is tunable; a problem's own models set theirs themselves
+        return (*self.tolerance_names(), *(() if self.own_models else ("forgetting",)))
+
+    def check_parameter_values(self, parameters: Mapping) -> None:
+        super().check_parameter_values(parameters)
+        if "forgetting" in parameters and not 0 < float(parameters["forgetting"]) <= 1:
+            raise ValueError(f"parameters: 'forgetting' expected a number in (0, 1] (the weight an observation keeps "
+                             f"per update), got {parameters['forgetting']!r}")
+
+    def check_parameters(self, ranges) -> None:
+        super().check_parameters(ranges)
+        for r in ranges:
+            if r.name == "forgetting" and not 0 < r.low < r.high <= 1:
+                raise ValueError(f"parameter 'forgetting': expected bounds within (0, 1] (1: no forgetting), got "
+                                 f"[{r.low}, {r.high}]")
 
     def knows_means(self) -> bool:
         """Whether the problem gives its mean outcomes (``expected`` / ``expected_all``), asked once
@@ -452,8 +472,9 @@ class SimulatedProblem(ABProblem):
             self._dim = int(batch.features.shape[-1])
         return self._dim
 
-    def model(self, metric: int):
-        """The default conjugate Bayesian ridge model of metric ``metric`` (a new posterior)."""
+    def model(self, metric: int, forgetting: float | None = None):
+        """The default conjugate Bayesian ridge model of metric ``metric`` (a new posterior), forgetting
+        at ``forgetting`` (stabilised rule; None or 1: none)."""
         import pyro.distributions as dist
 
         from bayes_safe.models import BayesianLinear
@@ -461,18 +482,18 @@ class SimulatedProblem(ABProblem):
         sigma = self.noise[metric]
         scale = torch.tensor(sigma / self.ridge**0.5, dtype=torch.float64)
         prior = dist.Normal(torch.zeros((), dtype=torch.float64), scale).expand([self.dim()]).to_event(1)
-        return BayesianLinear(prior, noise_std=sigma, batch_shape=())
+        return BayesianLinear(prior, noise_std=sigma, batch_shape=(), forgetting=forgetting)
 
-    def arm_models(self, columns) -> list:
+    def arm_models(self, columns, forgetting: float | None = None) -> list:
         """New posteriors of the metrics ``columns``: the problem's own (``Problem.models(None)``) when
-        it declares them, else the ridge default."""
+        it declares them, else the ridge default (with ``forgetting``)."""
         from bayes_safe.factory import problem_models
 
         own = problem_models(self.problem, None) if self.own_models else None
         if self.own_models and own is None:
             raise ValueError(f"problem.models: {type(self.problem).__name__}.models(None) returned None in this "
                              "process, but returned models when the study was built")
-        return [own[j] for j in columns] if own is not None else [self.model(j) for j in columns]
+        return [own[j] for j in columns] if own is not None else [self.model(j, forgetting) for j in columns]
 
     def policy_constraints(self, parameters: Mapping) -> list[Constraint]:
         """The constraints TS-ASC keeps for ``parameters`` (a tolerance not given: the declared bound)."""
@@ -484,13 +505,15 @@ class SimulatedProblem(ABProblem):
     def make_policy(self, kind: str, parameters: Mapping, env, *, seed: int, refit_every: int):
         from bayes_safe.policies import TSASC, ThompsonSampling
 
+        forgetting = parameters.get("forgetting")
+        forgetting = None if forgetting is None else float(forgetting)
         if kind == "ts":
-            return ThompsonSampling(self.arm_models([0])[0])
+            return ThompsonSampling(self.arm_models([0], forgetting)[0])
         if kind == "ts-asc":
             if not self.declared:
                 raise ValueError(f"policy: 'ts-asc' needs a constraint; problem {self.name!r} declares none (use 'ts')")
             names = self.metric_names()
-            reward, *constraint_models = self.arm_models([0, *self.model_columns])
+            reward, *constraint_models = self.arm_models([0, *self.model_columns], forgetting)
             return TSASC(reward, constraint_models, constraints=self.policy_constraints(parameters),
                          metric_names=[names[j] for j in (0, *self.model_columns)], fallback=self.fallback)
         raise ValueError(f"policy: expected one of {list(ARMS)} for problem {self.name!r}, got {kind!r}")
