@@ -230,3 +230,27 @@ def test_the_command_line_refuses_a_replica_state_without_replica_in_one_line(st
         assert len(done.stderr.strip().splitlines()) == 1, done.stderr
         assert ("ReplicaDecider.load" in done.stderr or "--replica: replicas share one PostgreSQL" in done.stderr), \
             done.stderr
+
+
+def test_replicas_of_forgetting_models_forget_in_the_log_order(tmp_path, postgres_server):
+    """Forgetting (issue 30) is defined on the log's order: every replica, and one process applying
+    the logged rows in that order, hold the same discounted posterior."""
+    url = postgres_server.url()
+    prior = dist.Normal(torch.zeros(D, dtype=F64), torch.ones(D, dtype=F64)).to_event(1)
+
+    def policy():
+        return TSASC(BayesianLinear(prior, noise_std=0.5, forgetting=0.9),
+                     [BayesianLinear(prior, noise_std=0.5, forgetting=0.9, forgetting_rule="exponential")], alpha=0.2)
+
+    Decider(policy(), seed=0).save(tmp_path / "state")
+    a, b = ReplicaDecider.load(tmp_path / "state", log=url), ReplicaDecider.load(tmp_path / "state", log=url)
+    rng = np.random.default_rng(6)
+    for i in range(25):
+        d = (a, b)[i % 2].decide(_candidates(rng), baseline=0)
+        (b, a)[i % 3 % 2].feedback(d.decision_id, *_outcome(rng))
+    assert a.sync() == b.sync() == 25
+    reference = policy()
+    for _, _, y, c, act, K, ctx in DecisionLog(url).feedback_since(0, 1_000):
+        x = torch.tensor(ctx, dtype=F64).reshape(K, -1)[act][None]
+        reference.update(x, torch.tensor([y], dtype=F64), torch.tensor([c], dtype=F64), actions=torch.tensor([act]))
+    assert _close(a.policy, b.policy) == 0.0 and _close(a.policy, reference) < 1e-10
