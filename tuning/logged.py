@@ -42,7 +42,7 @@ from pathlib import Path
 from bayes_safe._validation import check_positive_int
 from bayes_safe.envs.ab_problem import ABProblem
 
-from .ab_test import Range
+from .ranges import Range
 
 __all__ = ["METHOD_PARAMETERS", "LoggedDataProblem", "check_file_source"]
 

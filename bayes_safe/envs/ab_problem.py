@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from numbers import Real
+from typing import ClassVar
 
 __all__ = ["ABProblem"]
 
@@ -153,12 +154,13 @@ class ABProblem:
         "is a simulated A/B test of one parameterization against the baseline policy on common random numbers; "
         "metrics are % changes against the baseline with paired delta-method standard errors.")
 
+    #: set by the paper's own problem (``VideoUploadProblem``) only: ``reports_paper_finding``
+    _paper_problem: ClassVar[bool] = False
+
     def reports_paper_finding(self) -> bool:
         """Whether the report compares the study with Daulton et al. (2019)'s finding (Figure 3c):
         only for the paper's own problem (``VideoUploadProblem``), never for a custom one."""
-        from .video_upload import VideoUploadProblem
-
-        return isinstance(self, VideoUploadProblem)
+        return type(self)._paper_problem
 
     def intro(self) -> str:
         """The report's opening paragraph, in this problem's words."""
