@@ -43,6 +43,7 @@ from ._cli_args import (
     positive_int,
     probability_below_one,
 )
+from ._console import console_logging
 from ._extras import MissingExtraError
 
 __all__ = ["POLICY_NAMES", "PROBLEM_NAMES", "UsageError", "main"]
@@ -616,6 +617,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = _build_parser()
     args = parser.parse_args(argv)
     command = " ".join(c for c in (args.command, getattr(args, "study_command", None)) if c)
+    console_logging(command)
     try:
         return _run(args)
     except KeyboardInterrupt:

@@ -296,26 +296,41 @@ def make_generation_strategy(sobol_trials: int, seed: int | None = 0,
 
 
 def _quiet_ax(verbose: bool = False) -> None:
-    """Ax logs every generated and completed trial at INFO on stderr, and routine warnings (a
-    constant tracking metric, ...) at WARNING: keep errors only unless ``verbose``."""
+    """Import Ax without its import-time INFO lines (unless ``verbose``). Its level while a study
+    works is ``_ax_context``'s, and only for the length of the call: another user of Ax in the
+    same process keeps the logging it set."""
     previous = logging.root.manager.disable
     if not verbose:
         logging.disable(logging.INFO)  # Ax logs at import time, before its level can be set
     try:
         import ax.api.client  # noqa: F401
-        from ax.utils.common.logger import set_stderr_log_level
     finally:
         logging.disable(previous)
-    set_stderr_log_level(logging.INFO if verbose else logging.ERROR)
 
 
 @contextlib.contextmanager
-def _ax_context(url: str | None = None):
-    """One torch thread, BoTorch's routine numerical warnings silenced, and Ax's (process-global)
-    SQL engine pointed at this study's database ``url`` (several studies can live in one process)."""
+def _ax_stderr(verbose: bool):
+    """Ax's stderr handler at ERROR (INFO when ``verbose``) for the block, then as it was: Ax logs
+    every generated and completed trial at INFO and routine warnings (a constant tracking metric,
+    ...) at WARNING."""
+    from ax.utils.common.logger import ROOT_STREAM_HANDLER
+
+    previous = ROOT_STREAM_HANDLER.level
+    ROOT_STREAM_HANDLER.setLevel(logging.INFO if verbose else logging.ERROR)
+    try:
+        yield
+    finally:
+        ROOT_STREAM_HANDLER.setLevel(previous)
+
+
+@contextlib.contextmanager
+def _ax_context(url: str | None = None, verbose: bool = False):
+    """One torch thread, BoTorch's routine numerical warnings silenced, Ax's log quiet unless
+    ``verbose`` (``_ax_stderr``), and Ax's (process-global) SQL engine pointed at this study's
+    database ``url`` (several studies can live in one process)."""
     if url is not None:
         _storage.connect(url)
-    with single_thread(), warnings.catch_warnings():
+    with single_thread(), _ax_stderr(verbose), warnings.catch_warnings():
         warnings.filterwarnings("ignore", module=r"botorch\..*")
         warnings.filterwarnings("ignore", module=r"ax\..*")
         warnings.filterwarnings("ignore", module=r"linear_operator\..*")
@@ -498,7 +513,7 @@ class Study:
                                  "resume it (Study.load / `bayes-safe tune resume`) or choose another name")
         from ax.api.client import Client
 
-        with _ax_context(url):
+        with _ax_context(url, verbose):
             client = Client(storage_config=_storage.storage_config(url) if url else None, random_seed=seed)
             client.configure_experiment(parameters=ax_params, name=name,
                                         description=f"bayes_safe tuning study of problem {problem.name!r}")
@@ -510,11 +525,12 @@ class Study:
             }
             client.configure_optimization(objective=objective, outcome_constraints=constraints or None)
             client.set_generation_strategy(make_generation_strategy(sobol_trials, seed, acquisition, optimizer))
-        self._init(client, ab_test, url, tracker)
+        self._init(client, ab_test, url, tracker, verbose)
 
     # ------------------------------------------------------------------ construction
-    def _init(self, client, ab_test: ABTest, url: str | None, tracker=None) -> None:
+    def _init(self, client, ab_test: ABTest, url: str | None, tracker=None, verbose: bool = False) -> None:
         self.client = client
+        self.verbose = bool(verbose)  # Ax's own log lines while the study works
         self.ab_test = ab_test
         self.url = url
         self.tracker = tracker
@@ -560,7 +576,7 @@ class Study:
             raise ValueError(f"name: no study named {name!r} in {_storage.display_url(url)} (found: {', '.join(names) or 'none'})")
         from ax.api.client import Client
 
-        with _ax_context(url):
+        with _ax_context(url, verbose):
             client = _load_client(Client, name, url)
         props = client._experiment._properties.get(PROPERTY_KEY)
         if props is None:
@@ -570,7 +586,7 @@ class Study:
                 raise ValueError(f"ab_test: study {name!r} uses a custom problem or policy factory; pass ab_test= to load it")
             ab_test = ABTest.from_config(props["ab_test"], trust_source=trust_source)
         study = cls.__new__(cls)
-        study._init(client, ab_test, url, tracker)
+        study._init(client, ab_test, url, tracker, verbose)
         return study
 
     # ------------------------------------------------------------------ accessors
@@ -853,7 +869,7 @@ class Study:
         """Write this study's properties (only them: one UPDATE, whatever the trials' in-memory state)."""
         if self.url is None:
             return
-        with _ax_context(self.url):
+        with _ax_context(self.url, self.verbose):
             self.client._update_experiment_properties_in_db(self.experiment)
 
     def recover(self) -> dict:
@@ -868,7 +884,7 @@ class Study:
         start = time.perf_counter()
         needed = set(self.experiment.optimization_config.metric_names)
         result = {"completed": [], "abandoned": [], "rerun": []}
-        with _ax_context(self.url):
+        with _ax_context(self.url, self.verbose):
             for trial in list(self.experiment.trials.values()):
                 if trial.status != TrialStatus.RUNNING:
                     continue
@@ -900,7 +916,7 @@ class Study:
         from ax.core.trial_status import TrialStatus
 
         done = []
-        with _ax_context(self.url):
+        with _ax_context(self.url, self.verbose):
             for idx in sorted(indices):
                 trial = self.experiment.trials[idx]
                 if trial.status != TrialStatus.RUNNING:
@@ -1052,7 +1068,7 @@ class Study:
 
     def _start_trials(self, want: int, rerun: list) -> list[tuple[int, dict]]:
         started = []
-        with _ax_context(self.url):
+        with _ax_context(self.url, self.verbose):
             while rerun and len(started) < want:
                 old, params = rerun.pop(0)
                 t = time.perf_counter()
@@ -1092,7 +1108,7 @@ class Study:
         # experiment's data breaks Ax's own analyses (compute_analyses, cross-validation); every
         # metric is kept in the trial's run metadata for the report
         trial.update_run_metadata({"metrics": {k: [m, s] for k, (m, s) in metrics.items()}})
-        with _ax_context(self.url):
+        with _ax_context(self.url, self.verbose):
             self.client.complete_trial(idx, raw_data={k: v for k, v in metrics.items() if k in modelled})
         self.timings["complete"].append(time.perf_counter() - t)
         if out.get("sim_seconds") is not None:
@@ -1102,7 +1118,7 @@ class Study:
         reason = f"{type(exc).__name__}: {exc}".replace("\n", " ")
         trial = self.experiment.trials[idx]
         trial.update_run_metadata({"error": reason[:2000]})
-        with _ax_context(self.url):
+        with _ax_context(self.url, self.verbose):
             # the database column holds 100 characters
             self.client.mark_trial_failed(idx, failed_reason=reason[:100])
         return reason
@@ -1126,7 +1142,7 @@ class Study:
         """A BoTorch model (Ax ``TorchAdapter``) of the objective and constraint metrics on all completed trials."""
         from ax.adapter.registry import Generators
 
-        with _ax_context():
+        with _ax_context(verbose=self.verbose):
             return Generators.BOTORCH_MODULAR(experiment=self.experiment, data=self.experiment.lookup_data(),
                                               **_botorch_kwargs(self.properties.get("acquisition", ACQUISITION_FUNCTIONS[0])))
 
@@ -1135,7 +1151,7 @@ class Study:
         from ax.core.observation import ObservationFeatures
 
         model = self.fit_model() if model is None else model
-        with _ax_context():
+        with _ax_context(verbose=self.verbose):
             mean, cov = model.predict([ObservationFeatures(parameters=dict(p)) for p in points])
         return [{m: (float(mean[m][i]), float(math.sqrt(max(cov[m][m][i], 0.0)))) for m in mean} for i in range(len(points))]
 
@@ -1286,7 +1302,7 @@ class Study:
         from ax.adapter.cross_validation import cross_validate
 
         model = self.fit_model() if model is None else model
-        with _ax_context():
+        with _ax_context(verbose=self.verbose):
             results = cross_validate(model, folds=-1)
         metrics = [self.objective_name] + [m for w, _, _ in self.constraints for m in w]
         out = {}
@@ -1313,7 +1329,7 @@ class Study:
     def ax_best(self) -> dict | None:
         """What Ax answers on this study: ``Client.get_best_parameterization()`` (its own rule: the
         model's best point when the model fits the objective, else the best raw observation)."""
-        with _ax_context():
+        with _ax_context(verbose=self.verbose):
             try:
                 params, prediction, trial, arm = self.client.get_best_parameterization()
             except Exception as exc:  # noqa: BLE001 - e.g. no completed trial
@@ -1331,6 +1347,6 @@ class Study:
 
         from bayes_safe.io import atomic_write_text
 
-        with _ax_context():
+        with _ax_context(verbose=self.verbose):
             snapshot = self.client._to_json_snapshot()
         atomic_write_text(path, json.dumps(snapshot) + "\n")

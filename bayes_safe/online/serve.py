@@ -100,13 +100,13 @@ import contextlib
 import functools
 import ipaddress
 import json
+import logging
 import math
 import os
 import re
 import signal
 import socket
 import sqlite3
-import sys
 import threading
 import time
 from pathlib import Path
@@ -115,6 +115,10 @@ from .._extras import require
 
 __all__ = ["BadRequest", "Gate", "Refusal", "Service", "StateInUse", "create_app", "default_log_path", "fast_asgi",
            "recover", "schemas", "serve", "state_lock_path"]
+
+#: the service's messages (a failed log write, snapshot or sync; the shutdown snapshot): ``bayes-safe
+#: serve`` prints them on stderr as ``bayes-safe serve: ...``; in Python, configure ``logging``
+_log = logging.getLogger("bayes_safe.serve")
 
 #: the defaults of ``--max-body-bytes``, ``--max-candidates``, ``--max-feedback-items``
 MAX_BODY_BYTES = 1 << 20
@@ -550,7 +554,7 @@ class Service:
 
         self.log_error = f"{type(exc).__name__}: {exc}"
         self._log_unreachable = isinstance(exc, LogUnavailable)
-        print(f"bayes-safe serve: the decision log could not be written: {self.log_error}", file=sys.stderr, flush=True)
+        _log.error("the decision log could not be written: %s", self.log_error)
         return BadRequest(f"the decision log could not be written ({self.log_error}); nothing was recorded: retry "
                           "later", status=503)
 
@@ -1007,7 +1011,7 @@ def create_app(service: Service, snapshot_every: float | None = 60.0, run_on_loo
                 try:
                     await run_in_threadpool(service.snapshot)
                 except Exception as exc:  # noqa: BLE001 - a failed snapshot must not stop the service: the log has it all
-                    print(f"bayes-safe serve: snapshot failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+                    _log.error("snapshot failed: %s: %s", type(exc).__name__, exc)
 
         async def sync():
             while True:
@@ -1015,7 +1019,7 @@ def create_app(service: Service, snapshot_every: float | None = 60.0, run_on_loo
                 try:
                     await run_in_threadpool(service.sync)
                 except Exception as exc:  # noqa: BLE001 - kept for /health; the next sync reads from the same row
-                    print(f"bayes-safe serve: sync failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+                    _log.error("sync failed: %s: %s", type(exc).__name__, exc)
 
         tasks = [asyncio.create_task(schedule())] if snapshot_every else []
         if service.replica:
@@ -1032,12 +1036,11 @@ def create_app(service: Service, snapshot_every: float | None = 60.0, run_on_loo
             try:
                 await run_in_threadpool(service.snapshot, True)
             except Exception as exc:  # noqa: BLE001 - kept in service.snapshot_error; serve() raises it after uvicorn
-                print(f"bayes-safe serve: the shutdown snapshot failed: {type(exc).__name__}: {exc}", file=sys.stderr,
-                      flush=True)
+                _log.error("the shutdown snapshot failed: %s: %s", type(exc).__name__, exc)
             else:
                 counts = ", ".join(f"{k} {v}" for k, v in service._counts().items())
-                print(f"bayes-safe serve: {'wrote' if service._lockfile is not None else 'left to the writer'} "
-                      f"{service.state_dir} (model_version {service.decider.model_version}, {counts})", flush=True)
+                _log.info("%s %s (model_version %s, %s)", "wrote" if service._lockfile is not None else
+                          "left to the writer", service.state_dir, service.decider.model_version, counts)
 
     app = fastapi.FastAPI(title="bayes_safe Decider", lifespan=lifespan, version="1",
                           description="Safe Bayesian decisions with propensities; feedback (one or a list); posterior "
@@ -1058,7 +1061,7 @@ def create_app(service: Service, snapshot_every: float | None = 60.0, run_on_loo
         except (RecursionError, OverflowError) as exc:  # (the parsers refuse these first: a backstop)
             return 422, {"detail": f"body: a value out of range or nested too deep ({type(exc).__name__}: {exc})"}
         except Exception as exc:  # noqa: BLE001 - the client gets what failed, in one line
-            print(f"bayes-safe serve: internal error: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+            _log.error("internal error: %s: %s", type(exc).__name__, exc)
             return 500, {"detail": f"internal error: {type(exc).__name__}: {exc}"}
 
     async def _answer(parse, run, request: Request):
@@ -1250,7 +1253,10 @@ def serve(state_dir, *, host: str = "127.0.0.1", port: int = 8080, log=None, sna
         raise ValueError(f"http: expected 'auto', 'h11' or 'httptools', got {http!r}")
     if loop not in ("auto", "asyncio", "uvloop"):
         raise ValueError(f"loop: expected 'auto', 'asyncio' or 'uvloop', got {loop!r}")
+    from .._console import console_logging
     from .auth import ENV_TOKEN_FILE, load_tokens, permission_warning
+
+    console_logging("serve", only_if_unconfigured=True)  # the service owns the process: its lines on the console
 
     tokens = load_tokens(token_file)  # a malformed file: an error naming the file and the line, before anything
     gate = Gate(tokens, host=host, allowed_hosts=tuple(allowed_hosts), allowed_origins=tuple(allowed_origins),
@@ -1263,7 +1269,7 @@ def serve(state_dir, *, host: str = "127.0.0.1", port: int = 8080, log=None, sna
     if tokens is not None:
         warning = permission_warning(token_file if token_file is not None else os.environ.get(ENV_TOKEN_FILE))
         if warning:
-            print(f"bayes-safe serve: warning: {warning}", file=sys.stderr, flush=True)
+            _log.warning("warning: %s", warning)
     import torch
 
     torch.set_num_threads(1)  # tiny tensor operations per request (bayes_safe.threads)
