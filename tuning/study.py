@@ -82,6 +82,7 @@ import uuid
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 
+from bayes_safe.progress import progress_bar
 from bayes_safe.threads import single_thread
 
 from . import storage as _storage
@@ -927,7 +928,7 @@ class Study:
         return done
 
     def run(self, trials: int, parallel: int = 1, scheduler: str | None = None, *, inline: bool = False,
-            progress: Callable[[dict], None] | None = None, max_failures: int | None = None) -> dict:
+            progress: Callable[[dict], None] | bool | str = "auto", max_failures: int | None = None) -> dict:
         """Run trials until ``trials`` are completed, ``parallel`` at a time.
 
         Args:
@@ -935,8 +936,11 @@ class Study:
             parallel: trials in flight at once, each in its own worker process (or Dask task).
             scheduler: address of a Dask distributed scheduler to run trials on instead.
             inline: run trials in this process, one at a time (debugging).
-            progress: called with an event dict (``event`` = ``"recovered"``, ``"tracked"``,
-                ``"started"``, ``"completed"``, ``"failed"``, ``"tracking_failed"``) as the study advances.
+            progress: ``"auto"`` (default): a progress bar of the completed trials in a notebook or
+                on a terminal (``bayes_safe.progress``); ``True`` / ``False``: always / never; or a
+                callable, called with an event dict (``event`` = ``"recovered"``, ``"tracked"``,
+                ``"started"``, ``"completed"``, ``"failed"``, ``"tracking_failed"``) as the study
+                advances (no bar).
             max_failures: stop with an error after this many failed trials in this run
                 (default ``max(3, trials // 2)``).
 
@@ -954,7 +958,18 @@ class Study:
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{key}: expected a positive int, got {v!r}")
         max_failures = max(3, trials // 2) if max_failures is None else int(max_failures)
-        emit = progress or (lambda event: None)
+        if callable(progress):
+            emit, bar = progress, progress_bar(None, "", progress=False)
+        else:
+            bar = progress_bar(trials, f"study {self.name}", unit="trial", progress=progress,
+                               initial=min(self.counts().get("COMPLETED", 0), trials))
+
+            def emit(event: dict) -> None:
+                if event["event"] == "completed":
+                    bar.update(1)
+                    bar.set_postfix_str(f"trial {event['trial']}")
+                elif event["event"] == "failed":
+                    bar.set_postfix_str(f"trial {event['trial']} failed")
         import cloudpickle
 
         payload = cloudpickle.dumps(self.ab_test)
@@ -962,7 +977,7 @@ class Study:
         wall = time.perf_counter()
         failures = 0
         stop = _StopSignals()
-        with lock, stop:
+        with bar, lock, stop:
             # the target and parallelism first: a run killed in its power pilot resumes with them
             self.properties["target_trials"] = trials
             self.properties["parallel"] = parallel
