@@ -321,6 +321,25 @@ class BayesSafeTSASC(_Torch):
         self.policy.update(self._x, r, r.reshape(1), actions=action)
 
 
+class BayesSafeConservativeTS(_Torch):
+    """``ConservativeTS(PerArmLinear(N(0, 1), noise_std=0.5), alpha=0.1)``: Thompson draws played
+    while the posterior's 95 % lower bound of the cumulative budget (Kazerouni et al. 2017,
+    constraint (3)) holds; the baseline's reward learned from its own plays."""
+
+    def __init__(self, dim, num_actions, seed):
+        super().__init__(dim, num_actions, seed)
+        from bayes_safe.policies import ConservativeTS
+
+        self.policy = ConservativeTS(self.per_arm(), alpha=ALPHA)
+
+    def act(self, x, baseline, baseline_prob) -> int:
+        self._x = self.torch.from_numpy(x)
+        return int(self.policy.select(self._x.expand(self.K, self.dim), int(baseline), generator=self.generator))
+
+    def learn(self, x, action, reward) -> None:
+        self.policy.update(self._x, self.torch.tensor(reward, dtype=self.torch.float64), actions=action)
+
+
 class BayesSafeCLUCB(_Torch):
     """``CLUCB(BayesianLinear(N(0, 1), noise_std=0.5), baseline_reward, alpha=0.1)``.
 
@@ -426,6 +445,9 @@ register(LearnerSpec("bayes_safe TS", BayesSafeTS, "bayes_safe ThompsonSampling,
                      requires=("torch", "pyro")))
 register(LearnerSpec("bayes_safe TS-ASC", BayesSafeTSASC,
                      "bayes_safe TSASC alpha=0.1, guard = per-arm reward model vs the baseline action",
+                     requires=("torch", "pyro"), safe=True))
+register(LearnerSpec("bayes_safe conservative TS", BayesSafeConservativeTS,
+                     "bayes_safe ConservativeTS alpha=0.1 (confidence 0.95), PerArmLinear N(0,1), noise sd 0.5",
                      requires=("torch", "pyro"), safe=True))
 register(LearnerSpec("bayes_safe CLUCB", BayesSafeCLUCB,
                      "bayes_safe CLUCB alpha=0.1, block-per-arm BayesianLinear, known baseline reward = its probability",
