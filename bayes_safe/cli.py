@@ -49,7 +49,8 @@ from ._extras import MissingExtraError
 __all__ = ["POLICY_NAMES", "PROBLEM_NAMES", "UsageError", "main"]
 
 #: the names of ``bayes_safe.envs.PROBLEMS`` (sorted), without importing torch
-PROBLEM_NAMES = ("daulton2019", "kazerouni2017", "kazerouni2017-neurips")
+PROBLEM_NAMES = ("daulton2019", "daulton2019-abrupt", "daulton2019-rotating", "kazerouni2017",
+                 "kazerouni2017-neurips", "kazerouni2017-neurips-abrupt", "kazerouni2017-neurips-rotating")
 #: ``bayes_safe.factory.POLICIES``, without importing torch
 POLICY_NAMES = ("ts", "ts-asc", "linucb", "greedy", "random", "lucb", "clucb", "clucb2-asc-c", "clucb2-asc-i")
 
@@ -318,7 +319,7 @@ def _simulate(args) -> int:
         if args.param:
             raise UsageError("--param: only for a --problem given as module:Class")
         kwargs = {"replications": args.replications, "seed": args.seed}
-        if args.alpha is not None and args.problem == "daulton2019":
+        if args.alpha is not None and args.problem.startswith("daulton2019"):
             kwargs["alpha"] = args.alpha
         # the sizes from a one-replication copy: the real problem allocates [R, ...] tensors as it is built
         probe = make_problem(args.problem, **{**kwargs, "replications": 1})

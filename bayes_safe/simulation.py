@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
@@ -37,7 +38,9 @@ def simulate(policy, env, horizon: int, seed: int | Sequence[int] = 0, *, progre
     and ``outcomes`` (``bayes_safe.envs.problem`` documents the protocol). Each step ``t``:
 
     1. ``units = env.draw(R, generator)``: ``R = env.replications`` units, with candidate
-       features ``[R, K, d]``, a baseline action ``[R]`` and optionally a mask ``[R, K]``;
+       features ``[R, K, d]``, a baseline action ``[R]`` and optionally a mask ``[R, K]``
+       (``env.draw(R, generator, step=t)`` when ``draw`` has a parameter named ``step``: a
+       time-varying problem, see ``bayes_safe.envs.problem``);
     2. the policy selects ``[R]`` actions;
     3. ``env.outcomes(units, actions)`` gives the observed ``[R, M]`` metrics (the reward in
        column 0, the constraint metrics after it); the policy updates on the chosen features;
@@ -293,6 +296,7 @@ def _run(policy, problem, T: int, seed, *, progress: bool, callback, generator=N
     if columns is not None and columns == list(range(1, M)):
         columns = slice(1, M)  # a view, as before
     rec = _Recorder(record, T, R, M, declared, index, rows, trusted_baseline=not checked)
+    timed = _draw_takes_step(problem)
     lean = _lean_thompson(policy)
     if lean is not None:
         from .models.linear import _ThompsonStep
@@ -319,7 +323,8 @@ def _run(policy, problem, T: int, seed, *, progress: bool, callback, generator=N
     with single_thread(), grad_mode, trusted_inputs():
         for t in steps:
             with user():
-                raw = problem.draw(R, rng if shared_streams else _step_generator(seeds, t))
+                stream = rng if shared_streams else _step_generator(seeds, t)
+                raw = problem.draw(R, stream, step=t) if timed else problem.draw(R, stream)
                 units = _check_units(raw, R, t) if checked else raw
             K = units.features.shape[1]
             try:
@@ -367,6 +372,17 @@ def _run(policy, problem, T: int, seed, *, progress: bool, callback, generator=N
         attrs["recorded"] = list(record)
         attrs["shape"] = [T, R]
     return Trace(**fields, metric_names=names, alpha=alpha, seeds=seeds, attrs=attrs)
+
+
+def _draw_takes_step(problem) -> bool:
+    """Whether ``problem.draw`` takes the step (a parameter named ``step``, positional-or-keyword or
+    keyword-only): the Problem protocol's time-varying problems, asked once per run."""
+    try:
+        parameter = inspect.signature(problem.draw).parameters.get("step")
+    except (TypeError, ValueError):  # a builtin or C callable without a signature
+        return False
+    return parameter is not None and parameter.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                                        inspect.Parameter.KEYWORD_ONLY)
 
 
 def _constraint_columns(policy, names: list[str], name: str) -> list[int] | None:

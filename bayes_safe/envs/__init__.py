@@ -1,4 +1,5 @@
-"""Problems: what a policy faces. ``make_problem(name, ...)`` builds a fixed-arm linear problem by name.
+"""Problems: what a policy faces. ``make_problem(name, ...)`` builds a fixed-arm linear problem by name
+(the stationary presets and their drifting versions, ``drifting.py``).
 
 Your own problem subclasses ``Problem`` (``problem.py``: ``draw`` units, ``outcomes`` of any
 actions with common random numbers, ``Constraint`` declarations with their direction and
@@ -16,6 +17,15 @@ from __future__ import annotations
 
 from .ab_problem import ABProblem
 from .bcts_problem import BCTSProblem
+from .drifting import (
+    DriftingLinearBandit,
+    abrupt_change,
+    daulton2019_abrupt,
+    daulton2019_rotating,
+    kazerouni2017_neurips_abrupt,
+    kazerouni2017_neurips_rotating,
+    rotation,
+)
 from .linear import LinearBandit, Step, daulton2019, kazerouni2017, kazerouni2017_neurips
 from .movies import load_movielens, movie_recommendation, synthetic_movielens
 from .problem import Constraint, Problem, Units, check_problem
@@ -26,6 +36,11 @@ PROBLEMS = {
     "kazerouni2017": kazerouni2017,
     "kazerouni2017-neurips": kazerouni2017_neurips,
     "daulton2019": daulton2019,
+    # drifting presets (bayes_safe.envs.drifting): an abrupt change at a step, a slow rotation
+    "kazerouni2017-neurips-abrupt": kazerouni2017_neurips_abrupt,
+    "kazerouni2017-neurips-rotating": kazerouni2017_neurips_rotating,
+    "daulton2019-abrupt": daulton2019_abrupt,
+    "daulton2019-rotating": daulton2019_rotating,
 }
 
 
@@ -41,20 +56,27 @@ __all__ = [
     "ABProblem",
     "BCTSProblem",
     "Constraint",
+    "DriftingLinearBandit",
     "LinearBandit",
     "Problem",
     "Step",
     "Units",
     "VideoUpload",
     "VideoUploadProblem",
+    "abrupt_change",
     "check_problem",
     "daulton2019",
+    "daulton2019_abrupt",
+    "daulton2019_rotating",
     "kazerouni2017",
     "kazerouni2017_neurips",
+    "kazerouni2017_neurips_abrupt",
+    "kazerouni2017_neurips_rotating",
     "load_iwpc",
     "load_movielens",
     "make_problem",
     "movie_recommendation",
+    "rotation",
     "synthetic_movielens",
     "video_upload",
     "warfarin",

@@ -52,6 +52,22 @@ generator, key="env/...")`` (or ``standard_uniform``); then replication ``r`` of
 one-replication run seeded with ``replication_seeds(seed, R)[r]``, as for the built-in linear
 problems. Name the keys ``"env/..."`` so they never meet a policy's streams.
 
+**Time-varying problems (the step).** A problem whose world drifts needs to know when its
+units arrive. ``simulate`` passes the step ``t = 0, 1, ...`` as ``draw(n, generator, step=t)`` to
+every problem whose ``draw`` has a parameter named ``step`` (looked up once per run from the
+signature; a ``draw`` without one is called as before). Draw the step's randomness *and* keep what
+the step's outcomes depend on (its mean table, its parameters) in ``Units.context``, so that
+``outcomes`` and ``expected``/``expected_all`` answer for the step the units were drawn at; the
+regret and the violations are then judged against that step's means (its optimum, its
+constraints), on every path of ``simulate`` (the lean Thompson path included: it reads no means).
+Give ``step`` a default (``step: int = 0``) if the problem should also run where no step is known
+(the A/B tuner and the command line's probes call ``draw(n, generator)``), or raise a
+``ValueError`` naming ``step`` when it is missing. Return the same table object for steps whose
+means do not change (``simulate`` judges a table once per run of identical objects) and a new
+tensor when they change; never modify a table returned earlier in place. The built-in drifting
+presets (``bayes_safe.envs.drifting``: an abrupt change and a slow rotation of the parameters)
+are written this way.
+
 Every built-in problem implements this protocol: the linear bandits of ``bayes_safe.envs``
 (``daulton2019``, ``kazerouni2017``, ...; fixed arms, replication-separable streams) and the
 video-upload simulator (``bayes_safe.envs.VideoUpload``; contextual, 0/1 success).
@@ -263,6 +279,8 @@ class Problem:
     Methods to define:
         draw(n, generator) -> Units: ``n`` new units. Draw all the randomness of their
             outcomes here (common random numbers), from ``generator`` (a ``torch.Generator``).
+            A time-varying problem declares ``draw(n, generator, step=0)`` and receives the step
+            (module docstring, "Time-varying problems").
         outcomes(units, actions) -> ``[n, M]``: the observed metrics of ``actions [n]``
             (deterministic given the units).
         expected(units, actions) -> ``[n, M]`` or ``None``: optional, the mean outcomes.
