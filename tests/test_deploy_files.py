@@ -19,7 +19,7 @@ DEPLOY = Path(__file__).resolve().parents[1] / "docs" / "deploy"
 
 
 def test_make_state_writes_a_state_the_replicas_load(tmp_path):
-    done = subprocess.run([sys.executable, str(DEPLOY / "make_state.py")], cwd=tmp_path, capture_output=True,
+    done = subprocess.run([sys.executable, str(DEPLOY / "make_state.py")], cwd=tmp_path, capture_output=True, check=False,
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     decider = Decider.load(tmp_path / "state" / "decider")

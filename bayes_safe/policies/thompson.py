@@ -47,6 +47,13 @@ class ThompsonSampling(Policy):
         if checked is None:
             checked = check_select_inputs(features, baseline, valid, models=(self.model,))
         features, baseline, valid = checked
+        if valid is None:
+            # a conjugate model's own decision in buffers (``BayesianLinear._thompson_argmax``: the numbers
+            # of sample_at and the argmax below), when it has one for these inputs
+            fast = getattr(self.model, "_thompson_argmax", None)
+            actions = None if fast is None else fast(features, generator)
+            if actions is not None:
+                return actions
         scores = self.model.sample_at(features, generator, key="reward")
         if valid is None and scores.numel() <= 1024:
             # the same first maximal index as masked_argmax's max, at half the call cost on small tables
@@ -57,7 +64,11 @@ class ThompsonSampling(Policy):
         model = self.model
         checked = _fast.update_inputs(features_chosen, reward, None, _model_dims(model))
         if checked is not None:
-            _fast.update_model(model, checked[0], checked[1], actions)
+            fast = getattr(model, "_update_checked", None)  # _fast.update_model, inline
+            if fast is not None:
+                fast(checked[0], checked[1])
+            else:
+                model.update(checked[0], checked[1], actions=actions)
             return
         features_chosen, reward, _ = check_update_inputs(features_chosen, reward, models=(model,))
         model.update(features_chosen, reward, actions=actions)

@@ -1,0 +1,253 @@
+"""The quick paths of one stream (issue 27, item 3) give the general paths' numbers and errors.
+
+``ThompsonSampling.select``'s buffered decision (``BayesianLinear._thompson_argmax``), TS-ASC's
+stacked propensity draws (``BayesianLinear._stacked_draws_at``, ``TSASC._select_stacked``), the
+one-row updates that share their views, the batched factorisation, the Decider's numpy-built
+outcome rows, and the quick checks' errors. No timing here: ``benchmarks/single_stream.py``
+measures the speed.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pyro.distributions as dist
+import pytest
+import torch
+
+from bayes_safe import TSASC, BayesianLinear, ThompsonSampling
+from bayes_safe.online import Decider
+from bayes_safe.random import DrawBatch
+
+
+def _model(d: int = 4, noise: float = 0.5, batch=(1,)) -> BayesianLinear:
+    return BayesianLinear(dist.Normal(torch.zeros(d, dtype=torch.float64), 1.0).to_event(1), noise_std=noise,
+                          batch_shape=list(batch))
+
+
+def _taught(model: BayesianLinear, rows: int = 6, seed: int = 0) -> BayesianLinear:
+    g = torch.Generator().manual_seed(seed)
+    R = model.batch_shape[0] if len(model.batch_shape) else 1
+    for _ in range(rows):
+        x = torch.randn(R, model.dim, generator=g, dtype=torch.float64)
+        model.update(x if len(model.batch_shape) else x[0], torch.randn(R, generator=g, dtype=torch.float64)
+                     if len(model.batch_shape) else torch.randn((), generator=g, dtype=torch.float64))
+    return model
+
+
+@pytest.mark.parametrize("R", [1, 3])
+@pytest.mark.parametrize("inference", [False, True])
+def test_buffered_thompson_decision_is_sample_ats_argmax(R, inference):
+    """Step by step (an update between decisions), the buffered decision equals the argmax of
+    ``sample_at`` drawn from an identically seeded generator, and select's general path
+    (a ``valid`` mask) plays the same actions."""
+    X = torch.randn(R, 30, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    a, b, c = (_model(batch=(R,)) for _ in range(3))
+    g1, g2, g3 = (torch.Generator().manual_seed(7) for _ in range(3))
+    allowed = torch.ones(R, 30, dtype=torch.bool)
+    with torch.inference_mode(inference):
+        for t in range(40):
+            taken = a.__dict__.pop("_argmax_buffers", None)
+            fast = ThompsonSampling(a).select(X, generator=g1)  # the buffered decision where it applies
+            ref = b.sample_at(X, g2, key="reward").argmax(-1)
+            general = ThompsonSampling(c).select(X, generator=g3, valid=allowed)
+            assert torch.equal(fast, ref) and torch.equal(fast, general)
+            # it applies after the first observation (before it, a batch shares one prior factor)
+            assert t == 0 or "_argmax_buffers" in a.__dict__
+            if taken is not None and t > 1:
+                a._argmax_buffers = taken
+            rows = X[torch.arange(R), fast]
+            y = torch.full((R,), 0.1 * t, dtype=torch.float64)
+            for m in (a, b, c):
+                m.update(rows, y)
+    assert torch.equal(a.precision, b.precision) and torch.equal(a.eta, c.eta)
+
+
+def test_buffered_scores_are_sample_ats_scores_and_buffers_are_reused():
+    X = torch.randn(1, 12, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    m = _taught(_model())
+    g = torch.Generator().manual_seed(3)
+    m._thompson_argmax(X, g)
+    first = m._argmax_buffers
+    state = g.get_state()
+    for _ in range(5):
+        state = g.get_state()
+        m._thompson_argmax(X, g)
+        scores = m._argmax_buffers[5].clone()
+        again = m.sample_at(X, torch.Generator().set_state(state))
+        assert torch.equal(scores, again)
+    assert m._argmax_buffers is first  # the same buffers, written in place
+    assert m._argmax_buffers[3].data_ptr() == m._argmax_buffers[2].data_ptr()
+    # another thread gets buffers of its own
+    seen = []
+    threading.Thread(target=lambda: (m._thompson_argmax(X, g), seen.append(m._argmax_buffers))).start()
+    while not seen:
+        pass
+    assert seen[0] is not first and seen[0][2].data_ptr() != first[2].data_ptr()
+
+
+def test_buffered_decision_declines_what_it_does_not_cover():
+    X = torch.randn(1, 5, 4, dtype=torch.float64)
+    assert _model()._thompson_argmax(X, DrawBatch(10)) is None  # propensity draws: sample_at's
+    nig = BayesianLinear(dist.Normal(torch.zeros(4, dtype=torch.float64), 1.0).to_event(1),
+                         noise_prior=dist.InverseGamma(2.0, 1.0), batch_shape=[1])
+    assert nig._thompson_argmax(X, None) is None
+    assert _model(batch=())._thompson_argmax(X, None) is None
+    assert _model(batch=(1,))._thompson_argmax(torch.randn(1, 2000, 4, dtype=torch.float64), None) is None
+
+
+def test_quick_select_and_update_errors_name_the_argument():
+    policy = ThompsonSampling(_model())
+    X = torch.randn(1, 6, 4, dtype=torch.float64)
+    bad = X.clone()
+    bad[0, 2, 1] = float("inf")
+    g = torch.Generator().manual_seed(0)
+    before = g.get_state()
+    with pytest.raises(ValueError, match="features: expected finite values, found 1 NaN or inf"):
+        policy.select(bad, torch.tensor([0]), generator=g)
+    assert torch.equal(g.get_state(), before)  # refused before any draw
+    with pytest.raises(ValueError, match=r"baseline: expected action indices in \[0, 6\), got values \[6\]"):
+        policy.select(X, torch.tensor([6]), generator=g)
+    precision = policy.model.precision.clone()
+    with pytest.raises(ValueError, match="reward: expected finite values"):
+        policy.update(X[:, 0], torch.tensor([float("nan")], dtype=torch.float64))
+    with pytest.raises(ValueError, match="features_chosen: expected finite values"):
+        policy.update(torch.full((1, 4), float("nan"), dtype=torch.float64), torch.zeros(1, dtype=torch.float64))
+    big = torch.full((1, 4), 1e308, dtype=torch.float64)  # a sum that overflows: finite entries, accepted
+    policy.update(big / 1e300, torch.zeros(1, dtype=torch.float64))
+    assert not torch.equal(policy.model.precision, precision)
+    ts_asc = TSASC(_model(), [_model()], alpha=0.1)
+    with pytest.raises(ValueError, match="constraints: expected finite values"):
+        ts_asc.update(X[:, 0], torch.zeros(1, dtype=torch.float64), torch.full((1, 1), float("inf"), dtype=torch.float64))
+
+
+def test_one_row_update_views_give_the_general_updates_numbers():
+    """``_update_checked`` (x^T and x broadcast) and TS-ASC's shared views: bit for bit ``update``."""
+    g = torch.Generator().manual_seed(4)
+    quick, general = TSASC(_model(), [_model(), _model(noise=2.0)], alpha=0.1), TSASC(
+        _model(), [_model(), _model(noise=2.0)], alpha=0.1)
+    for _ in range(25):
+        x = torch.randn(1, 4, generator=g, dtype=torch.float64)
+        y = torch.randn(1, generator=g, dtype=torch.float64)
+        c = torch.randn(1, 2, generator=g, dtype=torch.float64)
+        quick.update(x, y, c)
+        general.reward_model.update(x.tolist(), y.tolist())
+        for j, m in enumerate(general.constraint_models):
+            m.update(x.tolist(), c[:, j].tolist())
+    for a, b in zip(quick.models().values(), general.models().values()):
+        assert torch.equal(a.precision, b.precision) and torch.equal(a.eta, b.eta)
+        assert int(a.num_observations) == int(b.num_observations) == 25
+    one = _model()
+    one._update_checked(x, y)
+    ref = _model()
+    ref._update_rows(x, y, True)
+    assert torch.equal(one.precision, ref.precision) and torch.equal(one.eta, ref.eta)
+
+
+@pytest.mark.parametrize("batch", [(1,), ()])
+def test_stacked_draws_match_each_models_draws_and_the_batched_factor_is_each_models(batch):
+    models = [_taught(_model(noise=s, batch=batch), seed=i) for i, s in enumerate((0.5, 1.0, 2.0))]
+    singles = [_taught(_model(noise=s, batch=batch), seed=i) for i, s in enumerate((0.5, 1.0, 2.0))]
+    X = torch.randn(1, 7, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    S = 64
+    f = BayesianLinear._stacked_draws_at(models, X, DrawBatch(S, 1, seed=9))  # [M, S, K]
+    assert f.shape == (3, S, 7)
+    for m, one in zip(models, singles):  # the batched factorisation: each model's own numbers
+        one._factorize()
+        assert torch.equal(m._factor, one._factor) and torch.equal(m._u, one._u)
+    # the draws: model m's normals are the generator's m-th draw of S d float32 normals (as one model at a time)
+    g = torch.Generator().manual_seed(9)
+    z = torch.stack([torch.randn((S, 4), generator=g, dtype=torch.float32) for _ in range(3)]).double()
+    for k, one in enumerate(singles):
+        w = torch.linalg.solve_triangular(one._factor.reshape(4, 4).mT, (z[k] + one._u.reshape(1, 4)).mT, upper=True)
+        torch.testing.assert_close(f[k], (X[0] @ w).mT, rtol=1e-12, atol=1e-12)
+    # cached factors are reused (no refactorisation) and give the same draws again
+    again = BayesianLinear._stacked_draws_at(models, X, DrawBatch(S, 1, seed=9))
+    assert torch.equal(again, f)
+
+
+@pytest.mark.parametrize("use_valid", [False, True])
+def test_stacked_ts_asc_select_applies_algorithm_one_to_the_stacked_draws(use_valid):
+    policy = TSASC(_taught(_model()), [_taught(_model(), seed=1), _taught(_model(noise=1.0), seed=2)], alpha=[0.1, 0.3])
+    X = torch.randn(1, 6, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(6))
+    valid = torch.tensor([[True, False, True, True, False, True]]) if use_valid else None
+    b, S = 4, 300
+    actions = policy.select(X, torch.tensor([b]), generator=DrawBatch(S, 1, seed=11), valid=valid)
+    assert actions.shape == (S, 1)
+    f = BayesianLinear._stacked_draws_at(list(policy.models().values()), X, DrawBatch(S, 1, seed=11))
+    ok = torch.ones(S, 6, dtype=torch.bool)
+    for j, alpha in enumerate((0.1, 0.3)):
+        ok &= f[j + 1] >= (1 - alpha) * f[j + 1][:, b:b + 1]
+    if use_valid:
+        ok &= valid
+    ok[:, b] = True
+    expected = torch.where(ok, f[0], float("-inf")).argmax(-1)
+    assert torch.equal(actions[:, 0], expected)
+    assert len(set(actions[:, 0].tolist())) > 1  # the draws differ
+    probs, _ = policy.action_probabilities(X, baseline=b, valid=valid, num_draws=500, seed=1)
+    assert abs(float(probs.sum()) - 1) < 1e-12
+    if use_valid:  # masked out: never played, the baseline (4) excepted, which stays a candidate
+        assert float(probs[0, 1]) == 0.0
+
+
+def test_a_model_without_a_stack_key_takes_the_general_path():
+    gibbs = BayesianLinear(dist.Laplace(torch.zeros(4, dtype=torch.float64), 1.0).to_event(1), noise_std=0.5,
+                           batch_shape=[1])
+    policy = TSASC(_model(), [gibbs], alpha=0.1)
+    assert policy._select_stacked(torch.randn(1, 5, 4, dtype=torch.float64), torch.tensor([0]), DrawBatch(8), None) is None
+    forgetful = BayesianLinear(dist.Normal(torch.zeros(4, dtype=torch.float64), 1.0).to_event(1), noise_std=0.5,
+                               batch_shape=[1], forgetting=0.9)
+    ref = BayesianLinear(dist.Normal(torch.zeros(4, dtype=torch.float64), 1.0).to_event(1), noise_std=0.5,
+                         batch_shape=[1], forgetting=0.9)
+    policy = TSASC(_model(), [forgetful], alpha=0.1)
+    x = torch.randn(1, 4, dtype=torch.float64)
+    for _ in range(3):
+        policy.update(x, torch.ones(1, dtype=torch.float64), torch.full((1, 1), 2.0, dtype=torch.float64))
+        ref.update(x, torch.full((1,), 2.0, dtype=torch.float64))
+    assert torch.equal(forgetful.precision, ref.precision) and torch.equal(forgetful.eta, ref.eta)
+
+
+def test_normal32_is_the_widened_draw():
+    a, b = DrawBatch(50, 1, seed=3), DrawBatch(50, 1, seed=3)
+    assert torch.equal(a._full("normal", (1, 4), torch.float64), b._normal32((1, 4)).double())
+
+
+def test_the_kept_eta_view_follows_a_new_eta():
+    m = _taught(_model())
+    m._factorize()
+    m.eta = m.eta * 2  # a new tensor (as a loaded state assigns)
+    m._factor = None
+    m._factorize()
+    expected = torch.linalg.solve_triangular(m._factor, (m.eta)[..., None], upper=False)
+    assert torch.equal(m._u, expected)
+
+
+def test_decider_feedback_rows_give_the_policys_numbers():
+    """The Decider's outcome rows (numpy-built tensors) teach the posterior what ``policy.update``
+    with tensors teaches; the counts behind the probabilities are the draws'."""
+    rng = np.random.default_rng(2)
+    decider = Decider(TSASC(_model(), [_model()], alpha=0.1), num_draws=40, seed=1)
+    twin = TSASC(_model(), [_model()], alpha=0.1)
+    for i in range(30):
+        x = rng.normal(size=(5, 4))
+        d = decider.decide(x, baseline=0)
+        r, c = float(rng.normal()), float(rng.normal())
+        decider.feedback(d.decision_id, r, [c])
+        twin.update(torch.tensor(x[d.action][None]), torch.tensor([r], dtype=torch.float64),
+                    torch.tensor([[c]], dtype=torch.float64))
+        counts = [p * 40 for p in d.probabilities]
+        assert all(abs(k - round(k)) < 1e-9 for k in counts) and round(sum(counts)) == 40
+    for a, b in zip(decider.policy.models().values(), twin.models().values()):
+        assert torch.equal(a.precision, b.precision) and torch.equal(a.eta, b.eta)
+
+
+def test_stacked_propensity_draws_decide_as_one_model_at_a_time(monkeypatch):
+    """The stacked draws use the generator as the per-model draws do: a seeded Decider keeps its
+    decisions (actions of every draw equal to the per-model path's)."""
+    policy = TSASC(_taught(_model()), [_taught(_model(noise=1.0), seed=1)], alpha=0.2)
+    X = torch.randn(1, 5, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(8))
+    stacked = policy.select(X, torch.tensor([0]), generator=DrawBatch(300, 1, seed=4))
+    monkeypatch.setattr(TSASC, "_select_stacked", lambda *args: None)
+    one_at_a_time = policy.select(X, torch.tensor([0]), generator=DrawBatch(300, 1, seed=4))
+    assert torch.equal(stacked, one_at_a_time)
