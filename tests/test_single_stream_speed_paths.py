@@ -251,3 +251,28 @@ def test_stacked_propensity_draws_decide_as_one_model_at_a_time(monkeypatch):
     monkeypatch.setattr(TSASC, "_select_stacked", lambda *args: None)
     one_at_a_time = policy.select(X, torch.tensor([0]), generator=DrawBatch(300, 1, seed=4))
     assert torch.equal(stacked, one_at_a_time)
+
+
+def test_an_unbatched_models_one_row_updates_take_the_same_sums_as_the_general_path():
+    """The one-stream case (no batch shape) told one row ``[1, d]`` at a time, as the Decider tells
+    it, holds the posterior of the same rows given to ``update`` all at once."""
+
+
+    from bayes_safe import TSASC, BayesianLinear
+
+    def model():
+        return BayesianLinear(dist.Normal(torch.zeros(3, dtype=torch.float64), 1.0).to_event(1), noise_std=0.5)
+
+    policy = TSASC(model(), [model()], alpha=0.1)
+    reference = (model(), model())
+    g = torch.Generator().manual_seed(0)
+    X = torch.randn(20, 3, generator=g, dtype=torch.float64)
+    y = torch.randn(20, 2, generator=g, dtype=torch.float64)
+    for i in range(20):
+        policy.update(X[i:i + 1], y[i, :1], y[i:i + 1, 1:])
+    reference[0].update(X, y[:, 0])
+    reference[1].update(X, y[:, 1])
+    for m, r in zip((policy.reward_model, *policy.constraint_models), reference):
+        assert int(m.num_observations) == 20
+        torch.testing.assert_close(m.posterior_mean, r.posterior_mean, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(m.precision, r.precision, rtol=1e-12, atol=1e-12)

@@ -506,6 +506,16 @@ class BayesianLinear:
         the same rows shares the first two, and the third may be a column of the outcomes
         (``y`` then None): the same products, fewer view operations."""
         single = X.dim() == len(self.batch_shape) + 1
+        if (not single and not self.batch_shape and X.dim() == 2 and X.shape[0] == 1 and self.conjugate
+                and self.forgetting is None and self.noise_prior is None):
+            # the one-stream case: an unbatched model told one row ``X [1, d]`` (the Decider's rows): the
+            # same sums as ``_update_rows``' n = 1 path, without its matrix products
+            self._count += 1
+            s = self._scale
+            self.precision.addcmul_(X.mT, X, value=s)
+            self.eta.addcmul_((views[2] if y is None else y).reshape(1), X[0], value=s)
+            self._factor, self._dirty = None, None  # ``_invalidate(None)``
+            return
         if single and self.conjugate and self.forgetting is None and self.noise_prior is None:
             # ``_update_rows``' one-row conjugate path without its dispatch: the same operations
             self._count += 1

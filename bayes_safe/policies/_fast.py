@@ -97,7 +97,9 @@ def update_inputs(features_chosen, reward, constraints, expected, num_constraint
     tensors ``[R, d]`` and ``[R]`` (and ``[R, C]`` constraints when the policy learns ``C``) of the
     models' ``R`` and ``d``, or one observation ``[d]`` with a float reward when ``R = 1``; else None."""
     R, _, d = expected
-    if type(features_chosen) is not torch.Tensor or features_chosen.dtype is not _F64 or R is None or d is None:
+    if R is None and d is not None:  # models without a batch shape: the one-stream case, one row [1, d] or [d]
+        R = 1
+    if type(features_chosen) is not torch.Tensor or features_chosen.dtype is not _F64 or d is None:
         return None
     if features_chosen.dim() == 1:
         if R != 1 or num_constraints or features_chosen.shape[0] != d:
