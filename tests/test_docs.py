@@ -1,6 +1,7 @@
 """The documentation is true: the README example and every tutorial run, and the site builds
 with warnings as errors (what `make docs` does)."""
 
+import importlib.util
 import os
 import re
 import subprocess
@@ -29,23 +30,73 @@ def test_readme_quick_start_runs():
     assert abs(float(trace.regret.sum(0).mean())) < 20
 
 
-TUTORIALS = sorted((ROOT / "docs" / "tutorials").glob("*.md"))
+def _load_executor():
+    """docs/hooks/execute.py, the MkDocs hook that runs the executed pages (not a package)."""
+    spec = importlib.util.spec_from_file_location("docs_hooks_execute", ROOT / "docs" / "hooks" / "execute.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
-@pytest.mark.parametrize("tutorial", TUTORIALS, ids=[t.stem for t in TUTORIALS])
-def test_tutorial_runs(tutorial, tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    namespace: dict = {"__name__": "__tutorial__"}
+EXECUTOR = _load_executor()
+# the tutorials and the gallery: run at build time by the hook, and here
+EXECUTED = EXECUTOR.executed_pages()
+
+
+def _page_id(path: Path) -> str:
+    return path.relative_to(ROOT / "docs").with_suffix("").as_posix()
+
+
+def test_every_tutorial_is_executed():
+    assert set(EXECUTED) >= set((ROOT / "docs" / "tutorials").glob("*.md"))
+    assert ROOT / "docs" / "gallery.md" in EXECUTED
+
+
+@pytest.mark.parametrize("tutorial", EXECUTED, ids=[_page_id(p) for p in EXECUTED])
+def test_tutorial_runs(tutorial):
+    """Every python block of every tutorial (and the gallery) runs, in order, in a fresh directory.
+
+    Always run here (``refresh=True``); the results are cached, so the site builds of the same
+    session (test_documentation_site_builds_strict, tests/test_docs_render.py) show them
+    without running the pages again.
+    """
     blocks = _python_blocks(tutorial)
     assert blocks, f"{tutorial.name} has no python blocks"
-    for i, block in enumerate(blocks):
-        exec(compile(block, f"{tutorial.name} block {i + 1}", "exec"), namespace)
+    results = EXECUTOR.execute(tutorial, refresh=True)
+    assert len(results) == len(blocks)
+    assert any(r.stdout.strip() for r in results), f"{tutorial.name} prints nothing to show"
 
 
-GUIDES = sorted(p for p in (ROOT / "docs").glob("*.md") if _python_blocks(p))
+def test_a_failing_block_is_named(tmp_path):
+    page = tmp_path / "broken.md"
+    page.write_text("# Broken\n\n```python\nx = 1\n```\n\n```python\nprint(x)\n1 / 0\n```\n")
+    with pytest.raises(EXECUTOR.ExecutionError, match=r"broken\.md block 2 \(of 2\) failed(.|\n)*ZeroDivisionError"):
+        EXECUTOR.run_blocks(_python_blocks(page), "broken.md")
 
 
-@pytest.mark.parametrize("page", GUIDES, ids=[p.stem for p in GUIDES])
+def test_execution_captures_output_and_figures_and_keys_on_the_code():
+    results = EXECUTOR.run_blocks(
+        ["import matplotlib.pyplot as plt\nprint('hello')", "plt.plot([0, 1])\nplt.figure()\nplt.plot([1, 0])"],
+        "t.md")
+    assert results[0].stdout == "hello\n" and results[0].figures == []
+    assert results[1].stdout == "" and len(results[1].figures) == 2
+    assert all(png.startswith(b"\x89PNG") for png in results[1].figures)
+    assert EXECUTOR.cache_key(["x = 1"]) != EXECUTOR.cache_key(["x = 2"])
+
+
+GUIDES = sorted(p for p in [*(ROOT / "docs").glob("*.md"), *(ROOT / "docs" / "guide").glob("*.md")]
+                if _python_blocks(p) and p not in EXECUTED)
+
+
+def test_the_user_guide_is_a_section_of_pages():
+    pages = {p.stem for p in (ROOT / "docs" / "guide").glob("*.md")}
+    assert {"models", "policies", "problems", "simulation", "tuning", "diagnostics", "warm-starts",
+            "saving", "production", "logged-data", "performance"} <= pages
+    assert "decisions per second" in (ROOT / "docs" / "guide" / "performance.md").read_text()
+
+
+@pytest.mark.parametrize("page", GUIDES, ids=[_page_id(p) for p in GUIDES])
 def test_guide_examples_run(page, tmp_path, monkeypatch):
     """Every python block of every guide page runs, in order, in a fresh directory."""
     monkeypatch.chdir(tmp_path)

@@ -221,6 +221,9 @@ def test_every_page_renders(site, browser):
     base = _served(str(site))
     pages = _pages(site)
     assert "/" in pages and "/api/" in pages and "/install/" in pages, pages
+    # the API reference is one page per area, the user guide a section of pages
+    assert {"/api/models/", "/api/policies/", "/api/tuning/", "/api/state/"} <= set(pages), pages
+    assert {"/guide/models/", "/guide/performance/", "/gallery/"} <= set(pages), pages
     problems = []
     for page in pages:
         problems += visit(driver, base + page, api=page.startswith("/api/"))
@@ -230,7 +233,7 @@ def test_every_page_renders(site, browser):
 def test_api_page_renders_the_package_dir_packages(site, browser):
     """bayes_safe.tuning lives in tuning/ (setuptools package-dir): its docstrings render."""
     driver = _driver(browser)
-    driver.get(_served(str(site)) + "/api/")
+    driver.get(_served(str(site)) + "/api/tuning/")
     driver.execute_async_script(SETTLE_JS)
     text = driver.execute_script("return document.body.innerText")
     assert "bayes_safe.tuning.ab_test.ABTest" in text
@@ -250,6 +253,79 @@ def test_report_figures_link_to_the_full_size_image(site, browser):
     assert figures
     for parent, href, src in figures:
         assert parent == "A" and href == src, (parent, href, src)
+    # shown at the width of the text column (readable labels), not shrunk inside it
+    widths = driver.execute_script(
+        "const col = document.querySelector('article').getBoundingClientRect().width;"
+        "return Array.from(document.querySelectorAll('article img')).map("
+        "i => [i.getBoundingClientRect().width, col])")
+    for width, column in widths:
+        assert width >= 0.9 * column, (width, column)
+
+
+def _executor():
+    """docs/hooks/execute.py (the hook that runs the tutorials and the gallery at build time)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("docs_hooks_execute", ROOT / "docs" / "hooks" / "execute.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+# what an executed page shows: its output blocks and the figures drawn by its blocks
+EXECUTED_FACTS_JS = r"""
+const figures = Array.from(document.querySelectorAll("article img")).filter(
+  i => /\/figures\/[^/]+-\d+-\d+\.png$/.test(i.src));
+return {outputs: Array.from(document.querySelectorAll("article .exec-output pre")).map(
+          p => p.innerText.length),
+        figures: figures.map(i => ({src: i.src, naturalWidth: i.naturalWidth,
+                                    width: i.getBoundingClientRect().width,
+                                    column: i.closest("article").getBoundingClientRect().width,
+                                    href: i.parentElement.tagName === "A" ? i.parentElement.href : ""}))};
+"""
+
+
+def test_executed_pages_show_their_outputs_and_figures(site, browser):
+    """Every tutorial and the gallery show what their blocks printed and drew, at column width."""
+    driver = _driver(browser)
+    base = _served(str(site))
+    executor = _executor()
+    pages = executor.executed_pages()
+    assert any(p.parent.name == "tutorials" for p in pages) and any(p.name == "gallery.md" for p in pages)
+    problems = []
+    for page in pages:
+        src = page.relative_to(ROOT / "docs").as_posix()
+        url = base + "/" + src.removesuffix(".md") + "/"
+        # the PNGs the build published for this page (what its blocks drew)
+        folder, _, stem = src.removesuffix(".md").rpartition("/")
+        drawn = len(list((site / folder / "figures").glob(f"{stem}-*-*.png")))
+        driver.get(url)
+        driver.execute_async_script(SETTLE_JS)
+        driver.execute_script("for (const img of document.images) { img.loading = 'eager'; }")
+        with contextlib.suppress(Exception):
+            from selenium.webdriver.support.ui import WebDriverWait
+
+            WebDriverWait(driver, 20).until(
+                lambda d: d.execute_script("return Array.from(document.images).every(i => i.complete)"))
+        facts = driver.execute_script(EXECUTED_FACTS_JS)
+        if not any(facts["outputs"]):
+            problems.append(f"{src}: no rendered output block")
+        if len(facts["figures"]) != drawn:
+            problems.append(f"{src}: {len(facts['figures'])} figures on the page, its blocks drew {drawn}")
+        for fig in facts["figures"]:
+            if fig["naturalWidth"] <= 0:
+                problems.append(f"{src}: broken figure {fig['src']}")
+            if fig["href"] != fig["src"]:
+                problems.append(f"{src}: figure {fig['src']} does not link to its full-size file")
+            if fig["width"] < 0.9 * fig["column"]:
+                problems.append(f"{src}: figure {fig['src']} is {fig['width']:.0f} px wide in a "
+                                f"{fig['column']:.0f} px column")
+        if src == "gallery.md" and drawn < 7:
+            problems.append(f"gallery.md: {drawn} figures, expected one per plot of the toolkit (7)")
+    if not list((site / "tutorials" / "figures").glob("diagnostics-*-*.png")):
+        problems.append("tutorials/diagnostics.md draws no diagnostic plot")
+    assert not problems, "\n".join(problems)
 
 
 # --------------------------------------------------------------------------------------------
