@@ -40,7 +40,7 @@ def test_conjugate_inference_data_matches_the_exact_posterior():
     torch.testing.assert_close(torch.as_tensor(w.mean(("chain", "draw")).values), m.posterior_mean, atol=0.01, rtol=0)
     sd = m.posterior_covariance.diagonal().sqrt()
     torch.testing.assert_close(torch.as_tensor(w.std(("chain", "draw")).values), sd, rtol=0.1, atol=0)
-    assert idata.posterior_predictive["y"].shape == (1, 4000, 40)
+    assert idata.posterior_predictive["y"].shape == (4, 4000, 40)  # 4 chains by default
     assert idata.observed_data["y"].shape == (40,)
     table = summary(idata, var_names=["w"])
     assert {"mean", "sd", "hdi_3%", "hdi_97%"} <= set(table.columns)
@@ -167,7 +167,7 @@ def test_probit_gp_inference_data_draws_the_latent_function(probit):
     gp, X, y = probit
     idata = to_inference_data(gp, num_draws=3000, max_points=200, seed=1)
     post = idata.posterior
-    assert post["f"].dims == ("chain", "draw", "point") and post["f"].shape == (1, 3000, 200)
+    assert post["f"].dims == ("chain", "draw", "point") and post["f"].shape == (4, 3000, 200)
     assert post["w"].dims == ("chain", "draw", "feature")
     assert list(post.feature.values) == ["phi0", "phi1", "phi2", "intercept"]
     points = torch.tensor(post.point.values)
@@ -180,14 +180,14 @@ def test_probit_gp_inference_data_draws_the_latent_function(probit):
     torch.testing.assert_close(torch.as_tensor(post["p"].values[0]), torch.special.ndtr(f))
     assert torch.equal(torch.as_tensor(idata.observed_data["y"].values), y[points])
     y_rep = idata.posterior_predictive["y"].values
-    assert y_rep.shape == (1, 3000, 200) and set(np.unique(y_rep)) <= {0.0, 1.0}
+    assert y_rep.shape == (4, 3000, 200) and set(np.unique(y_rep)) <= {0.0, 1.0}
     # the views convert to the same posterior; the scaled view records its scale
     view = to_inference_data(ScaledOutcome(gp, [1.0, 2.0]), num_draws=3000, max_points=200, seed=1)
     assert np.array_equal(view.posterior["f"].values, post["f"].values) and view.attrs["scale"] == [1.0, 2.0]
     assert to_inference_data(SuccessProbability(gp), num_draws=5).posterior.sizes["point"] == 500
     # explicit points and outcomes; bad ones name the argument
     given = to_inference_data(gp, X=X[:7], y=y[:7], num_draws=10, feature_names=["a", "b", "c", "one"])
-    assert given.posterior["f"].shape == (1, 10, 7) and list(given.posterior.feature.values)[-1] == "one"
+    assert given.posterior["f"].shape == (4, 10, 7) and list(given.posterior.feature.values)[-1] == "one"
     with pytest.raises(ValueError, match=r"X: expected points of shape \[n, 4\]"):
         to_inference_data(gp, X=X[:7, :3])
     with pytest.raises(ValueError, match="y: expected binary outcomes"):
@@ -216,7 +216,7 @@ def test_cts_posterior_exact_draws_and_arm_dimension():
         cts.update(c, c[:, 0] - c[:, 1] + 0.2 * torch.randn(4, generator=g, dtype=torch.float64), a)
     idata = to_inference_data(cts, num_draws=20000, max_batch=3, feature_names=["c0", "c1"], seed=3)
     w = idata.posterior["w"]
-    assert w.dims == ("chain", "draw", "batch0", "arm", "feature") and w.shape == (1, 20000, 3, 3, 2)
+    assert w.dims == ("chain", "draw", "batch0", "arm", "feature") and w.shape == (4, 20000, 3, 3, 2)
     draws = torch.as_tensor(w.values[0])
     torch.testing.assert_close(draws.mean(0), cts.posterior_mean[:3], atol=0.01, rtol=0)
     centred = draws - draws.mean(0)
@@ -233,7 +233,7 @@ def test_batched_linear_models_keep_max_batch():
     m = BayesianLinear(dist.Normal(0.0, 1.0).expand([3]).to_event(1), noise_std=0.3, batch_shape=[6])
     m.update(X.expand(6, 40, 3), y.expand(6, 40))
     idata = to_inference_data(m, num_draws=30, max_batch=2)
-    assert idata.posterior["w"].shape == (1, 30, 2, 3)
+    assert idata.posterior["w"].shape == (4, 30, 2, 3)
     with pytest.raises(ValueError, match="max_batch: expected a positive int or None"):
         to_inference_data(m, max_batch=0)
     with pytest.raises(ValueError, match="X, y: give both"):

@@ -418,7 +418,7 @@ def test_a_gibbs_model_learns_inside_simulate_shows_in_arviz_and_saves(tmp_path)
     assert trace.regret[-20:].mean() < trace.regret[:20].mean()
     before = model.posterior_mean.clone()
     idata = to_inference_data(model, num_draws=50)
-    assert idata.posterior["w"].shape[:2] == (1, 50)
+    assert idata.posterior["w"].shape[:2] == (4, 50)  # 4 independent copies of the chain by default
     assert torch.equal(model.posterior_mean, before)  # the diagnostics ran on a copy of the chain
     from bayes_safe.state import load_state
 

@@ -151,7 +151,7 @@ def test_learns_inside_simulate_and_shows_every_site_in_arviz(tmp_path):
     before = model.engine.theta.clone()
     idata = to_inference_data(model, num_draws=40)
     assert set(idata.posterior.data_vars) == {"s", "w"}
-    assert idata.posterior["w"].shape == (1, 40, 2, 4) and idata.posterior["s"].shape == (1, 40, 2)
+    assert idata.posterior["w"].shape == (4, 40, 2, 4) and idata.posterior["s"].shape == (4, 40, 2)  # 4 chains
     assert (idata.posterior["s"].values > 0).all()  # sites are reported on their own (constrained) scale
     assert torch.equal(model.engine.theta, before)  # the diagnostics ran on a copy of the chain
     with pytest.raises(ValueError, match="cannot be saved: a callable .* must be defined at the top level"):

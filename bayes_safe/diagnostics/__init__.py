@@ -4,11 +4,14 @@ One concept per module; every public name is re-exported here, so
 ``from bayes_safe.diagnostics import save_models`` keeps working:
 
 * ``conversion``: ``to_inference_data`` converts every posterior model of the toolkit into an
-  ``arviz.InferenceData``: exact draws for conjugate models (``BayesianLinear``,
-  ``PerArmLinear``, the per-arm ``CTSPosterior`` of BCTS), chains with sample statistics for
-  NUTS, guide draws for SVI, and draws of the latent function at given points for the probit
-  GP (``ProbitGP`` and its views); with ``observed_data`` and ``posterior_predictive`` groups
-  when data is known; coordinates named after the features. Also ``summary`` (ArviZ: mean, sd,
+  ``arviz.InferenceData`` with several chains (4 by default, so ``az.rhat`` is defined): exact
+  draws for conjugate models (``BayesianLinear``, ``PerArmLinear``, the per-arm
+  ``CTSPosterior`` of BCTS), independent copies of the Gibbs and Langevin chains with every
+  latent variable (the horseshoe's scales, mixing variances, the noise), chains with sample
+  statistics for NUTS, guide draws for SVI, and draws of the latent function at given points
+  for the probit GP (``ProbitGP`` and its views); with ``log_likelihood`` (pointwise, so
+  ``az.loo`` and ``az.compare`` work), ``observed_data`` and ``posterior_predictive`` groups
+  when the data are known; coordinates named after the features. Also ``summary`` (ArviZ: mean, sd,
   HDI, ESS and r-hat where chains exist), ``prior_predictive`` (checks a custom prior before
   any data arrives) and ``ACCEPTED_MODELS``.
 * ``calibration``: ``brier_score``, ``expected_calibration_error``, ``reliability_diagram``

@@ -1,8 +1,8 @@
 """``diagnose_run`` (``bayes-safe diagnose RUN_DIR``): an HTML report and one NetCDF per saved posterior.
 
-The private helpers build the report's sections: per model an ArviZ summary table, the
-posterior of the weights, the trace when there are chains, a posterior predictive check, and for
-the probit GP the success probability with its calibration. ArviZ and matplotlib are imported
+The private helpers build the report's sections: per model an ArviZ summary table, PSIS-LOO,
+the posterior of the weights, the trace, a posterior predictive check, the calibration of 0/1
+linear models, and for the probit GP the success probability with its calibration. ArviZ and matplotlib are imported
 inside the functions that draw.
 """
 
@@ -22,6 +22,8 @@ from .conversion import ACCEPTED_MODELS, to_inference_data
 from .persistence import load_models
 
 __all__ = ["diagnose_run"]
+
+_MAX_ROWS = 500  # stored rows of a linear model in its data groups (as the probit GP's max_points)
 
 
 def _png_base64(fig) -> str:
@@ -55,7 +57,7 @@ def _head(ds, limits: dict[str, int]):
     for dim, size in ds.sizes.items():
         if dim in ("chain", "draw"):
             continue
-        key = "batch" if dim.startswith("batch") else "obs_batch" if dim.startswith("obs_batch") else dim
+        key = "batch" if dim.startswith("batch") else dim
         if key in limits and size > limits[key]:
             sel[dim] = slice(0, limits[key])
     return ds.isel(**sel) if sel else ds
@@ -101,12 +103,17 @@ def _model_section(name: str, keys: list[str], views: list, idata, show_batch: i
                     "the figures its first element")
     if "points" in idata.attrs:
         info.append(f"latent function at {html.escape(str(idata.attrs['points']))}")
+    if "rows" in idata.attrs:
+        info.append(f"data groups of {html.escape(str(idata.attrs['rows']))}")
     if "constant_data" in idata.groups() and "num_observations" in idata.constant_data:
         n_obs = idata.constant_data["num_observations"]
         info.append(f"observations per arm: min {int(n_obs.min())}, median {float(n_obs.median()):.0f}, "
                     f"max {int(n_obs.max())}")
     if "sample_stats" in idata.groups() and "diverging" in idata.sample_stats:
         info.append(f"divergent transitions: {int(idata.sample_stats['diverging'].sum())}")
+    if "sample_stats" in idata.groups() and "acceptance_rate" in idata.sample_stats:
+        info.append(f"mean acceptance rate: {float(idata.sample_stats['acceptance_rate'].mean()):.2f}")
+    info.append(_loo_text(idata))
     out = [f'<h2 id="{html.escape(name)}">{html.escape(name)}</h2>', "<p>" + "; ".join(info) + ".</p>",
            f"<p>NetCDF: <code>{html.escape(name)}.nc</code></p>", _summary_html(idata, show_batch)]
     key = "w" if "w" in post else next(iter(post.data_vars))  # the weights; a custom model's first variable
@@ -124,11 +131,13 @@ def _model_section(name: str, keys: list[str], views: list, idata, show_batch: i
     if "p" in post:
         out.append(_probit_section(name, idata))
     elif "posterior_predictive" in idata.groups():
-        first = {d: 0 for d in idata.observed_data.dims if d.startswith("obs_batch")}
+        first = {d: 0 for d in idata.observed_data.dims if d.startswith("batch")}
         pp = idata.isel(**first) if first else idata
         axes = az.plot_ppc(pp, num_pp_samples=50, random_seed=int(seed))
         out.append("<p>Posterior predictive check: the observed outcomes against 50 replicated data sets.</p>")
         out.append(_img(np.ravel(axes)[0].figure, f"posterior predictive check of {name}"))
+        if idata.attrs.get("likelihood") in ("probit", "logistic") and "log_likelihood" in idata.groups():
+            out.append(_binary_linear_section(name, idata))
     plt.close("all")
     return "\n".join(out)
 
@@ -154,16 +163,53 @@ def _probit_section(name: str, idata) -> str:
     ax.grid(alpha=0.3)
     out = ["<p>Posterior of the success probability Phi(f) at the points.</p>", _img(fig, f"success probability of {name}")]
     if has_y:
-        brier = brier_score(mean, y)
-        ece = expected_calibration_error(mean, y)
-        base = brier_score(np.full_like(mean, y.mean()), y)
-        fig = reliability_diagram(mean, y, title=f"Reliability diagram: {name}")
-        out.append(f"<p>Calibration of the posterior mean probability against the stored outcomes (in sample: the "
-                   f"model was fitted on them): Brier score {brier:.4f} (a constant at the base rate "
-                   f"{float(y.mean()):.3f}: {base:.4f}), expected calibration error {ece:.4f} over 10 bins.</p>")
-        out.append(_img(fig, f"reliability diagram of {name}"))
-        plt.close(fig)
+        out.append(_calibration_html(name, mean, y, "the stored outcomes"))
     return "\n".join(out)
+
+
+def _calibration_html(name: str, mean: np.ndarray, y: np.ndarray, what: str) -> str:
+    """A reliability diagram, Brier score and ECE of the predicted success probabilities ``mean`` against 0/1 ``y``."""
+    from ..plots import plt
+
+    brier = brier_score(mean, y)
+    ece = expected_calibration_error(mean, y)
+    base = brier_score(np.full_like(mean, y.mean()), y)
+    fig = reliability_diagram(mean, y, title=f"Reliability diagram: {name}")
+    text = (f"<p>Calibration of the posterior mean success probability against {what} (in sample: the model was "
+            f"fitted on them): Brier score {brier:.4f} (a constant at the base rate {float(y.mean()):.3f}: "
+            f"{base:.4f}), expected calibration error {ece:.4f} over 10 bins.</p>")
+    img = _img(fig, f"reliability diagram of {name}")
+    plt.close(fig)
+    return text + img
+
+
+def _binary_linear_section(name: str, idata) -> str:
+    """Calibration of a 0/1 ``BayesianLinear`` (probit or logistic): its posterior mean success
+    probability at each observation (from the pointwise likelihood: ``p`` where ``y = 1``, ``1 - p``
+    where ``y = 0``) against the observed outcomes, every batch element in the file pooled."""
+    y = idata.observed_data["y"]
+    like = np.exp(idata.log_likelihood["y"])
+    p = like.where(y == 1, 1.0 - like).mean(("chain", "draw"))
+    link = "Phi(x^T w)" if idata.attrs.get("likelihood") == "probit" else "sigmoid(x^T w)"
+    what = f"the {y.size} stored 0/1 outcomes in the file (predicted probability {link})"
+    return _calibration_html(name, np.clip(p.values.reshape(-1), 0.0, 1.0), y.values.reshape(-1), what)
+
+
+def _loo_text(idata) -> str:
+    """PSIS-LOO (``az.loo``) of the pointwise log-likelihood, or why there is none."""
+    import warnings
+
+    import arviz as az
+
+    if "log_likelihood" not in idata.groups():
+        why = str(idata.attrs.get("log_likelihood", "no observed data"))
+        return f"no log-likelihood ({html.escape(why)}), so no PSIS-LOO"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        loo = az.loo(idata, pointwise=True)
+    bad = int((np.asarray(loo.pareto_k) > 0.7).sum())
+    return (f"PSIS-LOO elpd {float(loo.elpd_loo):.1f} (se {float(loo.se):.1f}), p_loo {float(loo.p_loo):.1f}, "
+            f"{bad} observation(s) with Pareto k &gt; 0.7")
 
 
 def diagnose_run(run_dir, *, num_draws: int = 500, max_batch: int | None = 10, show_batch: int = 4,
@@ -175,14 +221,19 @@ def diagnose_run(run_dir, *, num_draws: int = 500, max_batch: int | None = 10, s
     a ``bayes-safe simulate`` output or a study's output directory. Every saved posterior is
     converted by ``to_inference_data`` (views of one posterior once, named
     ``<prefix>__<role1>+<role2>``) and written as ``<name>.nc``; the report has, per model, the
-    ArviZ summary, the posterior of the weights, the trace when there are chains, a posterior
-    predictive check when data were stored, and for the probit GP the success probability at the
-    stored points with a reliability diagram, Brier score and ECE. Saved models that are not
+    ArviZ summary (with ESS and r-hat over the chains), PSIS-LOO when the observed data are
+    known, the posterior of the weights, the trace, a posterior predictive check when data were
+    stored, for a 0/1 ``BayesianLinear`` (probit or logistic likelihood) a reliability diagram,
+    Brier score and ECE of its predicted success probability against its stored outcomes, and
+    for the probit GP the success probability at the stored points with the same calibration.
+    The data groups (and PSIS-LOO) of a linear model that stored its rows use at most 500 of
+    them, evenly spaced (the report says so), as the probit GP's use at most 500 points. Saved models that are not
     posteriors (e.g. a trained policy network) are listed as skipped.
 
     Args:
         run_dir: the run's output directory.
-        num_draws: exact draws per conjugate model (and probit GP).
+        num_draws: draws per chain (``to_inference_data``'s default of 4 chains) for exact
+            posteriors, Gibbs and Langevin chains (NUTS and SVI keep their stored draws).
         max_batch: keep the first ``max_batch`` batch elements (replications) of batched models
             in the NetCDF files; ``None`` keeps all.
         show_batch: batch elements shown in the report's tables (figures show the first).
@@ -227,7 +278,7 @@ def diagnose_run(run_dir, *, num_draws: int = 500, max_batch: int | None = 10, s
         for keys in convertible:
             name = _group_name(keys)
             model = models[keys[0]]
-            idata = to_inference_data(model, num_draws=num_draws, seed=seed, max_batch=max_batch)
+            idata = to_inference_data(model, num_draws=num_draws, seed=seed, max_batch=max_batch, max_rows=_MAX_ROWS)
             # h5py crashes the interpreter on a failed write (a full disk): check the space first
             size = sum(int(idata[group].nbytes) for group in idata.groups()) + 65536 * len(idata.groups())
             check_free_space(tmp, size, what=f"{name}.nc")
@@ -246,7 +297,7 @@ def diagnose_run(run_dir, *, num_draws: int = 500, max_batch: int | None = 10, s
             "td,th{border:1px solid #ccc;padding:2px 6px}img{max-width:100%}</style></head><body>"
             f"<h1>Posterior diagnostics: {html.escape(run_dir.name)}</h1>"
             f"<p>{len(convertible)} posterior(s) from <code>{html.escape(str(run_dir / 'models'))}</code>, "
-            f"{num_draws} draws per exact posterior, seed {seed}.</p><ul>{''.join(index)}</ul>{skipped_html}"
+            f"{num_draws} draws per chain (exact posteriors, Gibbs and Langevin chains), seed {seed}.</p><ul>{''.join(index)}</ul>{skipped_html}"
             + "".join(sections) + "</body></html>"
         )
         atomic_write_text(tmp / "report.html", page)

@@ -751,6 +751,22 @@ class GibbsLinearPosterior:
         self._n_at_draw = self.n
         return torch.stack(out)
 
+    def latent_values(self, state: _State | None = None) -> dict[str, torch.Tensor]:
+        """Copies of the latent variables of ``state`` (default: the chain's) besides ``w``, by
+        name (read only; for diagnostics): horseshoe ``"tau" [*b]`` (global scale) and ``"lam"
+        [*b, d]`` (local scales); Laplace and Student-t ``"prior_var" [*b, d]``, the mixing
+        variance ``v_j`` of ``w_j ~ N(m_j, v_j)``; ``"noise_var" [*b]`` when the noise variance
+        is sampled. Empty for a Gaussian prior with a known noise."""
+        st = self.state if state is None else state
+        out: dict[str, torch.Tensor] = {}
+        if self.prior.kind == "horseshoe":
+            out["tau"], out["lam"] = st.aux["tau2"].sqrt(), st.aux["lam2"].sqrt()
+        elif self.prior.kind in ("laplace", "student"):
+            out["prior_var"] = st.v.clone()
+        if st.s2 is not None:
+            out["noise_var"] = st.s2.clone()
+        return out
+
     def summary(self, X: torch.Tensor | None, generator: Generator = None, link=None):
         """Posterior summaries from ``predict_sweeps`` sweeps of a copy of the chain (after
         ``burn_in`` sweeps); the model's own chain is not advanced.
