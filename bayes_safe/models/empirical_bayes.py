@@ -37,7 +37,7 @@ between instances to fit. The power prior (Ibrahim & Chen 2000) weighs that hist
 likelihood by ``weight`` in ``(0, 1]``: the conjugate posterior of ``prior`` after the logged rows,
 each counting as ``weight`` of an observation (``weight = 1``: the old posterior itself; 0.1:
 ten logged rows count as one new one). It is the recipe for starting a new policy from an old
-policy's log: ``docs/user-guide.md``, "Warm starts".
+policy's log: ``docs/guide/warm-starts.md``.
 
 Both return a ``pyro.distributions`` Normal over ``R^d`` (``MultivariateNormal`` for a full
 covariance, ``Normal(...).to_event(1)`` otherwise) of float64: inspect its ``mean`` and
