@@ -1021,8 +1021,9 @@ class BayesianLinear:
                     m._factorize()
                 L = join([m._factor for m in models])
             u = torch.linalg.solve_triangular(L, join([m._eta_column() for m in models]), upper=False)
-            for m, Lm, um in zip(models, L.split(1) if batched else L.unbind(0), u.split(1) if batched else u.unbind(0)):
-                m._factor, m._u = Lm, um
+            # each model's part as a view: slices (0.7 us each) rather than Tensor.split's Python wrapper (8 us)
+            for i, m in enumerate(models):
+                m._factor, m._u = (L[i:i + 1], u[i:i + 1]) if batched else (L[i], u[i])
         else:
             for m in models:
                 if m._factor is None or m._dirty is not None:

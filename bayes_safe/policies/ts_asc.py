@@ -297,8 +297,14 @@ class TSASC(Policy):
         fr, *fcs = type(self.reward_model)._stacked_draws_at(models, features, batch).unbind(0)  # [S, K] each
         b = int(baseline)
         ok = None
-        for fc, a in zip(fcs, self.alpha.tolist()):
-            now = fc >= (1 - a) * fc.narrow(-1, b, 1)
+        # 1 - alpha_j as Python floats, read once per value of alpha (an assignment or an in-place change
+        # of the tensor makes a new key)
+        key = (id(self.alpha), self.alpha._version)
+        cached = self.__dict__.get("_factors")
+        if cached is None or cached[0] != key:
+            cached = self._factors = (key, [1 - a for a in self.alpha.tolist()], self.alpha)
+        for fc, f in zip(fcs, cached[1]):
+            now = fc >= f * fc.narrow(-1, b, 1)
             ok = now if ok is None else ok & now
         if valid is not None:
             ok = ok & valid  # [S, K] & [1, K]
