@@ -191,3 +191,82 @@ def test_the_rules_of_each_folder():
     assert "bayes_safe.policies" in rules_for(PACKAGE / "models" / "linear.py")
     assert "bayes_safe.diagnostics" in rules_for(PACKAGE / "envs" / "video_upload.py")
     assert not _matches("bayes_safe.tuningx", "bayes_safe.tuning")
+
+
+# ---------------------------------------------------------------------- no circles
+def _module_files() -> dict[tuple[str, bool], Path]:
+    """Every module of the installed package: bayes_safe/ and tuning/, studies/ mapped in as
+    ``bayes_safe.tuning`` and ``bayes_safe.studies``, as ``(name, is_package) -> path``."""
+    files = {module_name(p): p for p in MODULE_FILES}
+    for folder in TOP_FOLDERS:
+        for p in sorted((ROOT / folder).rglob("*.py")):
+            if "__pycache__" in p.parts:
+                continue
+            parts = p.relative_to(ROOT / folder).with_suffix("").parts
+            package = parts[-1] == "__init__"
+            files[(".".join(("bayes_safe", folder, *(parts[:-1] if package else parts))), package)] = p
+    return files
+
+
+def import_graph(sources: dict[tuple[str, bool], str]) -> dict[str, set[str]]:
+    """``module -> the modules of the package it imports`` (at any depth, lazy imports included;
+    an import of a name is an edge to the module that defines it; a module's own package is not)."""
+    modules = {m for m, _ in sources}
+    graph = {}
+    for (module, is_package), source in sources.items():
+        edges = set()
+        for imp in imports_of(source, module, is_package):
+            target = imp.target
+            while target and target not in modules:
+                target = target.rpartition(".")[0]
+            if target and target != module and not module.startswith(target + "."):
+                edges.add(target)
+        graph[module] = edges
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected groups of more than one module (Tarjan), each sorted."""
+    index, low, stack, on, out, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                out.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_modules_import_each_other_in_a_circle():
+    sources = {key: path.read_text(encoding="utf-8") for key, path in _module_files().items()}
+    assert len(sources) > 60
+    found = circles(import_graph(sources))
+    assert not found, "modules that import each other (lazy imports included):\n" + "\n".join(map(str, found))
+
+
+def test_the_circle_finder_finds_a_lazy_circle():
+    sources = {("bayes_safe.models.facade", False): "from .engine import Engine\n",
+               ("bayes_safe.models.engine", False): "def f():\n    from .facade import helper\n",
+               ("bayes_safe.models.leaf", False): "import torch\n",
+               ("bayes_safe.models", True): "from .facade import x\n"}
+    assert circles(import_graph(sources)) == [["bayes_safe.models.engine", "bayes_safe.models.facade"]]

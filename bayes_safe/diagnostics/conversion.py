@@ -533,7 +533,7 @@ def prior_predictive(prior, X, *, noise_std: float | None = None, noise_prior=No
     """
     import arviz as az
 
-    from ..models.linear import check_real_support
+    from ..models._gaussian import check_real_support
     from ..models.pyro_inference import PyroLinearPosterior
 
     X = torch.as_tensor(X, dtype=torch.float64)

@@ -130,14 +130,14 @@ def recognise_prior(prior, dim: int, batch_shape) -> ScaleMixturePrior | None:
     and ``Cauchy`` ``.expand([d]).to_event(1)`` (any loc and scale); a callable Pyro horseshoe in
     either form this project uses (see ``_horseshoe``).
     """
-    from .linear import gaussian_prior_parameters
+    from ._gaussian import gaussian_prior_parameters
 
     b = tuple(batch_shape)
     d = int(dim)
     if isinstance(prior, tdist.Distribution):
         gaussian = gaussian_prior_parameters(prior)
         if gaussian is not None:
-            from .linear import _cholesky
+            from ._gaussian import cholesky as _cholesky
 
             loc, cov = gaussian
             return ScaleMixturePrior("gaussian", _expand(loc, (*b, d)),
@@ -557,7 +557,7 @@ class GibbsLinearPosterior:
                      z: torch.Tensor | None = None) -> None:
         """``w | . ~ N(Lambda^-1 eta, Lambda^-1)`` with ``Lambda = Lambda_prior + data_precision * scale``
         and ``eta = Lambda_prior m0 + rhs * scale`` (``scale = 1 / s2``)."""
-        from .linear import _cholesky
+        from ._gaussian import cholesky as _cholesky
 
         diag, prior_eta = self._prior_precision(st)
         if isinstance(scale, torch.Tensor):

@@ -111,7 +111,7 @@ from .. import _validation
 from .._extras import require
 from .._validation import as_tensor, check_finite, check_positive_int
 from ..random import DrawBatch, Generator, ReplicationRNG, standard_normal
-from .linear import _cholesky
+from ._gaussian import cholesky as _cholesky
 
 gpytorch = require("gpytorch", "ProbitGP (the probit GP over learned features)")
 

@@ -54,7 +54,7 @@ from pyro.infer import MCMC, NUTS, Trace_ELBO
 from pyro.infer.autoguide import AutoMultivariateNormal
 from pyro.infer.autoguide.initialization import init_to_median, init_to_uniform
 
-from .linear import check_real_support
+from ._gaussian import check_real_support
 
 __all__ = ["PyroLinearPosterior", "check_prior_model"]
 

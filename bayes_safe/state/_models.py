@@ -379,7 +379,7 @@ def _dec_probit(node: dict, dec: Decoder, where: str):
 
     m._input_loc, m._input_scale = t("input_loc", (D,), torch.float32), t("input_scale", (D,), torch.float32)
     m.weight_mean, m.weight_covariance = t("weight_mean", (p,)), t("weight_covariance", (p, p))
-    from ..models.linear import _cholesky
+    from ..models._gaussian import cholesky as _cholesky
 
     # recomputed as the model computes it: same numbers and the same memory layout (LAPACK's
     # column-major factor), so predictions and draws match the original bit for bit
