@@ -780,14 +780,45 @@ class BayesianLinear:
             mean, var = f.mean(0), f.var(0)
         return (mean[..., 0], var[..., 0]) if single else (mean, var)
 
-    def sample(self, generator: Generator = None, key: str = "weights") -> torch.Tensor:
-        """One joint posterior draw of the weights, ``[*batch, d]``.
+    def sample(self, sample_shape=(), generator: Generator = None, key: str = "weights") -> torch.Tensor:
+        """Joint posterior draws of the weights, ``[*sample_shape, *batch, d]``, as torch's and Pyro's
+        ``sample(sample_shape)``: ``m.sample()`` is one draw ``[*batch, d]``, ``m.sample((100,))``
+        100 of them. A generator in first place, ``m.sample(generator)``, is one draw (the form
+        the policies use).
 
         Args:
+            sample_shape: the leading shape of the draws (a tuple, list or ``torch.Size``; default
+                ``()``: one draw).
             generator: ``None``, a ``torch.Generator`` or a ``ReplicationRNG``.
             key: the stream name when ``generator`` is a ReplicationRNG (models sampled in the
                 same step need distinct keys).
+
+        Several draws are independent for the conjugate engines and the stored NUTS / SVI draws,
+        and consecutive states of the chain for the Gibbs and Langevin engines (which move on).
         """
+        if sample_shape is None or isinstance(sample_shape, (torch.Generator, ReplicationRNG)):
+            sample_shape, generator = (), sample_shape  # ``sample(generator)``
+        try:
+            shape = torch.Size(sample_shape)
+        except TypeError:
+            raise ValueError(f"sample_shape: expected a tuple of sizes (torch.Size), e.g. (100,), got {sample_shape!r} "
+                             "(the generator goes by keyword: sample((100,), generator=g))") from None
+        if not len(shape):
+            return self._sample_one(generator, key)
+        n = shape.numel()
+        if (self.conjugate and self.noise_prior is None and not isinstance(generator, ReplicationRNG)):
+            # independent draws in one solve: z [n, *batch, d, 1]
+            if self._stale():
+                self._factorize()
+            z = torch.randn((n, *self._column_shape), generator=generator, dtype=_DTYPE)
+            draws = self._solve_upper(self._u + z)[..., 0]
+        else:
+            draws = torch.stack([self._sample_one(generator, key) for _ in range(n)]) if n else \
+                torch.empty((0, *self.batch_shape, self.dim), dtype=_DTYPE)
+        return draws.reshape(*shape, *self.batch_shape, self.dim)
+
+    def _sample_one(self, generator: Generator = None, key: str = "weights") -> torch.Tensor:
+        """One joint posterior draw of the weights, ``[*batch, d]`` (``sample``)."""
         if self.conjugate:
             z = standard_normal(self._column_shape, generator, key=key)  # [*batch, d, 1]
             if self._stale():

@@ -92,9 +92,10 @@ class PerArmLinear:
         """Mean and variance of each arm's linear function at ``features [*batch, K, d]`` -> ``[*batch, K]``."""
         return self.arms.predict(self._features(features))
 
-    def sample(self, generator: Generator = None, key: str = "weights") -> torch.Tensor:
-        """One joint draw of every arm's weights, ``[*batch, K, d]``."""
-        return self.arms.sample(generator, key=key)
+    def sample(self, sample_shape=(), generator: Generator = None, key: str = "weights") -> torch.Tensor:
+        """Joint draws of every arm's weights, ``[*sample_shape, *batch, K, d]`` (``BayesianLinear.sample``:
+        ``sample()`` one draw, ``sample((100,))`` 100, ``sample(generator)`` one)."""
+        return self.arms.sample(sample_shape, generator, key=key)
 
     def sample_at(self, features, generator: Generator = None, key: str = "weights") -> torch.Tensor:
         features = self._features(features)
