@@ -63,3 +63,16 @@ def test_conjugate_draws_are_seeded_and_independent():
 def test_a_bad_sample_shape_is_named():
     with pytest.raises(ValueError, match=r"sample_shape: expected a tuple of sizes .*generator goes by keyword"):
         MODELS["conjugate"](()).sample(100)
+
+
+def test_fit_on_unchanged_data_runs_nothing():
+    """Issue 31: ``fit()`` right after the automatic fit used to re-run it with no new data."""
+    model = BayesianLinear(_normal(), noise_std=0.5, inference="svi",
+                           inference_options={"svi_steps": 60, "num_samples": 50})
+    model.update(torch.eye(3, dtype=F64), torch.ones(3, dtype=F64))
+    model.sample(torch.Generator().manual_seed(0))           # the automatic fit, at the first draw
+    draws = model._draws
+    assert model.fit() is False and model._draws is draws     # nothing new: nothing runs
+    model.update(torch.ones(1, 3, dtype=F64), torch.ones(1, dtype=F64))
+    assert model.fit() is True and model._draws is not draws  # a new observation: a refit
+    assert model.fit(force=True) is True

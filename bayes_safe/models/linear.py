@@ -552,10 +552,18 @@ class BayesianLinear:
             self._a = self._a + 0.5 * count.to(self._a.dtype)
         self._invalidate(count > 0)
 
-    def fit(self) -> None:
+    def fit(self, force: bool = False) -> bool:
         """Refit a non-conjugate posterior on all data so far (conjugate models are always exact;
-        the Gibbs engine runs ``burn_in`` sweeps from its current state)."""
+        the Gibbs engine runs ``burn_in`` sweeps from its current state). Returns whether it fitted.
+
+        NUTS / SVI: when no observation arrived since the last fit (the automatic one at a draw
+        included), the stored draws are already the posterior of these data and nothing runs
+        (``force=True`` refits anyway, e.g. with other inference options)."""
+        if (not force and not self.conjugate and not self._chain_engine and self._X
+                and self._since_fit == 0 and self._fitted_count):
+            return False
         self._fit()
+        return not self.conjugate
 
     def _fit(self, seeds=None) -> None:
         if self.conjugate:
