@@ -130,7 +130,8 @@ def test_forgetting_is_saved_and_a_tampered_value_refused(tmp_path):
 
 
 @pytest.mark.parametrize("kwargs, engine", [
-    ({"prior": dist.Laplace(torch.zeros(D, dtype=F64), 1.0).to_event(1), "noise_std": 1.0}, "gibbs"),
+    ({"prior": dist.Laplace(torch.zeros(D, dtype=F64), 1.0).to_event(1), "noise_std": 1.0,
+      "forgetting_rule": "exponential"}, "gibbs"),  # the Gibbs engine forgets the data only: the stabilised rule
     ({"prior": _prior(), "likelihood": "logistic"}, "gibbs"),
     ({"prior": _prior(), "noise_std": 1.0, "inference": "langevin"}, "langevin"),
     ({"prior": _prior(), "noise_std": 1.0, "inference": "nuts"}, "nuts"),
@@ -187,3 +188,40 @@ def test_a_decider_that_forgets_replays_its_log_to_the_same_posterior(tmp_path):
     torch.testing.assert_close(back.policy.model.precision, policy.model.precision, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(back.policy.model.posterior_mean, policy.model.posterior_mean, rtol=1e-10, atol=1e-12)
     back.log.close()
+
+
+def test_a_gibbs_model_forgets_its_data_and_keeps_its_prior(tmp_path):
+    """The Gibbs engine (a Laplace prior, Gaussian likelihood) under the stabilised rule: its
+    sufficient statistics are those of the conjugate model forgetting at the same factor, it
+    follows a change of the weights that the model without forgetting averages away, and the
+    state saved with a noise prior's weighted count loads and goes on the same."""
+    from bayes_safe.state import load_state, save_state
+
+    lap = dist.Laplace(torch.zeros(3, dtype=torch.float64), 1.0).to_event(1)
+    noise = dist.InverseGamma(torch.tensor(3.0, dtype=torch.float64), torch.tensor(1.0, dtype=torch.float64))
+    g = torch.Generator().manual_seed(0)
+    X = torch.randn(200, 3, generator=g, dtype=torch.float64)
+    w = torch.tensor([1.0, -1.0, 0.5], dtype=torch.float64)
+    y = torch.cat([X[:100] @ w, X[100:] @ -w]) + 0.3 * torch.randn(200, generator=g, dtype=torch.float64)
+    gibbs = BayesianLinear(lap, noise_prior=noise, forgetting=0.9)
+    reference = BayesianLinear(dist.Normal(torch.zeros(3, dtype=torch.float64), 1.0).to_event(1), noise_std=1.0,
+                               forgetting=0.9)
+    for i in range(150):
+        gibbs.update(X[i], y[i])
+        reference.update(X[i], y[i])
+    gibbs.update(X[150:], y[150:])       # several rows at once: each forgets the ones before it
+    for i in range(150, 200):
+        reference.update(X[i], y[i])
+    e = gibbs.engine
+    data_precision = reference.precision - reference._prior_precision  # the conjugate model's data part
+    torch.testing.assert_close(e._xtx, data_precision, rtol=1e-10, atol=1e-10)
+    assert float(e._n_eff) == pytest.approx(sum(0.9 ** k for k in range(200)))
+    assert float((gibbs.posterior_mean + w).abs().max()) < 0.3      # the new weights, not an average
+    save_state(gibbs, tmp_path / "gibbs")
+    again = load_state(tmp_path / "gibbs")
+    assert again.forgetting == 0.9 and torch.equal(again.engine._n_eff, e._n_eff)
+    assert torch.equal(again.engine._xtx, e._xtx)
+    with pytest.raises(ValueError, match="forgetting: the gibbs engine .*likelihood='logistic'"):
+        BayesianLinear(lap, likelihood="logistic", forgetting=0.9)
+    with pytest.raises(ValueError, match="forgetting_rule='exponential'"):
+        BayesianLinear(lap, noise_std=1.0, forgetting=0.9, forgetting_rule="exponential")

@@ -467,8 +467,16 @@ class GibbsLinearPosterior:
 
     def __init__(self, prior: ScaleMixturePrior, dim: int, batch_shape, *, likelihood: str = "gaussian",
                  noise_std: float | None = None, noise_prior=None, sweeps: int = 1, burn_in: int = 20,
-                 predict_sweeps: int = 200, pg_terms: int = 20, seed: int = 0):
+                 predict_sweeps: int = 200, pg_terms: int = 20, seed: int = 0, forgetting: float | None = None):
         self.prior = prior
+        # forgetting (issue 30): each new row weighs what came before by ``forgetting`` (the data, never
+        # the prior: ``BayesianLinear``'s stabilised rule); Gaussian likelihood only (its sufficient
+        # statistics discount exactly); ``_n_eff`` is the weighted count the noise step uses
+        if forgetting is not None and likelihood != "gaussian":
+            raise ValueError(f"forgetting: the Gibbs engine forgets with a Gaussian likelihood only, not "
+                             f"likelihood={likelihood!r}")
+        self.forgetting = forgetting
+        self._n_eff = None if forgetting is None else torch.zeros(tuple(batch_shape), dtype=_DTYPE)
         self.dim = int(dim)
         self.batch_shape = torch.Size(batch_shape)
         self.likelihood = likelihood
@@ -524,6 +532,17 @@ class GibbsLinearPosterior:
         X = X.expand(*b, *X.shape[-2:])
         y = y.expand(*b, y.shape[-1])
         n = X.shape[-2]
+        if self.forgetting is not None:  # row i of the m new ones weighs lam^(m-1-i); what came before lam^m
+            lam = self.forgetting
+            w = lam ** torch.arange(n - 1, -1, -1, dtype=_DTYPE)
+            old = lam ** n
+            self._xtx = old * self._xtx + (X * w[:, None]).mT @ X
+            self._xty = old * self._xty + (X.mT @ (w * y)[..., None])[..., 0]
+            self._yty = old * self._yty + (w * y * y).sum(-1)
+            self._n_eff = old * self._n_eff + w.sum()
+            self._scaled, self._fixed = None, None
+            self.n += n
+            return
         if n == 1:  # the decision loop: one fused op each instead of a batched matmul
             self._xtx = torch.addcmul(self._xtx, X[..., 0, :, None], X[..., 0, None, :])
             self._xty = torch.addcmul(self._xty, y, X[..., 0, :])
@@ -637,7 +656,7 @@ class GibbsLinearPosterior:
         a0, b0 = self._noise_prior
         w = st.w
         rss = self._yty - 2.0 * (w * self._xty).sum(-1) + (w[..., None, :] @ self._xtx @ w[..., None])[..., 0, 0]
-        a = a0 + 0.5 * self.n
+        a = a0 + 0.5 * (self.n if self._n_eff is None else self._n_eff)
         st.s2 = (b0 + 0.5 * rss.clamp_min(0.0)) / _gamma(a, generator, key + "/noise")
 
     def sweep(self, st: _State, generator: Generator = None, key: str = "gibbs",

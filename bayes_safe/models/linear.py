@@ -321,10 +321,13 @@ class BayesianLinear:
                     f"any other prior, got {type(prior).__name__}")
         self.engine_name = "conjugate" if self.conjugate else "gibbs" if mixture is not None else (
             "langevin" if langevin else "svi" if inference == "svi" else "nuts")
-        if self.forgetting is not None and not self.conjugate:
-            raise ValueError(f"forgetting: the {self.engine_name} engine (this prior{'' if likelihood == 'gaussian' else ', likelihood=' + repr(likelihood)}) "
-                             "does not forget yet; forgetting works with the conjugate engines (a Gaussian prior and "
-                             "likelihood, known noise or an InverseGamma noise_prior)")
+        gibbs_forgets = self.engine_name == "gibbs" and likelihood == "gaussian" and forgetting_rule == "stabilized"
+        if self.forgetting is not None and not self.conjugate and not gibbs_forgets:
+            raise ValueError(f"forgetting: the {self.engine_name} engine (this prior{'' if likelihood == 'gaussian' else ', likelihood=' + repr(likelihood)}, "
+                             f"forgetting_rule={forgetting_rule!r}) does not forget yet; forgetting works with the conjugate "
+                             "engines (a Gaussian prior and likelihood, known noise or an InverseGamma noise_prior) and "
+                             "with the Gibbs engine's Gaussian likelihood under the stabilized rule (a Laplace, Student-t "
+                             "or horseshoe prior: the data weighed, the prior kept)")
         self._count = 0  # observations given to every batch element
         self._masked_count: torch.Tensor | None = None  # per-element counts of masked (per-arm) updates
 
@@ -354,7 +357,7 @@ class BayesianLinear:
 
             self.engine = GibbsLinearPosterior(
                 mixture, d, self.batch_shape, likelihood=likelihood, noise_std=noise_std, noise_prior=noise_prior,
-                **_chain_options(inference_options),
+                forgetting=self.forgetting, **_chain_options(inference_options),
             )
             self.refit_every = None  # the chain follows the data at every draw: nothing to refit
         elif self.engine_name == "langevin":

@@ -95,6 +95,8 @@ def _chain_tensors(e, kind: str) -> dict:
     if kind == "gibbs":
         st = e.state
         out.update(w=st.w, v=st.v, inv=st.inv, s2=st.s2, **{f"aux.{k}": v for k, v in st.aux.items()})
+        if getattr(e, "forgetting", None) is not None:  # the weighted count of a forgetting chain (issue 30)
+            out["n_eff"] = e._n_eff
     else:
         out.update(theta=e.theta, log_step=e.log_step, factor=e.factor, accept_rate=e.accept_rate,
                    rejected_non_finite=e.rejected_non_finite)
@@ -155,6 +157,8 @@ def _dec_chain(m, node: dict, dec: Decoder, where: str) -> None:
         st.w, st.v, st.inv, st.s2 = values["w"], values["v"], values["inv"], values["s2"]
         st.aux = {k.split(".", 1)[1]: v for k, v in values.items() if k.startswith("aux.")}
         e._scaled, e._fixed = None, None
+        if "n_eff" in values:
+            e._n_eff = values["n_eff"]
     else:
         e.theta, e.log_step, e.factor = values["theta"], values["log_step"], values["factor"]
         e.accept_rate, e.rejected_non_finite = values["accept_rate"], values["rejected_non_finite"]
@@ -203,7 +207,8 @@ def _dec_linear(node: dict, dec: Decoder, where: str):
             dec.fail(f"{where}.chain.options: expected exactly {sorted(_CHAIN_OPTIONS[engine])} "
                      f"(and optionally {sorted(optional)}), got {sorted(opts)}")
         m = build(dec, where, lambda: BayesianLinear(prior, noise_std, noise_prior, batch_shape=b, inference=engine, dim=d,
-                                                     likelihood=likelihood, inference_options=opts))
+                                                     likelihood=likelihood, inference_options=opts,
+                                                     forgetting=forgetting, forgetting_rule=rule))
         _dec_chain(m, chain, dec, f"{where}.chain")
     else:
         method = dec.field(node, "method", str, where)
