@@ -621,19 +621,7 @@ class Decider:
         naming every bad row, with nothing applied or logged. The new rows are written to the log
         in one transaction (committed before this returns: a crash after it loses none, ``replay``
         applies them) and then applied in order, exactly as the same calls to ``feedback`` would."""
-        checked, problems = [], []
-        for i, row in enumerate(rows):
-            try:
-                decision_id, reward, constraints = row
-            except (TypeError, ValueError):
-                problems.append((i, "", "expected (decision_id, reward, constraints)"))
-                continue
-            try:
-                reward, constraints = self._outcome(reward, constraints)
-            except (TypeError, ValueError) as exc:
-                problems.append((i, str(decision_id)[:80], str(exc)))
-                continue
-            checked.append((i, decision_id, reward, constraints))
+        checked, problems = self._checked_rows(rows)
         with self._lock:
             new, seen = [], set()
             for i, decision_id, reward, constraints in checked:
@@ -658,6 +646,24 @@ class Decider:
                 self._queue(decision_id, self.pending.pop(decision_id), reward, constraints)
                 accepted[position[i]] = True
         return accepted
+
+    def _checked_rows(self, rows) -> tuple[list[tuple], list[tuple]]:
+        """``feedback_many``'s first pass: ``([(i, decision_id, reward, constraints)], [(i, id, problem)])``,
+        each row's outcome checked and coerced (``_outcome``), the bad ones named."""
+        checked, problems = [], []
+        for i, row in enumerate(rows):
+            try:
+                decision_id, reward, constraints = row
+            except (TypeError, ValueError):
+                problems.append((i, "", "expected (decision_id, reward, constraints)"))
+                continue
+            try:
+                reward, constraints = self._outcome(reward, constraints)
+            except (TypeError, ValueError) as exc:
+                problems.append((i, str(decision_id)[:80], str(exc)))
+                continue
+            checked.append((i, decision_id, reward, constraints))
+        return checked, problems
 
     def _queue(self, decision_id: str, entry: dict, reward: float, constraints) -> None:
         self.queued.append({"decision_id": decision_id, "reward": reward, "constraints": constraints, **entry})

@@ -136,17 +136,12 @@ class ReplicaDecider(Decider):
     def feedback_many(self, rows, *, check_only: bool = False) -> list[bool]:
         """``Decider.feedback_many`` for replicas: every row checked (unknown ids named) before one
         log transaction writes them all; learned at the next ``sync``."""
-        checked, problems = [], []
-        for i, row in enumerate(rows):
+        rows_checked, problems = self._checked_rows(rows)
+        checked = []
+        for i, decision_id, reward, constraints in rows_checked:
             try:
-                decision_id, reward, constraints = row
-            except (TypeError, ValueError):
-                problems.append((i, "", "expected (decision_id, reward, constraints)"))
-                continue
-            try:
-                reward, constraints = self._outcome(reward, constraints)
                 key = self._resolve(decision_id)
-            except (TypeError, ValueError) as exc:
+            except ValueError as exc:
                 problems.append((i, str(decision_id)[:80], str(exc)))
                 continue
             checked.append((i, decision_id, key, reward, constraints))
