@@ -29,7 +29,7 @@ def _check_policy(policy) -> None:
                         f"{type(policy).__name__} without {' and '.join(missing)}")
 
 
-def simulate(policy, env, horizon: int, seed: int | Sequence[int] = 0, *, progress: bool = False,
+def simulate(policy, env, horizon: int, seed: int | Sequence[int] = 0, *, progress: bool | str = "auto",
              callback: Callable[[int, dict], None] | None = None, generator: ReplicationRNG | None = None,
              record: str | Sequence[str] | None = None) -> Trace:
     """Run ``policy`` on the problem ``env`` for ``horizon`` steps, all replications at once.
@@ -83,7 +83,8 @@ def simulate(policy, env, horizon: int, seed: int | Sequence[int] = 0, *, progre
         env: a ``bayes_safe.envs.Problem``.
         horizon: number of steps ``T`` (>= 1).
         seed: an int or one seed per replication.
-        progress: show a tqdm progress bar.
+        progress: ``"auto"`` (default): a progress bar once the run has taken 2 s, in a notebook or
+            on a terminal (``bayes_safe.progress``); ``True`` / ``False``: always / never.
         callback: called as ``callback(t, info)`` after every step (``info`` holds the step's
             ``actions``, ``expected`` ``[R, M]``, ``observed``, ``policy`` and ``units``); for
             live monitoring.
@@ -264,7 +265,7 @@ def _judge(means: torch.Tensor, units, declared, index: dict, rows: torch.Tensor
     return broken, any_broken, base_means, best
 
 
-def _run(policy, problem, T: int, seed, *, progress: bool, callback, generator=None,
+def _run(policy, problem, T: int, seed, *, progress: bool | str, callback, generator=None,
          record: tuple[str, ...] = TRACE_FIELDS) -> Trace:
     """The loop of ``simulate`` (see its docstring)."""
     from .envs.problem import chosen_rows, expected_table, outcome_metrics
@@ -305,10 +306,9 @@ def _run(policy, problem, T: int, seed, *, progress: bool, callback, generator=N
 
     available = True
     steps = range(T)
-    if progress:
-        from tqdm.auto import tqdm
+    from .progress import progress_bar
 
-        steps = tqdm(steps, desc=f"simulate {name}", unit="step", mininterval=0.5)
+    bar = progress_bar(T, f"simulate {name}", unit="step", progress=progress)  # "auto": only a long run shows one
     start = time.perf_counter()
     # Inference mode trims per-op bookkeeping (measured: +17% decisions/s at R = 1). It is
     # used only when every model of the policy is an exact conjugate posterior or samples without
@@ -358,7 +358,9 @@ def _run(policy, problem, T: int, seed, *, progress: bool, callback, generator=N
             if callback is not None:
                 mean = means[rows, a] if means is not None else torch.full((R, M), float("nan"), dtype=torch.float64)
                 callback(t, {"actions": a, "expected": mean, "observed": obs, "policy": policy, "units": units})
+            bar.update(1)
         rec.flush(T)
+    bar.close()
     elapsed = time.perf_counter() - start
     fields = rec.finish(available)
     alpha = getattr(problem, "alpha", None)

@@ -27,3 +27,25 @@ def test_auto_is_quiet_off_a_terminal_and_the_environment_turns_every_bar_off(ca
 def test_a_bad_progress_value_is_named():
     with pytest.raises(ValueError, match="progress: expected True, False or 'auto'"):
         progress_bar(3, "x", progress="yes")
+
+
+def test_simulate_shows_a_bar_on_request_and_none_by_default_off_a_terminal(capsys):
+    import pyro.distributions as dist
+    import torch
+
+    from bayes_safe import BayesianLinear, ThompsonSampling, simulate
+    from bayes_safe.envs import kazerouni2017_neurips
+
+    def run(**kwargs):
+        model = BayesianLinear(dist.Normal(torch.zeros(4, dtype=torch.float64), 1.0).to_event(1), noise_std=1.0,
+                               batch_shape=[2])
+        return simulate(ThompsonSampling(model), kazerouni2017_neurips(replications=2), horizon=30, seed=0, **kwargs)
+
+    quiet = run()
+    assert capsys.readouterr().err == ""
+    shown = run(progress=True)
+    err = capsys.readouterr().err
+    assert "simulate kazerouni2017-neurips" in err and "30/30" in err
+    assert torch.equal(quiet.regret, shown.regret)  # a bar changes nothing of the run
+    with pytest.raises(ValueError, match="progress: expected True, False or 'auto'"):
+        run(progress="yes")
