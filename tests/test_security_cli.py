@@ -205,6 +205,7 @@ def test_study_load_in_python_needs_consent_too(received):
 
 
 # ---------------------------------------------------------------------- killed in the power pilot
+@pytest.mark.slow  # (moved to the slow job: the default run's 15-minute budget)
 def test_tune_killed_in_its_power_pilot_resumes_as_documented(tmp_path):
     (tmp_path / "email_problem.py").write_text(BUNDLE_MODULE)
     pilot = tmp_path / "pilot.marker"

@@ -263,6 +263,7 @@ def test_the_whole_loop_2000_decisions(tmp_path, started):
     _loop(tmp_path, started, 2000)
 
 
+@pytest.mark.slow  # (moved to the slow job: the default run's 15-minute budget)
 def test_a_kill_during_concurrent_feedback_loses_only_unacknowledged_feedback(tmp_path, started):
     state, log_path = _state(tmp_path / "state"), tmp_path / "decisions.sqlite"
     server = started(state, log_path, snapshot_every=0.2)

@@ -45,6 +45,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow  # (moved to the slow job: the default run's 15-minute budget)
 def test_losing_the_scheduler_stops_the_study_without_failing_trials_and_resume_reruns_them(tmp_path):
     """Issue 14, finding 7: a scheduler killed mid-study is an infrastructure failure, not trial failures."""
     port = _free_port()

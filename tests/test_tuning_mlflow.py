@@ -248,6 +248,7 @@ def test_a_failing_tracker_never_stops_the_study_and_is_reported(crashed_then_tr
         Study.load(crashed_then_tracked["db"], ab_test=tiny_ab(), tracker=object())
 
 
+@pytest.mark.slow  # (moved to the slow job: the default run's 15-minute budget)
 def test_a_real_tracking_server_receives_a_running_study(mlflow_server, tmp_path):
     uri = _wait_for(mlflow_server)
     with MlflowTracker(uri, experiment="bayes_safe server test") as tracker:

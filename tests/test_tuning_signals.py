@@ -108,6 +108,7 @@ def _check_resume(out: Path, before: dict, observed_before: dict) -> None:
     assert (out / "report.md").exists() and "RUNNING" not in (out / "trials.csv").read_text()
 
 
+@pytest.mark.slow  # (moved to the slow job: the default run's 15-minute budget)
 def test_sigterm_stops_the_study_and_its_workers_and_resume_reruns_the_abandoned_trials(tmp_path):
     out, status, log, _ = _signal_mid_study(tmp_path, signal.SIGTERM)
     assert status == 143, log
