@@ -49,7 +49,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent / "tests")]
 
-from serve import _cpu_seconds, _RawConnection, make_state, start_server
+from serve import _cpu_seconds, _RawConnection, decide_and_feed, make_state, start_server
 
 TARGET_RATIO = 0.7
 SYNC_EVERY = 1.0
@@ -67,22 +67,8 @@ async def _drive(urls: list[str], seconds: float, workers: int = 4, seed: int = 
     feeders = [[await _RawConnection(u).open() for u in urls] for _ in range(workers)]
 
     async def loop(i: int):
-        rng = np.random.default_rng(seed + i)
-        n = 0
-        while time.perf_counter() < stop:
-            x = rng.normal(size=(5, 4)).round(4).tolist()
-            t0 = time.perf_counter()
-            status, d = await deciders[i].post("/decide", {"features": x, "baseline": 0})
-            latencies.append(time.perf_counter() - t0)
-            if status != 200:
-                raise RuntimeError(f"/decide: {status} {d}")
-            n += 1
-            if n % 2 == 0:
-                y = float(np.dot(x[d["action"]], [0.3, -0.2, 0.1, 0.0]) + rng.normal(0, 0.5))
-                status, f = await feeders[i][int(rng.integers(len(urls)))].post(
-                    "/feedback", {"decision_id": d["decision_id"], "reward": y, "constraints": [float(rng.normal(0, 0.5))]})
-                if status != 200:
-                    raise RuntimeError(f"/feedback: {status} {f}")
+        await decide_and_feed(deciders[i].post, lambda rng: feeders[i][int(rng.integers(len(urls)))].post,
+                              np.random.default_rng(seed + i), stop, latencies)
 
     try:
         await asyncio.gather(*(loop(i) for i in range(workers)))

@@ -136,28 +136,35 @@ class _RawConnection:
         self.writer.close()
 
 
+async def decide_and_feed(decide, feedback_to, rng, stop: float, latencies: list[float]) -> None:
+    """One worker until ``stop`` (``time.perf_counter``): ``POST /decide`` through ``decide`` (its latency
+    appended to ``latencies``) and, for every other decision, ``POST /feedback`` through the connection
+    ``feedback_to(rng)`` returns (the same one, or another replica's)."""
+    n = 0
+    while time.perf_counter() < stop:
+        x = rng.normal(size=(5, 4)).round(4).tolist()
+        t0 = time.perf_counter()
+        status, d = await decide("/decide", {"features": x, "baseline": 0})
+        latencies.append(time.perf_counter() - t0)
+        if status != 200:
+            raise RuntimeError(f"/decide: {status} {d}")
+        n += 1
+        if n % 2 == 0:
+            y = float(np.dot(x[d["action"]], [0.3, -0.2, 0.1, 0.0]) + rng.normal(0, 0.5))
+            post = feedback_to(rng)
+            status, f = await post("/feedback", {"decision_id": d["decision_id"], "reward": y,
+                                                 "constraints": [float(rng.normal(0, 0.5))]})
+            if status != 200:
+                raise RuntimeError(f"/feedback: {status} {f}")
+
+
 async def _drive(url: str, seconds: float, workers: int, client: str = "raw", seed: int = 0) -> list[float]:
     """Every worker loops decide (+ feedback for every other decision) for ``seconds``; the latencies of /decide."""
     latencies: list[float] = []
     stop = time.perf_counter() + seconds
 
     async def loop(post, i: int):
-        rng = np.random.default_rng(seed + i)
-        n = 0
-        while time.perf_counter() < stop:
-            x = rng.normal(size=(5, 4)).round(4).tolist()
-            t0 = time.perf_counter()
-            status, d = await post("/decide", {"features": x, "baseline": 0})
-            latencies.append(time.perf_counter() - t0)
-            if status != 200:
-                raise RuntimeError(f"/decide: {status} {d}")
-            n += 1
-            if n % 2 == 0:
-                y = float(np.dot(x[d["action"]], [0.3, -0.2, 0.1, 0.0]) + rng.normal(0, 0.5))
-                status, f = await post("/feedback", {"decision_id": d["decision_id"], "reward": y,
-                                                     "constraints": [float(rng.normal(0, 0.5))]})
-                if status != 200:
-                    raise RuntimeError(f"/feedback: {status} {f}")
+        await decide_and_feed(post, lambda rng: post, np.random.default_rng(seed + i), stop, latencies)
 
     if client == "httpx":
         import httpx
