@@ -145,12 +145,12 @@ def test_one_row_update_views_give_the_general_updates_numbers():
     assert torch.equal(one.precision, ref.precision) and torch.equal(one.eta, ref.eta)
 
 
+@pytest.mark.parametrize("S", [64, 63])  # S d a multiple of 16 (one draw of the normals) or not (one per model)
 @pytest.mark.parametrize("batch", [(1,), ()])
-def test_stacked_draws_match_each_models_draws_and_the_batched_factor_is_each_models(batch):
+def test_stacked_draws_match_each_models_draws_and_the_batched_factor_is_each_models(batch, S):
     models = [_taught(_model(noise=s, batch=batch), seed=i) for i, s in enumerate((0.5, 1.0, 2.0))]
     singles = [_taught(_model(noise=s, batch=batch), seed=i) for i, s in enumerate((0.5, 1.0, 2.0))]
     X = torch.randn(1, 7, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
-    S = 64
     f = BayesianLinear._stacked_draws_at(models, X, DrawBatch(S, 1, seed=9))  # [M, S, K]
     assert f.shape == (3, S, 7)
     for m, one in zip(models, singles):  # the batched factorisation: each model's own numbers

@@ -1004,7 +1004,14 @@ class BayesianLinear:
         C = torch.linalg.solve_triangular(L, features.mT, upper=False)  # [M, d, K]
         # each model's normals drawn in turn, as ``_draws_at`` draws them model after model (the same
         # numbers as TS-ASC's one model at a time: a stream seeded before keeps its decisions)
-        z = torch.stack([batch._normal32((models[0].dim,)) for _ in models])  # [M, S, d] float32
+        M, n = len(models), batch.num_draws * models[0].dim
+        if n % 16 == 0:
+            # torch's CPU normal sampler fills blocks of 16 from the stream in order, so M successive
+            # draws of S d normals (S d a multiple of 16) are the first M S d normals of one draw: one
+            # call instead of M and a stack (4 us of 11 at M = 2, S = 200, d = 4; tested)
+            z = torch.randn((M, batch.num_draws, models[0].dim), generator=batch.generator, dtype=torch.float32)
+        else:
+            z = torch.stack([batch._normal32((models[0].dim,)) for _ in models])  # [M, S, d] float32
         return torch.bmm(torch.add(z, u.mT), C)  # [M, S, K]
 
     def _refit_if_due(self, generator: Generator = None, key: str = "weights") -> None:

@@ -98,6 +98,7 @@ from __future__ import annotations
 import numbers
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from .._validation import check_in_range
@@ -287,30 +288,33 @@ class TSASC(Policy):
         propensity draws, ``action_probabilities``) when every model is a conjugate known-noise one of
         one stream (``_stack_key``, the same for all): the draws of all models in one batch
         (``BayesianLinear._stacked_draws_at``: ``[1 + C, S, K]``), then Algorithm 1's test and
-        argmax as ``select``'s, on ``[S, K]``; actions ``[S, 1]``. None when the models do not allow it.
-        R = 1, d = 4, K = 5, S = 200, one constraint: 23 tensor operations (both factorisations
-        included) instead of 26, and fewer Python calls; the same normals, so the same
-        decisions as the models drawn one at a time (tests/test_single_stream_speed_paths.py)."""
+        argmax as ``select``'s, on ``[S, K]`` (in numpy on torch's memory: the same numbers); actions
+        ``[S, 1]``. None when the models do not allow it. R = 1, d = 4, K = 5, S = 200, one
+        constraint: 13 tensor operations (both factorisations included) and 6 numpy ones, against
+        26 tensor operations one model at a time; the same normals, so the same decisions as the
+        models drawn one at a time (tests/test_single_stream_speed_paths.py)."""
         models = self._stackable()
         if models is None:
             return None
-        fr, *fcs = type(self.reward_model)._stacked_draws_at(models, features, batch).unbind(0)  # [S, K] each
+        draws = type(self.reward_model)._stacked_draws_at(models, features, batch).numpy()  # [1 + C, S, K]
         b = int(baseline)
-        ok = None
         # 1 - alpha_j as Python floats, read once per value of alpha (an assignment or an in-place change
         # of the tensor makes a new key)
         key = (id(self.alpha), self.alpha._version)
         cached = self.__dict__.get("_factors")
         if cached is None or cached[0] != key:
             cached = self._factors = (key, [1 - a for a in self.alpha.tolist()], self.alpha)
-        for fc, f in zip(fcs, cached[1]):
-            now = fc >= f * fc.narrow(-1, b, 1)
-            ok = now if ok is None else ok & now
+        # Algorithm 1's test and argmax in numpy on the [S, K] tables: the same comparisons, products
+        # and first maximal index as torch's, at about half the call cost on tables this small
+        # (9 us against 15 at S = 200, K = 5, one constraint)
+        ok = None
+        for fc, f in zip(draws[1:], cached[1]):
+            now = fc >= f * fc[:, b:b + 1]
+            ok = now if ok is None else np.logical_and(ok, now, out=ok)
         if valid is not None:
-            ok = ok & valid  # [S, K] & [1, K]
-        ok.select(-1, b).fill_(True)  # the baseline stays a candidate
-        scores = torch.where(ok, fr, float("-inf"))
-        return scores.argmax(-1, keepdim=True) if scores.numel() <= 1024 else scores.max(-1, keepdim=True).indices
+            ok &= valid.numpy()  # [S, K] & [1, K]
+        ok[:, b] = True  # the baseline stays a candidate
+        return torch.from_numpy(np.where(ok, draws[0], -np.inf).argmax(-1)[:, None])
 
     def _stackable(self) -> tuple | None:
         """``(reward_model, *constraint_models)`` when they all have the same ``_stack_key`` (conjugate,
