@@ -256,6 +256,7 @@ def test_a_lost_connection_raises_log_unavailable_and_the_next_call_reconnects(p
     log = DecisionLog(postgres_server.url())
     reader = DecisionLog(log.path, read_only=True)
     log.write_decision("0", 1, 0.5, 0.1, 0, [1.0], [0.5, 0.5])
+    assert reader.feedback_rows_after(0) == []  # the reader's connection open (then lost with the server)
     postgres_server.restart()
     with pytest.raises(LogUnavailable, match="the PostgreSQL server is unavailable"):
         log.write_feedback("0", 1.0)
@@ -280,9 +281,9 @@ def test_a_decision_whose_write_lost_its_answer_is_written_again(postgres_server
     """A write that raised LogUnavailable may have been committed: the same id written next replaces it."""
     log = DecisionLog(postgres_server.url())
     log.write_decision("0", 1, 0.5, 0.1, 0, [1.0], [0.5, 0.5])
-    log._uncertain = "0"  # as after a LogUnavailable raised once the server had committed the row
+    log._uncertain = {"0"}  # as after a LogUnavailable raised once the server had committed the row
     log.write_decision("0", 0, 0.25, 0.1, 0, [2.0], [0.25, 0.75])
-    assert log.actions_of(["0"]) == {"0": 0} and len(log) == 1 and log._uncertain is None
+    assert log.actions_of(["0"]) == {"0": 0} and len(log) == 1 and not log._uncertain
     with pytest.raises(LogError, match="duplicate key"):  # otherwise an id is written once
         log.write_decision("0", 1, 0.5, 0.1, 0, [1.0], [0.5, 0.5])
     # feedback too: the value sent again (the one the Decider applies) replaces the one that may have landed
@@ -524,3 +525,37 @@ def test_a_closed_log_refuses_calls(target):
     log.close()
     with pytest.raises((sqlite3.ProgrammingError, LogError), match="closed"):
         len(log)
+
+
+def test_threads_calling_at_once_each_get_their_own_connection_and_at_most_the_pools(postgres_server):
+    """The replicas' service writes from several threads: their round trips run at once, on at most
+    PG_CONNECTIONS connections (a thread beyond them waits for one), and every row lands."""
+    from bayes_safe.online.log import PG_CONNECTIONS
+
+    log = DecisionLog(postgres_server.url())
+    inside, most, gate = [], [0], threading.Lock()
+    barrier = threading.Barrier(PG_CONNECTIONS)
+
+    def work(i: int) -> None:
+        with log._lock:  # one log call's session
+            pid = log._b.connection().info.backend_pid
+            with gate:
+                assert pid not in inside  # a connection of its own
+                inside.append(pid)
+                most[0] = max(most[0], len(inside))
+            if i < PG_CONNECTIONS:
+                barrier.wait(timeout=10)  # the first PG_CONNECTIONS threads hold theirs at the same time
+            log.write_decision(str(i), 0, 1.0, 0.0, 0, [float(i)], [1.0])  # nested: the same connection
+            with gate:
+                inside.remove(pid)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(PG_CONNECTIONS + 3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert most[0] == PG_CONNECTIONS  # at once, and never more
+    assert len(log) == PG_CONNECTIONS + 3
+    backends = log._db.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()").fetchone()[0]
+    assert backends <= PG_CONNECTIONS + 1  # the pool's and the one outside sessions
+    log.close()

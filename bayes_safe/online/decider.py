@@ -485,6 +485,17 @@ class Decider:
     # ------------------------------------------------------------------ the loop
     def decide(self, features, baseline: int | None = None, valid=None) -> Decision:
         """Decide one unit: ``features`` (module docstring), the baseline's action, an optional mask ``[K]``."""
+        prepared = self._prepare(features, baseline, valid)
+        with self._lock:
+            decision, row, entry = self._decision(*prepared)
+            if self.log is not None:  # first: a failed write issues no id and leaves nothing pending
+                self.log.write_decision(*row)
+            self.next_id += 1
+            self.pending[row[0]] = entry
+        return decision
+
+    def _prepare(self, features, baseline, valid) -> tuple:
+        """``decide``'s arguments checked (before the lock): ``(candidates [1, K, d], context, baseline, valid)``."""
         cand, context = self._candidates(features)
         K = int(cand.shape[1])
         base = self._baseline(baseline, K)
@@ -496,40 +507,42 @@ class Decider:
                 raise ValueError("valid: every action is masked out; allow at least one (a decision needs an action "
                                  "it may play)")
             valid = valid[None]
+        return cand, context, base, valid
+
+    def _decision(self, cand, context, base, valid) -> tuple[Decision, tuple, dict]:
+        """Decision number ``next_id`` (the caller holds the lock and moves the counter):
+        ``(decision, the log's write_decision arguments, the pending entry)``."""
+        K = int(cand.shape[1])
         S = self.num_draws
-        with self._lock:
-            # S independent draws in one batched call; the first is played (module docstring)
-            # played=True: a chain engine (Gibbs, Langevin) continues from the first, played draw
-            # one DrawBatch per (S, generator), kept: it holds no state between calls
-            batch = self.__dict__.get("_draw_batch")
-            if batch is None or batch.num_draws != S or batch.generator is not self._generator:
-                batch = self._draw_batch = DrawBatch(S, 1, self._generator, played=True)
-            with self._quiet():
-                actions = self.policy.select(cand, base, generator=batch, valid=valid)
-            if tuple(actions.shape) == (1,):  # no randomness reached the decision: deterministic
-                action, probs = int(actions[0]), torch.nn.functional.one_hot(actions[0], K).to(torch.float64)
-            elif tuple(actions.shape) == (S, 1):
-                played = actions.numpy().reshape(S)  # numpy's view: no tensor operation
-                action = int(played[0])
-                # counts / S in Python: the same correctly rounded quotients as float64 tensors, fewer ops
-                # (numpy's bincount: the same counts as torch's, 1.7 us against 3.1)
-                probs = [c / S for c in np.bincount(played, minlength=K).tolist()]
-            else:
-                raise NotImplementedError(f"{type(self.policy).__name__}: its select returned shape {list(actions.shape)} "
-                                          f"for {S} batched draws (expected [{S}, 1]); its models do not broadcast a "
-                                          "sample dimension")
-            if not isinstance(probs, list):
-                probs = probs.tolist()
-            p = float(probs[action])
-            key = str(self.next_id)
-            decision = Decision(self.public_id(self.next_id), action, p, math.sqrt(p * (1 - p) / S),
-                                self.model_version, tuple(probs))
-            if self.log is not None:  # first: a failed write issues no id and leaves nothing pending
-                self.log.write_decision(key, action, p, decision.propensity_se, self.model_version,
-                                        context, decision.probabilities, None if base is None else int(base))
-            self.next_id += 1
-            self.pending[key] = {"features": cand.numpy()[0, action].tolist(), "action": action}
-        return decision
+        # S independent draws in one batched call; the first is played (module docstring)
+        # played=True: a chain engine (Gibbs, Langevin) continues from the first, played draw
+        # one DrawBatch per (S, generator), kept: it holds no state between calls
+        batch = self.__dict__.get("_draw_batch")
+        if batch is None or batch.num_draws != S or batch.generator is not self._generator:
+            batch = self._draw_batch = DrawBatch(S, 1, self._generator, played=True)
+        with self._quiet():
+            actions = self.policy.select(cand, base, generator=batch, valid=valid)
+        if tuple(actions.shape) == (1,):  # no randomness reached the decision: deterministic
+            action, probs = int(actions[0]), torch.nn.functional.one_hot(actions[0], K).to(torch.float64)
+        elif tuple(actions.shape) == (S, 1):
+            played = actions.numpy().reshape(S)  # numpy's view: no tensor operation
+            action = int(played[0])
+            # counts / S in Python: the same correctly rounded quotients as float64 tensors, fewer ops
+            # (numpy's bincount: the same counts as torch's, 1.7 us against 3.1)
+            probs = [c / S for c in np.bincount(played, minlength=K).tolist()]
+        else:
+            raise NotImplementedError(f"{type(self.policy).__name__}: its select returned shape {list(actions.shape)} "
+                                      f"for {S} batched draws (expected [{S}, 1]); its models do not broadcast a "
+                                      "sample dimension")
+        if not isinstance(probs, list):
+            probs = probs.tolist()
+        p = float(probs[action])
+        key = str(self.next_id)
+        decision = Decision(self.public_id(self.next_id), action, p, math.sqrt(p * (1 - p) / S),
+                            self.model_version, tuple(probs))
+        row = (key, action, p, decision.propensity_se, self.model_version, context, decision.probabilities,
+               None if base is None else int(base))
+        return decision, row, {"features": cand.numpy()[0, action].tolist(), "action": action}
 
     def feedback(self, decision_id: str, reward, constraints=None) -> bool:
         """Record the outcome of a decision; True if new, False for a duplicate (ignored).

@@ -28,8 +28,9 @@ On PostgreSQL both tables also have ``seq``, an identity column (the insertion o
 ``rowid`` gives: ``feedback_for``, ``feedback_rows_after``); times are double precision seconds,
 integers BIGINT. The decision ids stay text, and the queries that read them as numbers give what
 SQLite's ``CAST(decision_id AS INTEGER)`` gives (the integer prefix, 0 when there is none) for
-ids that are not a Decider's. One connection per ``DecisionLog``, behind a lock (the service
-calls it from several threads). A failure of the server or of the connection raises
+ids that are not a Decider's. A pool of at most ``PG_CONNECTIONS`` connections per
+``DecisionLog``, one per calling thread at a time (the replicas' service writes from several
+threads at once; an SQLite log is one connection behind a lock). A failure of the server or of the connection raises
 ``LogUnavailable`` (a ``ConnectionError``, so an ``OSError``; the service answers 503) and the
 next call connects again; any other PostgreSQL error raises ``LogError``. ``path`` is the URL
 without its password (``LogURL``), so it can be printed.
@@ -83,6 +84,9 @@ _PG_LOCK_KEY = 0x6261_7965_735F_6C67 & 0x7FFF_FFFF_FFFF_FFFF
 _PG_FEEDBACK_KEY = _PG_LOCK_KEY ^ 0x0F
 #: replicas take decision numbers in blocks of this many (``reserve_numbers``)
 NUMBER_BLOCK = 64
+#: a PostgreSQL log opens at most this many connections for its calls (4 replicas: 16 of the
+#: server's default 100), plus one outside them
+PG_CONNECTIONS = 4
 
 
 class LogError(Exception):
@@ -224,7 +228,14 @@ class _SQLite:
 
 
 class _Postgres:
-    """The PostgreSQL connection of a log, opened again after it broke (the caller holds the log's lock)."""
+    """The PostgreSQL connections of a log: a pool of at most ``PG_CONNECTIONS``, one lent to each
+    thread for the duration of a log call (``session``), opened again after one broke.
+
+    Threads that call the log at once run their statements on their own connections, so one
+    thread's round trip to the server does not wait for another's (the replicas' service writes
+    decisions and feedback from several threads). A thread that finds every connection lent waits
+    for one. A statement run outside a session (the tables' creation, ``DecisionLog._db`` for tests
+    and repairs) uses one more connection of its own."""
 
     kind = "postgresql"
     rowid = "seq"
@@ -237,8 +248,12 @@ class _Postgres:
         self.psycopg = psycopg
         self.url = url
         self.read_only = read_only
-        self.conn = None
+        self.conn = None  # the connection outside sessions
         self.finished = False  # closed for good (DecisionLog.close): no connecting again
+        self._local = threading.local()  # .conn: the connection lent to this thread (None: not yet opened)
+        self._idle: list = []  # open connections no thread holds
+        self._slots = threading.BoundedSemaphore(PG_CONNECTIONS)
+        self._pool = threading.Lock()  # guards _idle
         with self.guard():
             if read_only:
                 missing = {"decisions", "feedback"} - self.tables()
@@ -250,6 +265,67 @@ class _Postgres:
                     self.rows("SELECT pg_advisory_xact_lock(?)", (_PG_LOCK_KEY,))
                     for statement in _PG_SCHEMA:
                         self.run(statement)
+
+    def session(self) -> _Session:
+        """A context in which this thread's statements run on one pooled connection (re-entrant)."""
+        return _Session(self)
+
+    def _lend(self) -> None:
+        self._slots.acquire()
+        with self._pool:
+            self._local.conn = self._idle.pop() if self._idle else None
+
+    def _give_back(self) -> None:
+        conn, self._local.conn = self._local.conn, None
+        try:
+            if conn is not None:
+                if self.finished or conn.closed or conn.broken:
+                    with contextlib.suppress(Exception):
+                        conn.close()
+                else:
+                    with self._pool:
+                        self._idle.append(conn)
+        finally:
+            self._slots.release()
+
+    def _connect(self):
+        if self.finished:
+            raise LogError(f"log: {self.url}: the log was closed")
+        options = {} if "connect_timeout" in self.url._url else {"connect_timeout": 10}
+        conn = self.psycopg.connect(self.url._url, autocommit=True, **options)
+        if self.read_only:  # every transaction of the session (psycopg's read_only needs explicit ones)
+            conn.execute("SET default_transaction_read_only = on")
+        return conn
+
+    def connection(self):
+        """This thread's open connection (its session's, or the one outside sessions), connecting
+        first when there is none (or it broke)."""
+        local = self._local
+        if getattr(local, "depth", 0):
+            conn = local.conn
+            if conn is None or conn.closed or conn.broken:
+                self._drop()
+                local.conn = conn = self._connect()
+            return conn
+        if self.conn is None or self.conn.closed or self.conn.broken:
+            self._drop()
+            self.conn = self._connect()
+        return self.conn
+
+    def _drop(self) -> None:
+        """Close this thread's connection (it failed) and the idle ones (made to the same server, which
+        evidently went away): the next statement of any thread connects again."""
+        local = self._local
+        if getattr(local, "depth", 0):
+            conn, local.conn = local.conn, None
+        else:
+            conn, self.conn = self.conn, None
+        with self._pool:
+            conns, self._idle = [conn, *self._idle], []
+        for c in conns:
+            if c is not None:
+                with contextlib.suppress(Exception):
+                    c.close()
 
     @staticmethod
     def int_(col: str) -> str:
@@ -268,18 +344,6 @@ class _Postgres:
 
     def insert(self, table: str, columns: tuple[str, ...]) -> str:
         return f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})"
-
-    def connection(self):
-        """The open connection, connecting first when there is none (or it broke)."""
-        if self.conn is None or self.conn.closed or self.conn.broken:
-            if self.finished:
-                raise LogError(f"log: {self.url}: the log was closed")
-            self.close()
-            options = {} if "connect_timeout" in self.url._url else {"connect_timeout": 10}
-            self.conn = self.psycopg.connect(self.url._url, autocommit=True, **options)
-            if self.read_only:  # every transaction of the session (psycopg's read_only needs explicit ones)
-                self.conn.execute("SET default_transaction_read_only = on")
-        return self.conn
 
     def rows(self, sql: str, params=()) -> list[tuple]:
         with self.connection().cursor() as cur:
@@ -304,7 +368,7 @@ class _Postgres:
         try:
             yield
         except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
-            self.close()
+            self._drop()
             raise LogUnavailable(f"log: {self.url}: the PostgreSQL server is unavailable ({_first_line(exc)}); "
                                  "the next call connects again") from None
         except psycopg.Error as exc:
@@ -320,11 +384,38 @@ class _Postgres:
         return pd.DataFrame.from_records(rows, columns=columns, coerce_float=True)
 
     def close(self, finished: bool = False) -> None:
+        """Close the idle connections and the one outside sessions (``finished``: for good; a
+        connection a thread holds is closed when it is given back)."""
         self.finished = self.finished or finished
-        conn, self.conn = self.conn, None
-        if conn is not None:
-            with contextlib.suppress(Exception):
-                conn.close()
+        with self._pool:
+            conns, self._idle = [self.conn, *self._idle], []
+        self.conn = None
+        for conn in conns:
+            if conn is not None:
+                with contextlib.suppress(Exception):
+                    conn.close()
+
+
+class _Session:
+    """``_Postgres.session()``: lends this thread a pooled connection; nested uses share it."""
+
+    __slots__ = ("b",)
+
+    def __init__(self, b: _Postgres):
+        self.b = b
+
+    def __enter__(self):
+        local = self.b._local
+        depth = getattr(local, "depth", 0)
+        if not depth:
+            self.b._lend()
+        local.depth = depth + 1
+
+    def __exit__(self, *exc):
+        local = self.b._local
+        local.depth -= 1
+        if not local.depth:
+            self.b._give_back()
 
 
 def _first_line(exc: BaseException) -> str:
@@ -349,16 +440,19 @@ class DecisionLog:
     def __init__(self, path, *, read_only: bool = False):
         self.path = log_location(path)
         self.read_only = bool(read_only)
-        self._lock = threading.Lock()
-        # (PostgreSQL) a decision id, and the feedback ids, whose write lost the connection: maybe committed
-        self._uncertain: str | None = None
+        # (PostgreSQL) the decision ids, and the feedback ids, whose write lost the connection: maybe committed
+        self._uncertain: set[str] = set()
         self._uncertain_feedback: set[str] = set()
+        self._marks = threading.Lock()  # guards the two sets
         if isinstance(self.path, LogURL):
             self._b = _Postgres(self.path, self.read_only)
+            # each call on a connection of the pool: threads' calls run at once (_Postgres)
+            self._lock = self._b.session()
         else:
             if self.path.exists() and not self.path.is_file():
                 raise ValueError(f"path: expected a database file, got the directory {self.path}")
             self._b = _SQLite(self.path, self.read_only)
+            self._lock = threading.Lock()  # one connection: one call at a time
         try:
             with self._b.guard():
                 self._check_version()
@@ -413,7 +507,7 @@ class DecisionLog:
                json.dumps([float(x) for x in probabilities]), None if baseline is None else int(baseline))
         with self._lock:
             insert = self._b.insert("decisions", _DECISION_COLUMNS)
-            if row[0] == self._uncertain:
+            if row[0] in self._uncertain:
                 # the last write of this id lost its connection: it may have been committed without an
                 # answer; the id was not issued (the caller got the error), so this row replaces it
                 updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in _DECISION_COLUMNS[1:])
@@ -422,9 +516,12 @@ class DecisionLog:
                 with self._b.guard():
                     self._b.run(insert, row)
             except LogUnavailable:
-                self._uncertain = row[0]
+                with self._marks:
+                    self._uncertain.add(row[0])
                 raise
-            self._uncertain = None
+            if self._uncertain:
+                with self._marks:
+                    self._uncertain.discard(row[0])
 
     def write_feedback(self, decision_id: str, reward: float, constraints=None) -> bool:
         """Record feedback; False (and nothing written) when the decision already has some.
@@ -444,7 +541,8 @@ class DecisionLog:
                    + ", ".join(f"{c} = EXCLUDED.{c}" for c in columns[1:]))
         out = []
         with self._lock:
-            uncertain = self._uncertain_feedback & {row[0] for row in prepared}
+            with self._marks:
+                uncertain = self._uncertain_feedback & {row[0] for row in prepared}
             try:
                 with self._b.guard(), self._b.transaction() if len(prepared) > 1 else contextlib.nullcontext():
                     for row in prepared:
@@ -454,9 +552,12 @@ class DecisionLog:
                         else:
                             out.append(self._b.run(insert, row) == 1)
             except LogUnavailable:
-                self._uncertain_feedback.update(row[0] for row in prepared)
+                with self._marks:
+                    self._uncertain_feedback.update(row[0] for row in prepared)
                 raise
-            self._uncertain_feedback.difference_update(row[0] for row in prepared)
+            if self._uncertain_feedback:
+                with self._marks:
+                    self._uncertain_feedback.difference_update(row[0] for row in prepared)
         return out
 
     def write_feedback_many(self, rows) -> list[bool]:

@@ -57,6 +57,7 @@ posterior. A state saved by a replica is refused by ``Decider.load`` (and by a o
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 from pathlib import Path
@@ -103,20 +104,35 @@ class ReplicaDecider(Decider):
         self.decided = self.received = 0
         self._block_end = self.next_id  # the first decision reserves a block
         self._sync_lock = threading.Lock()
+        self._tally = threading.Lock()  # decided and received: counted by the threads that write the log
         self.pending.clear()
         self.queued = []
 
     # ------------------------------------------------------------------ deciding
     def decide(self, features, baseline: int | None = None, valid=None):
         """``Decider.decide``, numbered from this replica's block of the log's decision numbers."""
+        decision, write = self.decide_unlogged(features, baseline, valid)
+        write()
+        return decision
+
+    def decide_unlogged(self, features, baseline: int | None = None, valid=None) -> tuple:
+        """``(decision, write)``: the decision, made under the lock, and the call that logs it, to
+        be made by the caller after the lock is let go (the service writes from a thread while the
+        next request decides). The decision is issued only once ``write()`` returns; a write that
+        raises leaves its number unused (numbers have gaps)."""
+        prepared = self._prepare(features, baseline, valid)
         with self._lock:
             if self.next_id >= self._block_end:
                 start = self.log.reserve_numbers(self.next_id)
                 self.next_id, self._block_end = start, start + NUMBER_BLOCK
-            decision = super().decide(features, baseline, valid)
-            self.pending.clear()  # the log holds what waits for feedback: any replica takes it
+            decision, row, _ = self._decision(*prepared)  # nothing pending: the log holds what waits
+            self.next_id += 1
+        return decision, functools.partial(self._write_decision, row)
+
+    def _write_decision(self, row: tuple) -> None:
+        self.log.write_decision(*row)
+        with self._tally:
             self.decided += 1
-        return decision
 
     def _issued(self, number: int) -> bool:
         return True  # a valid tag names a number some replica issued; the log says whether it was logged
@@ -130,7 +146,9 @@ class ReplicaDecider(Decider):
         new = self.log.write_feedback_shared([(key, reward, constraints)])[0]
         if new is None:  # a tag this state's key made, for a number whose decision was never logged
             raise _unknown_id(decision_id)
-        self.received += new
+        if new:
+            with self._tally:
+                self.received += 1
         return new
 
     def feedback_many(self, rows, *, check_only: bool = False) -> list[bool]:
@@ -161,7 +179,8 @@ class ReplicaDecider(Decider):
             return []
         out = self.log.write_feedback_shared([(key, r, c) for _, _, key, r, c in checked])
         accepted = [bool(x) for x in out]
-        self.received += sum(accepted)
+        with self._tally:
+            self.received += sum(accepted)
         return accepted
 
     def refresh(self) -> int:

@@ -347,6 +347,39 @@ def parse_feedback(body: bytes, max_items: int = MAX_FEEDBACK_ITEMS) -> dict:
 
 
 # ---------------------------------------------------------------------------------- the service
+class _NoLock:
+    """A lock that is always free (a replica's feedback: nothing of the Decider's to guard)."""
+
+    def acquire(self, blocking: bool = True) -> bool:
+        return True
+
+    def release(self) -> None:
+        pass
+
+
+_NO_LOCK = _NoLock()
+
+
+class Deferred:
+    """The rest of a request that waits on the database (a replica's log write): ``Deferred(fn)()``
+    runs it, on a thread of the pool when the request was begun on the event loop."""
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __call__(self) -> dict:
+        return self.fn()
+
+
+def _decision_answer(decision) -> dict:
+    """``/decide``'s answer (``Decision.to_dict`` without ``asdict``'s deep copy)."""
+    return {"decision_id": decision.decision_id, "action": decision.action, "propensity": decision.propensity,
+            "propensity_se": decision.propensity_se, "model_version": decision.model_version,
+            "probabilities": list(decision.probabilities)}
+
+
 class Service:
     """A ``Decider`` loaded from ``state_dir`` and brought up to date with its log, behind one lock.
 
@@ -411,6 +444,7 @@ class Service:
         self._log_unreachable = False  # the last failed write found the PostgreSQL server unreachable
         self.last_sync = time.time()
         self._sync_lock = threading.Lock()
+        self._tally = threading.Lock()  # (replicas) feedback's counters, written from several threads
         if self.replica:
             from .replica import ReplicaDecider
 
@@ -473,27 +507,59 @@ class Service:
         """``/decide``: the decision of a request body (``BadRequest`` on bad input)."""
         return self.decide_parsed(parse_decide(body))
 
-    def decide_parsed(self, args: dict, blocking: bool = True) -> dict | None:
+    def decide_parsed(self, args: dict, blocking: bool = True) -> dict | Deferred | None:
         """The decision of ``parse_decide``'s arguments; None, and nothing done, when ``blocking``
-        is False and the Decider is busy (a snapshot, another request on a thread)."""
+        is False and the Decider is busy (a snapshot, another request on a thread).
+
+        A replica decides under the lock and writes the decision to the log after letting it go
+        (a round trip to the database, which another request's decision need not wait for): on
+        the event loop (``blocking`` False) it returns a ``Deferred`` that writes and answers,
+        for the caller to run on a thread."""
+        if self.replica:
+            return self._replica_decide(args, blocking)
         if not self.lock.acquire(blocking):
             return None
         try:
             decision = self.decider.decide(args["features"], baseline=args["baseline"], valid=args["valid"])
         except (ValueError, TypeError) as exc:
-            message = str(exc)
-            if args["field"] == "context" and message.startswith("features"):
-                message = "context" + message[len("features"):]
-            raise BadRequest(message) from None
+            raise self._bad_decide(args, exc) from None
         except self.log_errors as exc:  # the log write failed: no id issued, nothing pending
             raise self._log_failed(exc) from None
         else:
             self._changed()
         finally:
             self.lock.release()
-        return {"decision_id": decision.decision_id, "action": decision.action, "propensity": decision.propensity,
-                "propensity_se": decision.propensity_se, "model_version": decision.model_version,
-                "probabilities": list(decision.probabilities)}  # Decision.to_dict without asdict's deep copy
+        return _decision_answer(decision)
+
+    def _replica_decide(self, args: dict, blocking: bool) -> dict | Deferred | None:
+        if not self.lock.acquire(blocking):
+            return None
+        try:
+            decision, write = self.decider.decide_unlogged(args["features"], baseline=args["baseline"],
+                                                            valid=args["valid"])
+        except (ValueError, TypeError) as exc:
+            raise self._bad_decide(args, exc) from None
+        except self.log_errors as exc:  # reserving a block of numbers failed
+            raise self._log_failed(exc) from None
+        finally:
+            self.lock.release()
+
+        def finish() -> dict:
+            try:
+                write()
+            except self.log_errors as exc:  # not logged: the id is never issued
+                raise self._log_failed(exc) from None
+            self._changed()
+            return _decision_answer(decision)
+
+        return finish() if blocking else Deferred(finish)
+
+    @staticmethod
+    def _bad_decide(args: dict, exc: Exception) -> BadRequest:
+        message = str(exc)
+        if args["field"] == "context" and message.startswith("features"):
+            message = "context" + message[len("features"):]
+        return BadRequest(message)
 
     def feedback(self, body: bytes) -> dict:
         """``/feedback``: ``{"accepted": bool}`` of a request body (``BadRequest`` on bad input, 404 for an unknown id)."""
@@ -507,7 +573,15 @@ class Service:
         bad item (an unknown id among them) with nothing applied."""
         from .decider import FeedbackRowsError
 
-        if not self.lock.acquire(blocking):
+        if self.replica:
+            # a replica's feedback is a log write and nothing else (the posterior learns it at a sync):
+            # no lock, and on a thread, so that the round trip to the database holds up no other request
+            if not blocking:
+                return Deferred(functools.partial(self.feedback_parsed, args, True))
+            lock = _NO_LOCK
+        else:
+            lock = self.lock
+        if not lock.acquire(blocking):
             return None
         try:
             if "many" in args:
@@ -520,15 +594,15 @@ class Service:
                         problems += [(args["many"][i][0], k, m) for i, k, m in exc.problems]
                     raise FeedbackRowsError(sorted(problems))
                 accepted = self.decider.feedback_many(rows)
-                self.duplicates += len(accepted) - sum(accepted)
+                self._count("duplicates", len(accepted) - sum(accepted))
             else:
                 accepted = self.decider.feedback(args["decision_id"], args["reward"], args["constraints"])
-                self.duplicates += not accepted
+                self._count("duplicates", int(not accepted))
         except FeedbackRowsError as exc:
-            self.bad_feedback += 1
+            self._count("bad_feedback", 1)
             raise _row_errors([(i, k or None, m) for i, k, m in exc.problems]) from None
         except (ValueError, TypeError) as exc:
-            self.bad_feedback += 1
+            self._count("bad_feedback", 1)
             message = str(exc)
             raise BadRequest(message, status=404 if message.startswith("decision_id: unknown") else 422) from None
         except self.log_errors as exc:  # the log write failed: nothing recorded, still pending
@@ -536,11 +610,17 @@ class Service:
         else:
             self._changed()
         finally:
-            self.lock.release()
+            lock.release()
         if "many" in args:
             applied = sum(accepted)
             return {"accepted": accepted, "applied": applied, "duplicates": len(accepted) - applied}
         return {"accepted": accepted}
+
+    def _count(self, counter: str, n: int) -> None:
+        """Add ``n`` to the counter ``duplicates`` or ``bad_feedback`` (replicas count from several threads)."""
+        if n:
+            with self._tally:
+                setattr(self, counter, getattr(self, counter) + n)
 
     def _changed(self) -> None:
         """A decision or feedback was logged (under the lock): the log is writable, the snapshot behind."""
@@ -1055,6 +1135,8 @@ def create_app(service: Service, snapshot_every: float | None = 60.0, run_on_loo
             out = run(args, False) if run_on_loop else None
             if out is None:  # the Decider is busy (a snapshot): wait for it on a thread, not on the loop
                 out = await run_in_threadpool(run, args, True)
+            elif type(out) is Deferred:  # a replica's log write: on a thread, the loop free meanwhile
+                out = await run_in_threadpool(out)
             return 200, out
         except BadRequest as exc:
             return exc.status, exc.body()
