@@ -10,8 +10,8 @@ import threading
 import numpy as np
 import torch
 
-__all__ = ["as_tensor", "check_batch_shape", "check_distribution_parameters", "check_finite", "check_in_range",
-           "check_positive", "check_positive_int", "check_probability", "check_std", "trusted_inputs"]
+__all__ = ["as_tensor", "check_batch_shape", "check_distribution_parameters", "check_feature_names", "check_finite",
+           "check_in_range", "check_positive", "check_positive_int", "check_probability", "check_std", "trusted_inputs"]
 
 
 class _Trust(threading.local):
@@ -126,6 +126,32 @@ def check_batch_shape(value, name: str = "batch_shape") -> torch.Size:
     if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
         raise TypeError(f"{name}: expected a sequence of positive ints such as [R], got {value!r}")
     return torch.Size(check_positive_int(b, name) for b in value)
+
+
+def check_feature_names(value, dim: int | None = None, name: str = "feature_names") -> list[str] | None:
+    """``None``, or the names of the ``dim`` features as a list of distinct non-empty strings.
+
+    Accepts any ordered sequence of strings (a list, a tuple, a numpy array of strings, a pandas
+    ``Index`` such as ``df.columns``); raises ``ValueError`` naming ``name`` for a single string,
+    an unordered collection (a set, a dict), an entry that is not a string or is empty, a repeated
+    name, or (when ``dim`` is given) a number of names other than ``dim``.
+    """
+    if value is None:
+        return None
+    if isinstance(value, (str, bytes, set, frozenset, dict)) or not hasattr(value, "__iter__"):
+        raise ValueError(f"{name}: expected a sequence of strings, one per feature (e.g. ['age', 'dose']), "
+                         f"got {type(value).__name__} {value!r:.80}")
+    names = list(value)
+    for i, n in enumerate(names):
+        if not isinstance(n, str) or not n.strip():
+            raise ValueError(f"{name}: entry {i} is {n!r}; expected a non-empty string (one name per feature)")
+    names = [str(n) for n in names]  # numpy's str_ as plain str (JSON, ArviZ coordinates)
+    if len(set(names)) != len(names):
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        raise ValueError(f"{name}: expected distinct names, {repeated} repeated")
+    if dim is not None and len(names) != int(dim):
+        raise ValueError(f"{name}: expected {int(dim)} names (one per feature), got {len(names)}")
+    return names
 
 
 def check_distribution_parameters(d, name: str) -> None:

@@ -24,6 +24,9 @@ def ridge_model(env, metric: int = 0, ridge: float | None = None) -> BayesianLin
     the "Bayesian interpretation" of ridge regression with penalty ``ridge``, whose posterior
     mean is the ridge estimate (Daulton et al. 2019 s.4.1 use ``ridge = 1``, i.e. a prior sd of
     ``sigma = 0.1`` for parameters drawn with sd 1: too narrow; the reproduction studies keep it).
+
+    A problem with ``feature_names`` (``d`` strings) gives them to the model, which keeps them in
+    its saved state (``bayes-safe diagnose`` names the weights after them).
     """
     sigma = float(env.noise_std[metric])
     if ridge is None:
@@ -33,7 +36,11 @@ def ridge_model(env, metric: int = 0, ridge: float | None = None) -> BayesianLin
         scale = sigma / float(ridge) ** 0.5
     # float64 parameters: Normal(0.0, 0.1) from Python floats would round the scale to float32
     prior = dist.Normal(torch.zeros((), dtype=torch.float64), torch.tensor(scale, dtype=torch.float64))
-    return BayesianLinear(prior.expand([env.dim]).to_event(1), noise_std=sigma, batch_shape=[env.replications])
+    names = getattr(env, "feature_names", None)  # a problem that names its features: saved with the model
+    if names is not None and len(names) != env.dim:
+        names = None
+    return BayesianLinear(prior.expand([env.dim]).to_event(1), noise_std=sigma, batch_shape=[env.replications],
+                          feature_names=names)
 
 
 def make_policy(name: str, env, *, ridge: float | None = None, alpha: float | None = None, delta: float = 0.001,

@@ -1,6 +1,6 @@
 """Decisions per second of Thompson sampling with a custom (non-Gaussian) prior: the Gibbs engine.
 
-Problem: 100 fixed arms in R^d (the ``kazerouni2017-neurips`` preset, d = 4 and 16), one
+Problem (all rows but ``svi``): 100 fixed arms in R^d (the ``kazerouni2017-neurips`` preset, d = 4 and 16), one
 decision = select (posterior draw: ``sweeps`` Gibbs sweeps from the last state; scores of all
 arms; argmax) + observe + update, inside ``bayes_safe.simulate`` with one intra-op thread.
 The reference is the conjugate Gaussian path (``Normal(0, 1)`` prior) on the same problem,
@@ -21,6 +21,14 @@ measured in the same run, so the ratio does not depend on the machine's speed or
   prior and ``likelihood="probit"`` (Albert & Chib latents; the cost of a sweep grows with
   the number of observations ``n``: ``O(n d)`` for the latents). Target: >= 0.2x the
   conjugate path (a Gaussian model of the same 0/1 outcomes) over the same horizon.
+
+* ``svi``: one SVI fit (``BayesianLinear(..., inference="svi")``, default options: 8 ELBO
+  particles, at most 2,000 steps, 200 guide draws) on n = 200 rows, d = 4, with the callable
+  ``hierarchical_prior`` (written for one draw: ``Normal(0, scale).expand([d])`` does not
+  broadcast over SVI's particles, so they are mapped by ``torch.func.vmap``) against a
+  distribution prior of the same size (``Laplace(0, 1).expand([d]).to_event(1)``). Target: the
+  callable's fit at most 2x the distribution's. The row also times the callable's fit with its
+  particles run one after another, as before the mapping (``sequential_s``).
 
 Every figure is the median of ``repeats`` runs (different seeds); the rows also carry the
 machine's 1-minute load average at the end of the benchmark.
@@ -44,6 +52,7 @@ TARGET_R1 = 0.35
 TARGET_R1000 = 0.4
 TARGET_PROBIT = 0.2
 TARGET_LANGEVIN = 0.1
+TARGET_SVI_CALLABLE = 2.0
 
 
 def hierarchical_prior(d: int):
@@ -127,6 +136,40 @@ def _pair(kind: str, ref: str, R: int, d: int, steps: int, repeats: int) -> tupl
     return statistics.median(ours), statistics.median(base)
 
 
+def _svi_fit_seconds(kind: str, seed: int, d: int = 4, n: int = 200) -> float:
+    """Wall seconds of one SVI ``fit()`` on ``n`` rows: ``kind`` is ``"distribution"``, ``"callable"``
+    (particles mapped by vmap) or ``"sequential"`` (the callable with its particles one by one)."""
+    g = torch.Generator().manual_seed(seed)
+    X = torch.randn(n, d, generator=g, dtype=torch.float64)
+    y = X @ torch.linspace(-1.0, 1.0, d, dtype=torch.float64) + 0.5 * torch.randn(n, generator=g, dtype=torch.float64)
+    if kind == "distribution":
+        model = BayesianLinear(dist.Laplace(0.0, 1.0).expand([d]).to_event(1), noise_std=0.5, inference="svi",
+                               inference_options={"seed": seed, "progress": False})
+    else:
+        model = BayesianLinear(hierarchical_prior(d), dim=d, noise_std=0.5, inference="svi",
+                               inference_options={"seed": seed, "progress": False})
+        if kind == "sequential":
+            model.engine._mappable = False  # the path every such prior took before: one Pyro trace per particle
+    model.update(X, y)
+    start = time.perf_counter()
+    model.fit()
+    return time.perf_counter() - start
+
+
+def svi_callable(repeats: int = 3) -> dict:
+    """The ``svi`` row: medians of interleaved fits, and the callable's ratio to the distribution's."""
+    times: dict[str, list[float]] = {"distribution": [], "callable": [], "sequential": []}
+    for i in range(repeats):
+        for kind, seconds in times.items():
+            seconds.append(_svi_fit_seconds(kind, seed=i))
+    med = {k: statistics.median(v) for k, v in times.items()}
+    ratio = med["callable"] / med["distribution"]
+    return {"benchmark": "SVI fit, n=200 d=4: callable hierarchical prior vs Laplace distribution prior",
+            "value": ratio, "unit": "x the distribution prior's seconds", "target": f"<= {TARGET_SVI_CALLABLE}",
+            "ratio": TARGET_SVI_CALLABLE / ratio, "callable_s": med["callable"], "distribution_s": med["distribution"],
+            "sequential_s": med["sequential"]}
+
+
 def run(quick: bool = False, repeats: int = 5) -> list[dict]:
     repeats = 3 if quick else repeats
     torch.set_num_threads(1)
@@ -156,6 +199,7 @@ def run(quick: bool = False, repeats: int = 5) -> list[dict]:
         if kind == "langevin" and R == 1:
             row["startup_s"] = statistics.median(_startup(kind, R, d, seed=i) for i in range(repeats))
         rows.append(row)
+    rows.append(svi_callable(repeats=3 if quick else repeats))
     load = os.getloadavg()[0]
     for row in rows:
         row["load_average"] = load
@@ -163,5 +207,14 @@ def run(quick: bool = False, repeats: int = 5) -> list[dict]:
 
 
 if __name__ == "__main__":
-    for row in run(quick=True):
-        print(row)
+    import sys
+
+    if sys.argv[1:] == ["svi"]:  # the SVI row alone: both times and the ratio
+        torch.set_num_threads(1)
+        row = svi_callable()
+        print(f"SVI fit: callable prior {row['callable_s']:.2f} s, distribution prior {row['distribution_s']:.2f} s, "
+              f"ratio {row['value']:.2f}x (target <= {TARGET_SVI_CALLABLE}); callable with sequential particles "
+              f"(before) {row['sequential_s']:.2f} s")
+    else:
+        for row in run(quick=True):
+            print(row)

@@ -103,7 +103,8 @@ def to_inference_data(model, *, X=None, y=None, num_draws: int = 1000, num_chain
         num_chains: chains (default 4): independent chains of exact draws, independent copies of
             a Gibbs or Langevin chain, or SVI draws split into chains. NUTS keeps its own chains.
         feature_names: names of the ``d`` features (coordinates of the ``feature`` dimension);
-            for the probit GP, of its ``p`` weights.
+            for the probit GP, of its ``p`` weights. ``None``: the names the model keeps
+            (``BayesianLinear(feature_names=...)``, saved with its state), else ``x0, x1, ...``.
         seed: seed of the draws, of the chain copies and of the predictive noise.
         max_batch: keep only the first ``max_batch`` elements of the leading batch dimension
             (replications); ``None`` keeps all.
@@ -303,6 +304,8 @@ def _linear_inference_data(model, X, y, num_draws, num_chains, feature_names, se
     if isinstance(model, PerArmLinear):
         arms, model = model.num_arms, model.arms
     d = model.dim
+    if feature_names is None:  # the names saved with the model (BayesianLinear(feature_names=...)), if any
+        feature_names = getattr(model, "feature_names", None)
     features = _feature_names(d, feature_names)
     batch = list(model.batch_shape)
     full_batch = list(batch)

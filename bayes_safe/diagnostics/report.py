@@ -220,7 +220,8 @@ def diagnose_run(run_dir, *, num_draws: int = 500, max_batch: int | None = 10, s
     portable state format: nothing in it is executed):
     a ``bayes-safe simulate`` output or a study's output directory. Every saved posterior is
     converted by ``to_inference_data`` (views of one posterior once, named
-    ``<prefix>__<role1>+<role2>``) and written as ``<name>.nc``; the report has, per model, the
+    ``<prefix>__<role1>+<role2>``; features named as saved with the model,
+    ``BayesianLinear(feature_names=...)``, else ``x0, x1, ...``) and written as ``<name>.nc``; the report has, per model, the
     ArviZ summary (with ESS and r-hat over the chains), PSIS-LOO when the observed data are
     known, the posterior of the weights, the trace, a posterior predictive check when data were
     stored, for a 0/1 ``BayesianLinear`` (probit or logistic likelihood) a reliability diagram,

@@ -55,6 +55,7 @@ from .._validation import (
     as_tensor,
     check_batch_shape,
     check_distribution_parameters,
+    check_feature_names,
     check_finite,
     check_positive_int,
     check_std,
@@ -152,7 +153,7 @@ class BayesianLinear:
             at the next ``sample`` / ``predict``. The Gibbs and Langevin engines follow the
             data at every draw and ignore it.
         inference_options: non-conjugate only: keyword arguments for
-            ``PyroLinearPosterior`` (``num_samples``,
+            ``PyroLinearPosterior`` (``num_samples``, ``progress``: the fit's progress bar, ``"auto"`` / True / False,
             ``warmup_steps``, ``svi_steps``, ``seed``, ...), or for the Gibbs engine
             (``sweeps``: sweeps per Thompson draw, default 1; ``burn_in``, default 20;
             ``predict_sweeps``, default 200; ``pg_terms``, default 20; ``seed``), or for the
@@ -179,6 +180,12 @@ class BayesianLinear:
             there is ``lambda^-n`` times the prior's after ``n`` observations elsewhere). Rows
             given in one ``update`` count as that many observations in order (the same posterior
             as one ``update`` per row).
+        feature_names: names of the ``d`` features (``d`` distinct non-empty strings, e.g. a
+            DataFrame's ``columns``), or None (default). Kept with the model: saved and loaded
+            with its state (``bayes_safe.state``, ``save_models``), and used by
+            ``to_inference_data`` and ``bayes-safe diagnose`` as the ``feature`` coordinates
+            (without them: ``x0, x1, ...``). A wrong number of names, a non-string or a repeated
+            name is a ``ValueError`` naming ``feature_names``, raised before anything is built.
 
     Attributes:
         engine_name: ``"conjugate"``, ``"gibbs"``, ``"langevin"``, ``"nuts"`` or ``"svi"``.
@@ -188,6 +195,7 @@ class BayesianLinear:
             ``torch.inference_mode``), True for Langevin, NUTS and SVI.
         unfitted_observations: NUTS / SVI: observations given to ``update`` that the stored
             draws do not reflect yet (0 for the other engines); ``repr`` shows it.
+        feature_names: ``list[str]`` of length ``d``, or None (as given).
 
     Shapes: ``update(X: [*batch, n, d] or [*batch, d], y: [*batch, n] or [*batch])``,
     ``predict(X: [*batch, k, d]) -> ([*batch, k], [*batch, k])``, ``sample() -> [*batch, d]``.
@@ -224,8 +232,11 @@ class BayesianLinear:
         likelihood: str = "gaussian",
         forgetting: float | None = None,
         forgetting_rule: str = "stabilized",
+        feature_names: Sequence[str] | None = None,
     ):
         from .gibbs import LIKELIHOODS
+
+        feature_names = check_feature_names(feature_names)  # before any work (the length once d is known)
 
         if not isinstance(likelihood, str) or likelihood not in LIKELIHOODS:
             raise ValueError(f"likelihood: expected 'gaussian', 'probit' or 'logistic', got {likelihood!r}")
@@ -293,6 +304,7 @@ class BayesianLinear:
             gaussian = None
         else:
             raise TypeError(f"prior: expected a pyro.distributions distribution with event shape [d] or a callable Pyro model, got {type(prior).__name__}")
+        self.feature_names = check_feature_names(feature_names, d)
         self.dim = d
         self._sample_shape = (*self.batch_shape, d)
         self._column_shape = (*self.batch_shape, d, 1)

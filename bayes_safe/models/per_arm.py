@@ -19,7 +19,13 @@ from collections.abc import Sequence
 
 import torch
 
-from .._validation import as_tensor, check_batch_shape, check_finite, check_positive_int
+from .._validation import (
+    as_tensor,
+    check_batch_shape,
+    check_feature_names,
+    check_finite,
+    check_positive_int,
+)
 from ..random import Generator
 from .linear import BayesianLinear
 
@@ -35,20 +41,29 @@ class PerArmLinear:
         num_arms: number of arms ``K``.
         noise_std / noise_prior: as for ``BayesianLinear``.
         batch_shape: leading batch (replications).
+        feature_names: names of the ``d`` context features, or None (as for ``BayesianLinear``:
+            saved with the model and used by ``to_inference_data`` and ``bayes-safe diagnose``).
 
     Shapes: contexts ``[*batch, d]``, ``actions [*batch]`` (long), outcomes ``[*batch]``;
     ``sample() -> [*batch, K, d]``; ``sample_at(features [*batch, K, d]) -> [*batch, K]``
     where row ``k`` of ``features`` is the context arm ``k`` is scored on.
     """
 
-    def __init__(self, prior, num_arms: int, noise_std=None, noise_prior=None, *, batch_shape: Sequence[int] = ()):
+    def __init__(self, prior, num_arms: int, noise_std=None, noise_prior=None, *, batch_shape: Sequence[int] = (),
+                 feature_names: Sequence[str] | None = None):
+        feature_names = check_feature_names(feature_names)
         self.num_arms = check_positive_int(num_arms, "num_arms")
         self.batch_shape = check_batch_shape(batch_shape, "batch_shape")
         self.arms = BayesianLinear(
             prior, noise_std=noise_std, noise_prior=noise_prior,
-            batch_shape=(*self.batch_shape, self.num_arms), inference="conjugate",
+            batch_shape=(*self.batch_shape, self.num_arms), inference="conjugate", feature_names=feature_names,
         )
         self.dim = self.arms.dim
+
+    @property
+    def feature_names(self) -> list[str] | None:
+        """Names of the ``d`` context features (``list[str]``), or None; kept by the arms' model."""
+        return self.arms.feature_names
 
     def __repr__(self) -> str:
         a = self.arms

@@ -15,9 +15,10 @@ problems of modest size (and for validating the Gibbs engine, as its accuracy te
 
 NUTS is the exact reference: its ``sample_stats`` include the Hamiltonian ``energy`` (for
 ``az.bfmi`` / ``az.plot_energy``), its chains may run in worker processes with the same
-draws (``parallel_chains``), and it shows Pyro's progress bar on long fits (``progress``).
-SVI averages several ELBO particles per step and the guide parameters over the end of the
-run (Polyak averaging) and stops when the averaged ELBO has converged (``svi_converged``).
+draws (``parallel_chains``). SVI averages several ELBO particles per step and the guide
+parameters over the end of the run (Polyak averaging) and stops when the averaged ELBO has
+converged (``svi_converged``). Both show a progress bar on long fits (``progress``:
+``bayes_safe.progress``, a widget in Jupyter, text on a terminal).
 
 Example:
     ```python
@@ -36,11 +37,10 @@ import math
 import multiprocessing
 import os
 import pickle
-import sys
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from contextlib import contextmanager
 
 import numpy as np
@@ -63,9 +63,9 @@ _DTYPE = torch.float64
 _NOISE_SITE, _OBS_SITE, _WEIGHT_SITE = "noise_var", "y", "w"
 # First entry of the seed path, so that the streams of different purposes never coincide.
 _PRIOR_STREAM, _FIT_STREAM, _CHECK_STREAM = 0, 1, 2
-# progress="auto" / parallel_chains="auto": expected seconds above which the bar is shown /
-# the chains run in worker processes, and the per-iteration guess before any NUTS fit.
-_PROGRESS_SECONDS, _PARALLEL_SECONDS, _GUESS_SECONDS_PER_ITERATION = 3.0, 10.0, 0.002
+# parallel_chains="auto": expected seconds above which the chains run in worker processes, and
+# the per-iteration guess before any NUTS fit.
+_PARALLEL_SECONDS, _GUESS_SECONDS_PER_ITERATION = 10.0, 0.002
 
 
 def _child_seed(seed: int, *path: int) -> int:
@@ -226,11 +226,11 @@ def _pool_context():
     return multiprocessing.get_context("spawn")  # pragma: no cover - Windows
 
 
-def _run_chain_job(engine, X, y, index, chain, progress, threads):
+def _run_chain_job(engine, X, y, index, chain, threads):
     """Worker entry point of the parallel chains: one NUTS chain, as ``_run_chain`` runs it
     in the calling process (same seed, same thread count, hence the same draws)."""
     torch.set_num_threads(threads)
-    return engine._run_chain(X, y, index, chain, progress)
+    return engine._run_chain(X, y, index, chain)
 
 
 class PyroLinearPosterior:
@@ -299,15 +299,15 @@ class PyroLinearPosterior:
             0.04-0.05 / 3 % with 8 and 16.
         svi_tol: SVI: relative tolerance of the convergence check (default ``1e-3``), a
             number in ``(0, 1)``.
-        progress: NUTS: show Pyro's own progress bar (``MCMC(disable_progbar=False)``).
-            ``True`` / ``False`` force it; ``"auto"`` (default) shows it only when stderr is
-            a terminal and the fit is expected to take more than 3 s: the expected time is
-            the previous NUTS fit's wall time per iteration (``fit_seconds`` over its
-            iterations) times this fit's ``prod(batch_shape) * num_chains * (warmup_steps +
-            num_samples)`` iterations, or, before any fit, that count times 2 ms (divided by
-            the number of worker processes when chains run in parallel). With parallel
-            chains only the first chain's bar is shown. SVI shows no bar. Pyro itself hides
-            the bar whenever the environment variable ``CI`` is set.
+        progress: a progress bar of the fit (``bayes_safe.progress``: a widget in Jupyter,
+            text on a terminal): ``"auto"`` (default) shows it once a fit has run for 2 s, in a
+            notebook or on a terminal (never in a pipe or a log file); ``True`` always;
+            ``False`` never (nor does the environment variable ``BAYES_SAFE_PROGRESS=0``).
+            NUTS counts ``prod(batch_shape) * num_chains * (warmup_steps + num_samples)``
+            iterations (chains in worker processes count when they finish), SVI
+            ``prod(batch_shape) * svi_steps`` optimisation steps (a problem that converges
+            early jumps to its end of the budget). Pyro's own bar is never shown. The bar
+            changes no draw.
         parallel_chains: NUTS: run the ``prod(batch_shape) * num_chains`` chains in worker
             processes (``concurrent.futures.ProcessPoolExecutor``, ``forkserver`` start
             method where available, else ``spawn``; one worker per usable core, at most one
@@ -442,6 +442,7 @@ class PyroLinearPosterior:
         self._svi_draws: dict[str, torch.Tensor] = {}
         self._seconds_per_iteration: float | None = None  # of the last NUTS fit, per chain
         self._vectorizable: bool | None = None  # whether the prior broadcasts (SVI), probed once
+        self._mappable: bool | None = None  # whether the prior runs under torch.func.vmap (SVI), probed once
         self.nuts_workers = 0
 
     # ------------------------------------------------------------------ validation
@@ -540,6 +541,60 @@ class PyroLinearPosterior:
             except Exception:  # noqa: BLE001 - any failure means "run particles one by one"
                 return False
 
+    def _maps(self) -> bool:
+        """Whether a callable prior that does not broadcast (``_broadcasts`` False) runs per
+        element under ``torch.func.vmap``: then SVI's particles and guide draws are still one
+        batched call each (``_mapped_loss``), the prior written for one draw (``Normal(0.0,
+        scale).expand([d])``, ``tau * lam``) being mapped over them. Probed once (cached): the
+        mapped log density of the prior at three prior draws must equal the one computed draw
+        by draw; a prior with plates of its own, or code vmap cannot map (``.item()``, data-
+        dependent branches, in-place writes), keeps the sequential particles."""
+        if self._prior_fn is None:
+            return False
+        if self._mappable is None:
+            self._mappable = self._probe_map()
+        return self._mappable
+
+    def _probe_map(self) -> bool:
+        with _seeded(_child_seed(self.seed, _CHECK_STREAM)), torch.no_grad():
+            try:
+                traces = [poutine.trace(self._prior_fn).get_trace() for _ in range(3)]
+                sites = [n for n, v in traces[0].nodes.items() if v["type"] == "sample"]
+                if any(v["cond_indep_stack"] for n, v in traces[0].nodes.items() if n in sites):
+                    return False
+                values = {n: torch.stack([t.nodes[n]["value"].to(_DTYPE) for t in traces]) for n in sites}
+
+                def log_density(v):
+                    return poutine.trace(poutine.condition(self._prior_fn, data=v)).get_trace().log_prob_sum()
+
+                with pyro.validation_enabled(False):
+                    mapped = torch.func.vmap(log_density)(values)
+                    single = torch.stack([log_density({n: x[i] for n, x in values.items()}) for i in range(3)])
+                return bool(mapped.shape == (3,) and torch.isfinite(single).all()
+                            and torch.allclose(mapped.to(_DTYPE), single.to(_DTYPE), rtol=1e-6, atol=1e-9))
+            except Exception:  # noqa: BLE001 - any failure means "run particles one by one"
+                return False
+
+    def _mapped_loss(self, guide, X, y) -> torch.Tensor:
+        """The negative ELBO of ``svi_particles`` particles, as ``Trace_ELBO(vectorize_particles=
+        True).differentiable_loss`` computes it (the guide traced once under a plate of the
+        particles: the same draws), with the model's log joint density at each particle mapped
+        by ``torch.func.vmap`` over the particles (``_maps``): one batched pass instead of one
+        Pyro trace per particle. Every site of the model is conditioned on the guide's draw
+        (the observations on ``y``), so the mapped pass samples nothing."""
+        K = self.svi_particles
+        with pyro.plate("_particles", K, dim=-1):
+            guide_trace = poutine.trace(guide).get_trace(X, y)
+        values = {name: node["value"] for name, node in guide_trace.nodes.items()
+                  if node["type"] == "sample" and not node["infer"].get("is_auxiliary")}
+
+        def log_joint(v):
+            return poutine.trace(poutine.condition(self._model, data=v)).get_trace(X, y).log_prob_sum()
+
+        with pyro.validation_enabled(False):  # the argument checks branch on data, which vmap cannot map
+            model_lp = torch.func.vmap(log_joint)(values)  # [K]
+        return (guide_trace.log_prob_sum() - model_lp.sum()) / K
+
     def _weights_from_latents(self, latents: dict[str, torch.Tensor]) -> torch.Tensor:
         """``[N, d]`` weights for ``N`` joint draws of the latent sites (``name -> [N, ...]``).
         A callable prior is replayed with its sites fixed to each draw (N cheap calls)."""
@@ -633,7 +688,7 @@ class PyroLinearPosterior:
         if self.method == "nuts":
             runs = self._fit_nuts_all(Xf, yf)
         else:
-            runs = [self._fit_svi(Xf[r], yf[r], r) for r in range(Xf.shape[0])]
+            runs = self._fit_svi_all(Xf, yf)
         self._store(runs)
         self.fit_seconds = time.perf_counter() - start
         self.fitted = True
@@ -666,9 +721,16 @@ class PyroLinearPosterior:
         job._chains, job._sample_stats, job._svi_draws = {}, {}, {}
         return job
 
-    def _plan(self, tasks: int) -> tuple[int, bool]:
-        """``(workers, show_progress)`` for ``tasks`` chains of this fit (workers 1 =
-        sequential in this process)."""
+    def _bar(self, total: int, what: str, unit: str):
+        """The fit's progress bar (``bayes_safe.progress``) of ``total`` ``unit``s."""
+        from ..progress import progress_bar
+
+        R = self.batch_shape.numel()
+        return progress_bar(total, f"{what} fit" + (f" ({R} problems)" if R > 1 else ""), unit=unit,
+                            progress=self.progress)
+
+    def _plan(self, tasks: int) -> int:
+        """Worker processes for ``tasks`` chains of this fit (1 = sequential in this process)."""
         iterations = tasks * (self.warmup_steps + self.num_samples)
         seconds = self._expected_seconds(iterations)
         cores = _usable_cores()
@@ -693,44 +755,41 @@ class PyroLinearPosterior:
                     RuntimeWarning,
                     stacklevel=3,
                 )
-        if self.progress == "auto":
-            isatty = getattr(sys.stderr, "isatty", None)
-            show = bool(isatty is not None and isatty())
-            show = show and seconds / workers > _PROGRESS_SECONDS
-        else:
-            show = bool(self.progress)
-        return workers, show
+        return workers
 
     def _fit_nuts_all(self, Xf, yf):
         """All problems' chains, sequentially or in worker processes. Returns one
         ``(latents name -> [C, D, ...], stats name -> [C, D], w [C, D, d])`` per problem."""
         R, C = Xf.shape[0], self.num_chains
         pairs = [(r, c) for r in range(R) for c in range(C)]
-        workers, show = self._plan(len(pairs))
+        workers = self._plan(len(pairs))
         self.nuts_workers = workers
         results = None
-        if workers > 1:
-            job, threads = self._job(), torch.get_num_threads()
-            try:
-                with ProcessPoolExecutor(max_workers=workers, mp_context=_pool_context()) as pool:
-                    futures = [
-                        pool.submit(
-                            _run_chain_job, job, Xf[r], yf[r], r, c, show and i == 0, threads
-                        )
-                        for i, (r, c) in enumerate(pairs)
-                    ]
-                    results = [f.result() for f in futures]
-            except Exception as err:  # noqa: BLE001 - e.g. a prior the workers cannot import
-                warnings.warn(
-                    f"parallel_chains: the worker processes failed ({err!r}); running the "
-                    "chains sequentially in this process",
-                    RuntimeWarning,
-                    stacklevel=3,
-                )
-                self.nuts_workers = 1
-        if results is None:
-            results = [self._run_chain(Xf[r], yf[r], r, c, show) for r, c in pairs]
-        iterations = len(pairs) * (self.warmup_steps + self.num_samples)
+        per_chain_iterations = self.warmup_steps + self.num_samples
+        iterations = len(pairs) * per_chain_iterations
+        with self._bar(iterations, "NUTS", "it") as bar:
+            if workers > 1:
+                job, threads = self._job(), torch.get_num_threads()
+                done = 0
+                try:
+                    with ProcessPoolExecutor(max_workers=workers, mp_context=_pool_context()) as pool:
+                        futures = [pool.submit(_run_chain_job, job, Xf[r], yf[r], r, c, threads) for r, c in pairs]
+                        for f in as_completed(futures):
+                            f.result()
+                            bar.update(per_chain_iterations)
+                            done += per_chain_iterations
+                        results = [f.result() for f in futures]
+                except Exception as err:  # noqa: BLE001 - e.g. a prior the workers cannot import
+                    warnings.warn(
+                        f"parallel_chains: the worker processes failed ({err!r}); running the "
+                        "chains sequentially in this process",
+                        RuntimeWarning,
+                        stacklevel=3,
+                    )
+                    self.nuts_workers = 1
+                    bar.update(-done)  # the chains run again here, counted again
+            if results is None:
+                results = [self._run_chain(Xf[r], yf[r], r, c, bar.update) for r, c in pairs]
         self._seconds_per_iteration = sum(res[3] for res in results) / max(iterations, 1)
         runs = []
         for r in range(R):
@@ -740,19 +799,20 @@ class PyroLinearPosterior:
             runs.append((latents, stats, latents[_WEIGHT_SITE]))
         return runs
 
-    def _run_chain(self, X, y, index, chain, progress):
-        """One NUTS chain of problem ``index``. Returns ``(latents name -> [D, ...], stats
-        name -> [D], w [D, d], seconds)``; ``latents`` includes ``"w"``."""
+    def _run_chain(self, X, y, index, chain, tick=None):
+        """One NUTS chain of problem ``index``; ``tick()`` (if given) after every iteration,
+        warm-up included. Returns ``(latents name -> [D, ...], stats name -> [D], w [D, d],
+        seconds)``; ``latents`` includes ``"w"``."""
         start = time.perf_counter()
         with _seeded(self._fit_seed(index, chain)):
             kernel = _EnergyNUTS(self._model, init_strategy=_float64_init(init_to_uniform))
-            recorder = _NutsRecorder()
+            recorder = _NutsRecorder(tick)
             mcmc = MCMC(
                 kernel,
                 num_samples=self.num_samples,
                 warmup_steps=self.warmup_steps,
                 num_chains=1,
-                disable_progbar=not progress,
+                disable_progbar=True,  # bayes_safe.progress's bar instead (notebook-aware)
                 hook_fn=recorder,
             )
             mcmc.run(X, y)
@@ -763,27 +823,47 @@ class PyroLinearPosterior:
         return latents, recorder.stats(), w, time.perf_counter() - start
 
     # ------------------------------------------------------------------ SVI
-    def _fit_svi(self, X, y, index):
-        """Returns ``(latents name -> [S, ...], ELBO losses [T], w [S, d], converged)``."""
+    def _fit_svi_all(self, Xf, yf):
+        """Every problem's SVI run (``Xf [R, n, d]``, ``yf [R, n]``) under one progress bar of
+        ``R * svi_steps`` steps."""
+        runs = []
+        with self._bar(Xf.shape[0] * self.svi_steps, "SVI", "step") as bar:
+            for r in range(Xf.shape[0]):
+                runs.append(self._fit_svi(Xf[r], yf[r], r, bar.update))
+                bar.update(self.svi_steps - runs[-1][1].numel())  # an early stop: the rest of its budget
+        return runs
+
+    def _fit_svi(self, X, y, index, tick=None):
+        """One problem's SVI run; ``tick()`` (if given) after every optimisation step.
+        Returns ``(latents name -> [S, ...], ELBO losses [T], w [S, d], converged)``."""
         vectorize = self._broadcasts()
+        mapped = not vectorize and self._maps()  # a prior written for one draw, mapped over the particles
         with _seeded(self._fit_seed(index, 0)), pyro.get_param_store().scope():
             pyro.clear_param_store()
             guide = AutoMultivariateNormal(self._model, init_loc_fn=_float64_init(init_to_median))
             guide(X, y)  # creates the guide's parameters
-            elbo = Trace_ELBO(
-                num_particles=self.svi_particles,
-                vectorize_particles=vectorize and self.svi_particles > 1,
-                **({"max_plate_nesting": 0} if vectorize else {}),
-            )
+            if mapped:
+                def loss_fn():
+                    return self._mapped_loss(guide, X, y)
+            else:
+                elbo = Trace_ELBO(
+                    num_particles=self.svi_particles,
+                    vectorize_particles=vectorize and self.svi_particles > 1,
+                    **({"max_plate_nesting": 0} if vectorize else {}),
+                )
+
+                def loss_fn():
+                    return elbo.differentiable_loss(self._model, guide, X, y)
             losses, converged = _averaged_adam(
-                lambda: elbo.differentiable_loss(self._model, guide, X, y),
+                loss_fn,
                 list(guide.parameters()),
                 lr=self.svi_lr,
                 steps=self.svi_steps,
                 tol=self.svi_tol,
+                tick=tick,
             )
             with torch.no_grad():
-                if vectorize:  # no plates in the model: all the draws in one call
+                if vectorize or mapped:  # no plates in the model: all the guide's draws in one call
                     with pyro.plate("_svi_draws", self.num_samples, dim=-1):
                         latents = {k: v.to(_DTYPE) for k, v in guide(X, y).items()}
                 else:
@@ -898,7 +978,7 @@ def _positive_float(value) -> bool:
     )
 
 
-def _averaged_adam(loss_fn, params, *, lr, steps, tol):
+def _averaged_adam(loss_fn, params, *, lr, steps, tol, tick=None):
     """Minimise ``loss_fn()`` (a differentiable ELBO loss) over ``params`` with Adam in two
     phases, and leave the Polyak average of the averaging phase in ``params``.
 
@@ -909,7 +989,7 @@ def _averaged_adam(loss_fn, params, *, lr, steps, tol):
     optimization", ICLR; betas 0.9 and 0.999, eps 1e-8, as ``torch.optim.Adam``'s
     defaults) is written out here: the tensors are tiny, and ``torch.optim`` imports
     ``torch._dynamo`` (seconds) on first use. Returns ``(losses [T] float64, converged)``,
-    ``T <= steps``.
+    ``T <= steps``. ``tick()`` (if given) runs after every step (a progress bar's update).
     """
     beta1, beta2, eps = 0.9, 0.999, 1e-8
     window = min(max(steps // 20, 10), 100)
@@ -935,6 +1015,8 @@ def _averaged_adam(loss_fn, params, *, lr, steps, tol):
                 v.mul_(beta2).addcmul_(g, g, value=1.0 - beta2)
                 denom = (v / correction2).sqrt_().add_(eps)
                 p.addcdiv_(m, denom, value=-rate / correction1)
+        if tick is not None:
+            tick()
         if average is not None:
             averaged += 1
             with torch.no_grad():
@@ -1008,7 +1090,8 @@ class _NutsRecorder:
     a new entry in the kernel's divergence list marks a divergent draw, and the acceptance
     probability is recovered from the running mean. The energy is ``_EnergyNUTS``'s."""
 
-    def __init__(self):
+    def __init__(self, tick=None):
+        self.tick = tick  # called after every iteration, warm-up included (a progress bar)
         self.rows: dict[str, list] = {
             "diverging": [], "acceptance_rate": [], "step_size": [], "lp": [], "energy": []
         }
@@ -1016,6 +1099,8 @@ class _NutsRecorder:
         self._mean = 0.0
 
     def __call__(self, kernel, params, stage, i) -> None:
+        if self.tick is not None:
+            self.tick()
         if not stage.startswith("Sample"):
             return
         divergences = getattr(kernel, "_divergences", None)

@@ -50,6 +50,8 @@ def _enc_linear(m, enc: Encoder, what: str) -> dict:
     }
     if getattr(m, "forgetting", None) is not None:  # (absent: no forgetting, as in states written before)
         node.update(forgetting=float(m.forgetting), forgetting_rule=m.forgetting_rule)
+    if getattr(m, "feature_names", None) is not None:  # (absent: no names, as in states written before: x0, x1, ...)
+        node["feature_names"] = list(m.feature_names)
     if m.conjugate:
         node.update(prior_loc=enc.tensor(m._prior_loc, f"{what}.prior_loc"),
                     prior_precision=enc.tensor(m._prior_precision, f"{what}.prior_precision"),
@@ -181,9 +183,11 @@ def _dec_linear(node: dict, dec: Decoder, where: str):
         dec.fail(f"{where}.masked_count: expected counts >= 0")
     forgetting = dec.float_field(node, "forgetting", where, allow_none=True) if "forgetting" in node else None
     rule = node.get("forgetting_rule", "stabilized")
+    names = node.get("feature_names")  # checked by the constructor (a bad list: StateError naming the file)
     if conjugate:
         m = build(dec, where, lambda: BayesianLinear(prior, noise_std, noise_prior, batch_shape=b, inference="conjugate", dim=d,
-                                                     forgetting=forgetting, forgetting_rule=rule))
+                                                     forgetting=forgetting, forgetting_rule=rule,
+                                                     feature_names=names))
 
         def t(name, shape):
             return dec.tensor(node.get(name), f"{where}.{name}", shape=shape, dtype=_F64, finite=True).clone()
@@ -208,7 +212,8 @@ def _dec_linear(node: dict, dec: Decoder, where: str):
                      f"(and optionally {sorted(optional)}), got {sorted(opts)}")
         m = build(dec, where, lambda: BayesianLinear(prior, noise_std, noise_prior, batch_shape=b, inference=engine, dim=d,
                                                      likelihood=likelihood, inference_options=opts,
-                                                     forgetting=forgetting, forgetting_rule=rule))
+                                                     forgetting=forgetting, forgetting_rule=rule,
+                                                     feature_names=names))
         _dec_chain(m, chain, dec, f"{where}.chain")
     else:
         method = dec.field(node, "method", str, where)
@@ -223,7 +228,8 @@ def _dec_linear(node: dict, dec: Decoder, where: str):
                      f"(and optionally {sorted(newer)})")
         refit = dec.int_field(node, "refit_every", where, minimum=1, allow_none=True)
         m = build(dec, where, lambda: BayesianLinear(prior, noise_std, noise_prior, batch_shape=b, inference=method, dim=d,
-                                                     refit_every=refit, inference_options=opts))
+                                                     refit_every=refit, inference_options=opts,
+                                                     feature_names=names))
         e = m.engine
         X = dec.tensor(node.get("X"), f"{where}.X", dtype=_F64, finite=True, optional=True)
         y = dec.tensor(node.get("y"), f"{where}.y", dtype=_F64, finite=True, optional=True)
