@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import select
 import sqlite3
 import threading
 import time
@@ -273,7 +274,12 @@ class _Postgres:
     def _lend(self) -> None:
         self._slots.acquire()
         with self._pool:
-            self._local.conn = self._idle.pop() if self._idle else None
+            conn = self._idle.pop() if self._idle else None
+        if conn is not None and pg_stale(conn):  # its server went away while it was idle: a new one
+            with contextlib.suppress(Exception):
+                conn.close()
+            conn = None
+        self._local.conn = conn
 
     def _give_back(self) -> None:
         conn, self._local.conn = self._local.conn, None
@@ -307,7 +313,7 @@ class _Postgres:
                 self._drop()
                 local.conn = conn = self._connect()
             return conn
-        if self.conn is None or self.conn.closed or self.conn.broken:
+        if self.conn is None or pg_stale(self.conn):
             self._drop()
             self.conn = self._connect()
         return self.conn
@@ -367,12 +373,10 @@ class _Postgres:
         psycopg = self.psycopg
         try:
             yield
-        except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
-            self._drop()
-            raise LogUnavailable(f"log: {self.url}: the PostgreSQL server is unavailable ({_first_line(exc)}); "
-                                 "the next call connects again") from None
         except psycopg.Error as exc:
-            raise LogError(f"log: {self.url}: PostgreSQL: {_first_line(exc)}") from None
+            if isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError)):
+                self._drop()
+            raise pg_error(self.url, exc) from None
 
     def frame(self, sql: str) -> pd.DataFrame:
         with self.connection().cursor() as cur:
@@ -418,6 +422,32 @@ class _Session:
             self.b._give_back()
 
 
+def pg_stale(conn) -> bool:
+    """Whether an idle psycopg connection is of no use: closed, broken, or with something to read
+    (a connection between statements has nothing to read unless its server went away: a restart
+    sends a termination notice, then the end of the stream). One system call; what the write
+    that would otherwise fail on it costs the client: a 503 after the server is back."""
+    if conn.closed or conn.broken:
+        return True
+    try:
+        readable, _, _ = select.select([conn.fileno()], [], [], 0)
+    except (OSError, ValueError):
+        return True
+    return bool(readable)
+
+
+def pg_error(url: LogURL, exc: Exception) -> LogError:
+    """What a psycopg error of the log at ``url`` is raised as: ``LogUnavailable`` when the server
+    or the connection failed (the caller drops the connection: the next call connects again),
+    else ``LogError``; naming the log without its password."""
+    import psycopg
+
+    if isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError)):
+        return LogUnavailable(f"log: {url}: the PostgreSQL server is unavailable ({_first_line(exc)}); "
+                              "the next call connects again")
+    return LogError(f"log: {url}: PostgreSQL: {_first_line(exc)}")
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
@@ -444,6 +474,9 @@ class DecisionLog:
         self._uncertain: set[str] = set()
         self._uncertain_feedback: set[str] = set()
         self._marks = threading.Lock()  # guards the two sets
+        # (PostgreSQL) past the last block reserve_numbers gave, once it has moved the sequence past the log's
+        # decisions (0: not yet)
+        self._numbers_ready = 0
         if isinstance(self.path, LogURL):
             self._b = _Postgres(self.path, self.read_only)
             # each call on a connection of the pool: threads' calls run at once (_Postgres)
@@ -703,6 +736,15 @@ class DecisionLog:
         them being consecutive in a log of replicas)."""
         b = self._shared("reserving decision numbers")
         n = b.int_("decision_id")
+        if self._numbers_ready and at_least <= self._numbers_ready:
+            # the sequence was moved past the log's decisions by this log's first reservation, and every
+            # decision since was numbered from it: the next block is the sequence's next value (one short
+            # statement, where the first reads the whole table)
+            with self._lock, b.guard():
+                start = int(b.rows("SELECT nextval('decision_numbers')")[0][0])
+            if start >= at_least:
+                self._numbers_ready = start + NUMBER_BLOCK
+                return start
         with self._lock, b.guard(), b.transaction():
             b.rows("SELECT pg_advisory_xact_lock(?)", (_PG_LOCK_KEY,))
             b.run(f"CREATE SEQUENCE IF NOT EXISTS decision_numbers MINVALUE 0 START WITH 0 INCREMENT BY {NUMBER_BLOCK}")
@@ -711,7 +753,9 @@ class DecisionLog:
             last, called = b.rows("SELECT last_value, is_called FROM decision_numbers")[0]
             if (int(last) + NUMBER_BLOCK if called else int(last)) < floor:
                 b.rows("SELECT setval('decision_numbers', ?, false)", (floor,))
-            return int(b.rows("SELECT nextval('decision_numbers')")[0][0])
+            start = int(b.rows("SELECT nextval('decision_numbers')")[0][0])
+        self._numbers_ready = start + NUMBER_BLOCK
+        return start
 
     def write_feedback_shared(self, rows) -> list[bool | None]:
         """Record the feedback ``rows`` (``(decision_id, reward, constraints)`` each) of replicas in

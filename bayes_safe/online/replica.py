@@ -57,7 +57,6 @@ posterior. A state saved by a replica is refused by ``Decider.load`` (and by a o
 
 from __future__ import annotations
 
-import functools
 import json
 import threading
 from pathlib import Path
@@ -111,15 +110,17 @@ class ReplicaDecider(Decider):
     # ------------------------------------------------------------------ deciding
     def decide(self, features, baseline: int | None = None, valid=None):
         """``Decider.decide``, numbered from this replica's block of the log's decision numbers."""
-        decision, write = self.decide_unlogged(features, baseline, valid)
-        write()
+        decision, row = self.decide_unlogged(features, baseline, valid)
+        self.log.write_decision(*row)
+        self.count("decided")
         return decision
 
     def decide_unlogged(self, features, baseline: int | None = None, valid=None) -> tuple:
-        """``(decision, write)``: the decision, made under the lock, and the call that logs it, to
-        be made by the caller after the lock is let go (the service writes from a thread while the
-        next request decides). The decision is issued only once ``write()`` returns; a write that
-        raises leaves its number unused (numbers have gaps)."""
+        """``(decision, row)``: the decision, made under the lock, and the arguments of
+        ``DecisionLog.write_decision`` that log it, for the caller to write after the lock is let
+        go (the service's ``GroupCommit``, while the next request decides), then ``count("decided")``.
+        The decision is issued only once written; a write that fails leaves its number unused
+        (numbers have gaps)."""
         prepared = self._prepare(features, baseline, valid)
         with self._lock:
             if self.next_id >= self._block_end:
@@ -127,12 +128,12 @@ class ReplicaDecider(Decider):
                 self.next_id, self._block_end = start, start + NUMBER_BLOCK
             decision, row, _ = self._decision(*prepared)  # nothing pending: the log holds what waits
             self.next_id += 1
-        return decision, functools.partial(self._write_decision, row)
+        return decision, row
 
-    def _write_decision(self, row: tuple) -> None:
-        self.log.write_decision(*row)
+    def count(self, what: str, n: int = 1) -> None:
+        """Add ``n`` to ``decided`` or ``received`` (counted by whoever wrote the rows, from any thread)."""
         with self._tally:
-            self.decided += 1
+            setattr(self, what, getattr(self, what) + n)
 
     def _issued(self, number: int) -> bool:
         return True  # a valid tag names a number some replica issued; the log says whether it was logged
@@ -141,14 +142,22 @@ class ReplicaDecider(Decider):
     def feedback(self, decision_id: str, reward, constraints=None) -> bool:
         """Write the outcome to the log (committed before this returns); True if new, False for a
         duplicate. Learned at the next ``sync``, by every replica."""
+        key, reward, constraints = self.feedback_row(decision_id, reward, constraints)
+        return self.feedback_written(decision_id, self.log.write_feedback_shared([(key, reward, constraints)])[0])
+
+    def feedback_row(self, decision_id: str, reward, constraints=None) -> tuple:
+        """``(log key, reward, constraints)`` of an outcome checked as ``feedback`` checks it (an id
+        this state's key did not make raises), for the caller to write (``GroupCommit``), then
+        hand its answer to ``feedback_written``."""
         reward, constraints = self._outcome(reward, constraints)
-        key = self._resolve(decision_id)
-        new = self.log.write_feedback_shared([(key, reward, constraints)])[0]
+        return self._resolve(decision_id), reward, constraints
+
+    def feedback_written(self, decision_id: str, new: bool | None) -> bool:
+        """``feedback``'s answer for the log's answer ``new`` to the row of ``decision_id`` (counted)."""
         if new is None:  # a tag this state's key made, for a number whose decision was never logged
             raise _unknown_id(decision_id)
         if new:
-            with self._tally:
-                self.received += 1
+            self.count("received")
         return new
 
     def feedback_many(self, rows, *, check_only: bool = False) -> list[bool]:
@@ -179,8 +188,7 @@ class ReplicaDecider(Decider):
             return []
         out = self.log.write_feedback_shared([(key, r, c) for _, _, key, r, c in checked])
         accepted = [bool(x) for x in out]
-        with self._tally:
-            self.received += sum(accepted)
+        self.count("received", sum(accepted))
         return accepted
 
     def refresh(self) -> int:

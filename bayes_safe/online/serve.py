@@ -59,6 +59,9 @@ decision cost 0.7 ms or more, the event loop had the worse p99 on the shared 2-c
 server CPU per decision against 1.05 ms on the thread pool, and served 1,600 against 965
 decisions/s, p99 4.0 against 6.0 ms, at load average 1.7; 1,060 against 846/s with p99 10.8
 against 10.1 ms at load average 4: ``benchmarks/serve.py``.)
+A replica (``--replica``) decides under the lock and lets it go before its row is written; its
+rows are written from the event loop by ``group_commit.GroupCommit`` (the rows that wait
+together in one statement), and its feedback takes no lock (``docs/replicas.md``).
 JSON parsing and validation run outside the lock. ``POST /decide`` and
 ``/feedback`` are answered by ``fast_asgi``, a plain ASGI function in front of the FastAPI app
 that reads the body and writes the JSON answer itself (FastAPI's routing, middleware and
@@ -98,6 +101,7 @@ with 503 (nothing recorded) and ``/health`` is degraded; the next request connec
 
 import contextlib
 import functools
+import inspect
 import ipaddress
 import json
 import logging
@@ -347,6 +351,11 @@ def parse_feedback(body: bytes, max_items: int = MAX_FEEDBACK_ITEMS) -> dict:
 
 
 # ---------------------------------------------------------------------------------- the service
+#: (replicas) a sync applies the rows it read in chunks of this many, letting decisions in between
+#: (a second's feedback at 1,000/s held the lock for about 10 ms in one piece)
+LEARN_CHUNK = 32
+
+
 class _NoLock:
     """A lock that is always free (a replica's feedback: nothing of the Decider's to guard)."""
 
@@ -445,6 +454,7 @@ class Service:
         self.last_sync = time.time()
         self._sync_lock = threading.Lock()
         self._tally = threading.Lock()  # (replicas) feedback's counters, written from several threads
+        self.committer = None  # (replicas) the group commit of the log writes (made on the event loop)
         if self.replica:
             from .replica import ReplicaDecider
 
@@ -493,8 +503,10 @@ class Service:
             except self.log_errors as exc:
                 self.sync_error = f"{type(exc).__name__}: {exc}"
                 raise
-            with self.lock:
-                n = self.decider.learn(rows)
+            n = 0
+            for i in range(0, len(rows), LEARN_CHUNK):  # the lock let go between chunks: decisions in between
+                with self.lock:
+                    n += self.decider.learn(rows[i:i + LEARN_CHUNK])
             self.last_sync, self.sync_error = time.time(), None
             if self._log_unreachable:  # the server is back (a write that failed on its own stays reported)
                 self.log_error, self._log_unreachable = None, False
@@ -507,14 +519,14 @@ class Service:
         """``/decide``: the decision of a request body (``BadRequest`` on bad input)."""
         return self.decide_parsed(parse_decide(body))
 
-    def decide_parsed(self, args: dict, blocking: bool = True) -> dict | Deferred | None:
+    def decide_parsed(self, args: dict, blocking: bool = True):
         """The decision of ``parse_decide``'s arguments; None, and nothing done, when ``blocking``
         is False and the Decider is busy (a snapshot, another request on a thread).
 
         A replica decides under the lock and writes the decision to the log after letting it go
         (a round trip to the database, which another request's decision need not wait for): on
-        the event loop (``blocking`` False) it returns a ``Deferred`` that writes and answers,
-        for the caller to run on a thread."""
+        the event loop (``blocking`` False) it returns a coroutine that the group commit's write
+        completes (``group_commit``), for the caller to await."""
         if self.replica:
             return self._replica_decide(args, blocking)
         if not self.lock.acquire(blocking):
@@ -531,28 +543,46 @@ class Service:
             self.lock.release()
         return _decision_answer(decision)
 
-    def _replica_decide(self, args: dict, blocking: bool) -> dict | Deferred | None:
+    def _replica_decide(self, args: dict, blocking: bool):
         if not self.lock.acquire(blocking):
             return None
         try:
-            decision, write = self.decider.decide_unlogged(args["features"], baseline=args["baseline"],
-                                                            valid=args["valid"])
+            decision, row = self.decider.decide_unlogged(args["features"], baseline=args["baseline"],
+                                                         valid=args["valid"])
         except (ValueError, TypeError) as exc:
             raise self._bad_decide(args, exc) from None
         except self.log_errors as exc:  # reserving a block of numbers failed
             raise self._log_failed(exc) from None
         finally:
             self.lock.release()
+        if not blocking:
+            return self._commit_decision(decision, row)
+        try:
+            self.decider.log.write_decision(*row)
+        except self.log_errors as exc:  # not logged: the id is never issued
+            raise self._log_failed(exc) from None
+        return self._decided(decision)
 
-        def finish() -> dict:
-            try:
-                write()
-            except self.log_errors as exc:  # not logged: the id is never issued
-                raise self._log_failed(exc) from None
-            self._changed()
-            return _decision_answer(decision)
+    async def _commit_decision(self, decision, row) -> dict:
+        """(Replicas, on the event loop) the decision written by the group commit, then answered."""
+        try:
+            await self._group_commit().decision(row)
+        except self.log_errors as exc:  # not logged: the id is never issued
+            raise self._log_failed(exc) from None
+        return self._decided(decision)
 
-        return finish() if blocking else Deferred(finish)
+    def _decided(self, decision) -> dict:
+        self.decider.count("decided")
+        self._changed()
+        return _decision_answer(decision)
+
+    def _group_commit(self):
+        """(Replicas) the ``GroupCommit`` of the running event loop (made on first use)."""
+        if self.committer is None:
+            from .group_commit import GroupCommit
+
+            self.committer = GroupCommit(self.decider.log.path)
+        return self.committer
 
     @staticmethod
     def _bad_decide(args: dict, exc: Exception) -> BadRequest:
@@ -575,9 +605,12 @@ class Service:
 
         if self.replica:
             # a replica's feedback is a log write and nothing else (the posterior learns it at a sync):
-            # no lock, and on a thread, so that the round trip to the database holds up no other request
+            # no lock; on the event loop, one feedback is checked there and written by the group
+            # commit, a list is written from a thread
             if not blocking:
-                return Deferred(functools.partial(self.feedback_parsed, args, True))
+                if "many" in args:
+                    return Deferred(functools.partial(self.feedback_parsed, args, True))
+                return self._commit_feedback(args)
             lock = _NO_LOCK
         else:
             lock = self.lock
@@ -602,9 +635,7 @@ class Service:
             self._count("bad_feedback", 1)
             raise _row_errors([(i, k or None, m) for i, k, m in exc.problems]) from None
         except (ValueError, TypeError) as exc:
-            self._count("bad_feedback", 1)
-            message = str(exc)
-            raise BadRequest(message, status=404 if message.startswith("decision_id: unknown") else 422) from None
+            raise self._bad_feedback(exc) from None
         except self.log_errors as exc:  # the log write failed: nothing recorded, still pending
             raise self._log_failed(exc) from None
         else:
@@ -615,6 +646,30 @@ class Service:
             applied = sum(accepted)
             return {"accepted": accepted, "applied": applied, "duplicates": len(accepted) - applied}
         return {"accepted": accepted}
+
+    async def _commit_feedback(self, args: dict) -> dict:
+        """(Replicas, on the event loop) one feedback checked, written by the group commit, answered."""
+        decision_id = args["decision_id"]
+        try:
+            row = self.decider.feedback_row(decision_id, args["reward"], args["constraints"])
+        except (ValueError, TypeError) as exc:
+            raise self._bad_feedback(exc) from None
+        try:
+            new = await self._group_commit().feedback(*row)
+        except self.log_errors as exc:  # not recorded: the client may send it again
+            raise self._log_failed(exc) from None
+        try:
+            accepted = self.decider.feedback_written(decision_id, new)
+        except ValueError as exc:
+            raise self._bad_feedback(exc) from None
+        self._count("duplicates", int(not accepted))
+        self._changed()
+        return {"accepted": accepted}
+
+    def _bad_feedback(self, exc: Exception) -> BadRequest:
+        self._count("bad_feedback", 1)
+        message = str(exc)
+        return BadRequest(message, status=404 if message.startswith("decision_id: unknown") else 422)
 
     def _count(self, counter: str, n: int) -> None:
         """Add ``n`` to the counter ``duplicates`` or ``bad_feedback`` (replicas count from several threads)."""
@@ -1112,6 +1167,8 @@ def create_app(service: Service, snapshot_every: float | None = 60.0, run_on_loo
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
             close_reader()
+            if service.committer is not None:  # (replicas) the writes under way finish; the connection closes
+                await service.committer.close()
             # uvicorn has finished the in-flight requests: the last snapshot holds every one of them
             try:
                 await run_in_threadpool(service.snapshot, True)
@@ -1135,8 +1192,10 @@ def create_app(service: Service, snapshot_every: float | None = 60.0, run_on_loo
             out = run(args, False) if run_on_loop else None
             if out is None:  # the Decider is busy (a snapshot): wait for it on a thread, not on the loop
                 out = await run_in_threadpool(run, args, True)
-            elif type(out) is Deferred:  # a replica's log write: on a thread, the loop free meanwhile
+            elif type(out) is Deferred:  # a replica's list of feedback: written from a thread
                 out = await run_in_threadpool(out)
+            elif inspect.iscoroutine(out):  # a replica's row: the group commit writes it, the loop free meanwhile
+                out = await out
             return 200, out
         except BadRequest as exc:
             return exc.status, exc.body()
