@@ -249,6 +249,7 @@ def _posterior(state: Path):
     return policy.reward_model.posterior_mean.clone(), policy.constraint_models[0].posterior_mean.clone()
 
 
+@pytest.mark.slow  # (the slow job: the default run's 15-minute budget)
 def test_a_csv_of_outcomes_applied_twice_changes_nothing_the_second_time(tmp_path, started):
     state, log, decisions = _served_decisions(tmp_path, started)
     outcomes = _outcomes(decisions[:20], seed=5)

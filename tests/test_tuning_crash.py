@@ -21,6 +21,7 @@ def _trial_states(db: Path) -> tuple[dict, dict]:
     return ({i: t.status.name for i, t in study.experiment.trials.items()}, study.observed())
 
 
+@pytest.mark.slow  # (the slow job: the default run's 15-minute budget)
 def test_sigkill_mid_trial_then_resume_loses_and_duplicates_nothing(tmp_path):
     out = tmp_path / "study"
     proc, lines = start_tune(["video-upload", *ARGS, "--trials", str(TARGET), "--out", str(out)])

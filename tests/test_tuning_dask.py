@@ -17,6 +17,7 @@ from bayes_safe.tuning.runners import DaskRunner
 from bayes_safe.tuning.study import InfrastructureError
 
 
+@pytest.mark.slow  # (the slow job: the default run's 15-minute budget)
 def test_study_runs_trials_on_a_dask_cluster(tmp_path):
     ab = ABTest(VideoUploadProblem(warmup=300, model={"nn_epochs": 1, "nn_min_steps": 20}), n_users=300, batches=2)
     study = Study(ab, storage=tmp_path / "s.sqlite", sobol_trials=3, seed=0)
