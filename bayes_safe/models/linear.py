@@ -169,6 +169,18 @@ class BayesianLinear:
             ``lambda^n``; the effective memory is about ``1 / (1 - lambda)`` observations, a
             half-life of ``log(1/2) / log(lambda)``). Conjugate engines (Gaussian and
             Normal-Inverse-Gamma); the other engines refuse it by name for now.
+
+            ``"adaptive"`` (or ``AdaptiveForgetting(threshold=10, drift=0.5)`` for other settings
+            of its test; the recommended setting when the world may change, issue 30): forget only
+            when the data say the world changed. Every observation is kept (exactly the posterior
+            of no forgetting) until a two-sided CUSUM test (Page 1954) on the model's own
+            standardised one-step predictive residuals ``(y - x^T m) / sqrt(sigma^2 + x^T Sigma
+            x)`` raises an alarm; a batch element that raises one restarts from the prior (the
+            stabilised rule at factor 0) and learns the observation that raised it, as the
+            change-detection bandits reset an arm (CUSUM-UCB, Liu, Lee & Shroff 2018). Each batch
+            element tests on its own; ``change_points`` counts its alarms. Deterministic;
+            conjugate engines only (the other engines refuse it by name); see
+            ``bayes_safe.models.change_detection`` for the test's error rates.
         forgetting_rule: ``"stabilized"`` (default) forgets the data and keeps the prior: the
             sufficient statistics are pulled toward the prior's, ``Lambda <- Lambda0 + lambda
             (Lambda - Lambda0)`` (and so ``eta``, and the noise posterior's ``a`` and ``y^T y``),
@@ -265,14 +277,17 @@ class BayesianLinear:
         if likelihood != "gaussian" and inference in ("conjugate", "nuts", "svi"):
             raise ValueError(f"inference: likelihood={likelihood!r} is sampled by the Gibbs or Langevin engine; use "
                              f"inference='auto', 'gibbs' or 'langevin', got {inference!r}")
-        if forgetting is not None:
-            if isinstance(forgetting, bool) or not isinstance(forgetting, (int, float)) or not 0 < forgetting <= 1:
-                raise ValueError(f"forgetting: expected a number in (0, 1] (the weight kept per observation) or None, "
-                                 f"got {forgetting!r}")
-            forgetting = None if forgetting == 1 else float(forgetting)
+        from .change_detection import CusumDetector, parse_forgetting
+
+        forgetting, adaptive = parse_forgetting(forgetting)
         if forgetting_rule not in ("stabilized", "exponential"):
             raise ValueError(f"forgetting_rule: expected 'stabilized' or 'exponential', got {forgetting_rule!r}")
-        self.forgetting, self.forgetting_rule = forgetting, forgetting_rule
+        if adaptive is not None and forgetting_rule != "stabilized":
+            raise ValueError("forgetting_rule: adaptive forgetting restarts from the prior (the stabilized rule at "
+                             f"factor 0); expected 'stabilized', got {forgetting_rule!r}")
+        # ``forgetting``: the factor, or "adaptive" (then ``adaptive`` holds the detector's settings)
+        self.forgetting = "adaptive" if adaptive is not None else forgetting
+        self.forgetting_rule, self.adaptive = forgetting_rule, adaptive
         self.prior = prior
         self.noise_std = noise_std
         self.noise_prior = noise_prior
@@ -333,6 +348,11 @@ class BayesianLinear:
                     f"any other prior, got {type(prior).__name__}")
         self.engine_name = "conjugate" if self.conjugate else "gibbs" if mixture is not None else (
             "langevin" if langevin else "svi" if inference == "svi" else "nuts")
+        if adaptive is not None and not self.conjugate:
+            raise ValueError(f"forgetting: the {self.engine_name} engine (this prior"
+                             f"{'' if likelihood == 'gaussian' else ', likelihood=' + repr(likelihood)}) does not forget "
+                             "adaptively yet; forgetting='adaptive' works with the conjugate engines (a Gaussian prior "
+                             "and likelihood, known noise or an InverseGamma noise_prior); give a factor instead")
         gibbs_forgets = self.engine_name == "gibbs" and likelihood == "gaussian" and forgetting_rule == "stabilized"
         if self.forgetting is not None and not self.conjugate and not gibbs_forgets:
             raise ValueError(f"forgetting: the {self.engine_name} engine (this prior{'' if likelihood == 'gaussian' else ', likelihood=' + repr(likelihood)}, "
@@ -340,6 +360,8 @@ class BayesianLinear:
                              "engines (a Gaussian prior and likelihood, known noise or an InverseGamma noise_prior) and "
                              "with the Gibbs engine's Gaussian likelihood under the stabilized rule (a Laplace, Student-t "
                              "or horseshoe prior: the data weighed, the prior kept)")
+        # adaptive forgetting: the change detector's statistics per batch element
+        self._detector = None if adaptive is None else CusumDetector(adaptive, self.batch_shape)
         self._count = 0  # observations given to every batch element
         self._masked_count: torch.Tensor | None = None  # per-element counts of masked (per-arm) updates
 
@@ -489,7 +511,9 @@ class BayesianLinear:
             self._masked_count = weight.long() if self._masked_count is None else self._masked_count + weight.long()
         if self.conjugate:
             s = self._scale
-            if self.forgetting is not None:
+            if self._detector is not None:
+                self._detect_change(X if single else X[..., 0, :], y if single else y[..., 0], weight)  # n = 1 here
+            elif self.forgetting is not None:
                 self._forget(weight)
             # in place: one fused op each instead of building X X^T and adding it
             if single:
@@ -544,6 +568,40 @@ class BayesianLinear:
         if self.noise_prior is not None:
             self._sq = self._sq0 + f * (self._sq - self._sq0)
             self._a = self._a0 + f * (self._a - self._a0)
+
+    def _detect_change(self, X: torch.Tensor, y: torch.Tensor, weight: torch.Tensor | None) -> None:
+        """Adaptive forgetting, before one more observation ``X [*batch, d]``, ``y [*batch]``: its
+        standardised one-step predictive residual goes to the CUSUM test, and the batch elements
+        that raise an alarm (of those with ``weight > 0``) restart from the prior
+        (``bayes_safe.models.change_detection``)."""
+        L = self.factor  # the posterior before this observation (cached when a draw has just used it)
+        x = X.unsqueeze(-1).expand(*self.batch_shape, self.dim, 1)
+        a = torch.linalg.solve_triangular(L, x, upper=False)  # L^-1 x: x^T m = u . a, x^T Lambda^-1 x = |a|^2
+        mean = (self._whitened_mean() * a).sum((-2, -1))
+        spread = (a * a).sum((-2, -1))
+        if self.noise_prior is None:
+            var = 1.0 / self._scale + spread
+        else:
+            a_n, b_n = self._noise_posterior()
+            var = b_n / a_n * (1.0 + spread)
+        z = (y - mean) / var.sqrt()
+        alarm = self._detector.step(z, None if weight is None else weight > 0)
+        if not bool(alarm.any()):
+            return
+        a3, a2 = alarm[..., None, None], alarm[..., None]
+        self.precision = torch.where(a3, self._prior_precision, self.precision)
+        self.eta = torch.where(a2, self._prior_eta, self.eta)
+        if self.noise_prior is not None:
+            self._sq = torch.where(alarm, self._sq0, self._sq)
+            self._a = torch.where(alarm, self._a0, self._a)
+
+    @property
+    def change_points(self) -> torch.Tensor:
+        """Adaptive forgetting: how many changes each batch element has detected (and restarted
+        from the prior at), ``[*batch]`` long; an AttributeError for the other settings."""
+        if self._detector is None:
+            raise AttributeError("change_points: only a model with forgetting='adaptive' detects changes")
+        return self._detector.alarms.clone()
 
     def _update_elements(self, index: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> None:
         """Trusted conjugate update of some batch elements only: element ``index[i]`` (a flat
@@ -1044,7 +1102,8 @@ class BayesianLinear:
         stale = ""
         if self.unfitted_observations:
             stale = f", unfitted_observations={self.unfitted_observations} (refit at the next draw or fit())"
-        forget = "" if self.forgetting is None else f", forgetting={self.forgetting} ({self.forgetting_rule})"
+        forget = "" if self.forgetting is None else f", forgetting={self.adaptive}" if self.adaptive is not None else (
+            f", forgetting={self.forgetting} ({self.forgetting_rule})")
         return (f"BayesianLinear(dim={self.dim}, {noise}, batch_shape={list(self.batch_shape)}, "
                 f"inference={self.engine_name!r}{forget}{stale})")
 

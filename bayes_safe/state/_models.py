@@ -48,7 +48,14 @@ def _enc_linear(m, enc: Encoder, what: str) -> dict:
         "conjugate": bool(m.conjugate), "count": int(m._count),
         "masked_count": enc.optional(m._masked_count, f"{what}.masked_count"),
     }
-    if getattr(m, "forgetting", None) is not None:  # (absent: no forgetting, as in states written before)
+    if getattr(m, "adaptive", None) is not None:  # adaptive forgetting: the test's settings and statistics
+        det = m._detector
+        node.update(forgetting="adaptive", forgetting_rule=m.forgetting_rule,
+                    adaptive={"threshold": m.adaptive.threshold, "drift": m.adaptive.drift,
+                              "upper": enc.tensor(det.upper, f"{what}.adaptive.upper"),
+                              "lower": enc.tensor(det.lower, f"{what}.adaptive.lower"),
+                              "alarms": enc.tensor(det.alarms, f"{what}.adaptive.alarms")})
+    elif getattr(m, "forgetting", None) is not None:  # (absent: no forgetting, as in states written before)
         node.update(forgetting=float(m.forgetting), forgetting_rule=m.forgetting_rule)
     if getattr(m, "feature_names", None) is not None:  # (absent: no names, as in states written before: x0, x1, ...)
         node["feature_names"] = list(m.feature_names)
@@ -181,7 +188,15 @@ def _dec_linear(node: dict, dec: Decoder, where: str):
     masked = dec.tensor(node.get("masked_count"), f"{where}.masked_count", shape=b, dtype=_LONG, optional=True)
     if masked is not None and bool((masked < 0).any()):
         dec.fail(f"{where}.masked_count: expected counts >= 0")
-    forgetting = dec.float_field(node, "forgetting", where, allow_none=True) if "forgetting" in node else None
+    adaptive = None
+    if node.get("forgetting") == "adaptive":  # adaptive forgetting (issue 30): its settings, statistics below
+        from ..models.change_detection import AdaptiveForgetting
+
+        adaptive = dec.field(node, "adaptive", dict, where)
+        forgetting = build(dec, f"{where}.adaptive", lambda: AdaptiveForgetting(adaptive.get("threshold"),
+                                                                               adaptive.get("drift")))
+    else:
+        forgetting = dec.float_field(node, "forgetting", where, allow_none=True) if "forgetting" in node else None
     rule = node.get("forgetting_rule", "stabilized")
     names = node.get("feature_names")  # checked by the constructor (a bad list: StateError naming the file)
     if conjugate:
@@ -192,6 +207,12 @@ def _dec_linear(node: dict, dec: Decoder, where: str):
         def t(name, shape):
             return dec.tensor(node.get(name), f"{where}.{name}", shape=shape, dtype=_F64, finite=True).clone()
 
+        def t_stat(group, name):  # a CUSUM statistic: finite, >= 0
+            v = dec.tensor(group.get(name), f"{where}.adaptive.{name}", shape=b, dtype=_F64, finite=True).clone()
+            if bool((v < 0).any()):
+                dec.fail(f"{where}.adaptive.{name}: expected values >= 0")
+            return v
+
         m._prior_loc, m._prior_precision = t("prior_loc", (*b, d)), t("prior_precision", (*b, d, d))
         m.precision, m.eta = t("precision", (*b, d, d)), t("eta", (*b, d))
         m._prior_eta = (m._prior_precision @ m._prior_loc[..., None])[..., 0]  # what stabilised forgetting keeps
@@ -199,6 +220,12 @@ def _dec_linear(node: dict, dec: Decoder, where: str):
             m._a, m._b0, m._sq = t("a", b), t("b0", b), t("sq", b)
             m._sq0 = (m._prior_loc[..., None, :] @ m._prior_precision @ m._prior_loc[..., None])[..., 0, 0]
         m._factor, m._dirty = None, None
+        if adaptive is not None:
+            det = m._detector
+            det.upper, det.lower = t_stat(adaptive, "upper"), t_stat(adaptive, "lower")
+            det.alarms = dec.tensor(adaptive.get("alarms"), f"{where}.adaptive.alarms", shape=b, dtype=_LONG).clone()
+            if bool((det.alarms < 0).any()):
+                dec.fail(f"{where}.adaptive.alarms: expected counts >= 0")
     elif "chain" in node:  # a Gibbs or Langevin chain (NUTS / SVI nodes have no "chain")
         engine = dec.field(node, "engine", str, where)
         if engine not in _CHAIN_OPTIONS:
