@@ -18,7 +18,10 @@ there keeps sd 1), then a constant 1 is appended (the intercept of the linear le
 slice fits the baseline and the standardisation and is not scored; every learner starts with no
 data at the first row after it, sees the standardised row and the baseline's action there, and
 is scored on the rest of the stream (``T = n - ceil(0.05 n)`` decisions). The baseline's PV loss
-is that of its own actions over the same ``T`` rows.
+is that of its own actions over the same ``T`` rows. Learners registered with ``warm=True`` (the
+calibrated bayes_safe ones) are also handed the warm slice's rows and labels, and take from them
+hyperparameters only (``calibrated_per_arm``: a prior mean shared by the arms, one prior sd, the
+noise sd); their arms still start from that prior, without the warm slice's posterior.
 
 Budget (Kazerouni, Ghavamzadeh, Abbasi-Yadkori & Van Roy 2017, constraint (3), with alpha =
 0.1): the learner's cumulative reward must stay at least ``(1 - alpha)`` times the baseline's at
@@ -156,6 +159,8 @@ class Stream:
     baseline_prob: np.ndarray  # [T] the baseline's probability of its action
     num_actions: int
     num_warm: int
+    warm_X: np.ndarray | None = None  # [w, p + 1] the warm slice, standardised, with the constant
+    warm_y: np.ndarray | None = None  # [w] its labels (the baseline's training data)
 
     @property
     def baseline_rewards(self) -> np.ndarray:
@@ -214,7 +219,8 @@ def make_stream(ds: Dataset, shuffle: int, seed: int, max_rows: int | None = Non
     baseline = LogisticBaseline(Z[:w], y[:w], seed=int(zlib.crc32(f"{seed}/{ds.name}/{shuffle}".encode())))
     b, pb = baseline.act(Z[w:])
     Zc = np.ascontiguousarray(np.hstack([Z[w:], np.ones((len(y) - w, 1))]))
-    return Stream(ds.name, shuffle, Zc, y[w:].copy(), b, pb, ds.num_classes, w)
+    Zw = np.ascontiguousarray(np.hstack([Z[:w], np.ones((w, 1))]))
+    return Stream(ds.name, shuffle, Zc, y[w:].copy(), b, pb, ds.num_classes, w, Zw, y[:w].copy())
 
 
 # ------------------------------------------------------------------------------------ learners
@@ -230,6 +236,7 @@ class LearnerSpec:
     requires: tuple[str, ...] = ()
     safe: bool = False  # designed to keep the budget
     default: bool = True  # run unless --learners names others
+    warm: bool = False  # make(dim, num_actions, seed, warm=(X_warm, y_warm)): hyperparameters from the warm slice
 
 
 LEARNERS: dict[str, LearnerSpec] = {}
@@ -284,15 +291,28 @@ class _Torch:
         prior = dist.Normal(self.torch.zeros(self.dim, dtype=self.torch.float64), PRIOR_SD).to_event(1)
         return PerArmLinear(prior, num_arms=self.K, noise_std=NOISE_SD)
 
+    def calibrated(self, warm, temperature=None):
+        """``calibrated_per_arm`` on the warm slice's rows and labels (hyperparameters only: the
+        arms start from the fitted prior, not from the warm slice's posterior)."""
+        from bayes_safe.models import calibrated_per_arm
+
+        X_warm, y_warm = warm
+        kwargs = {} if temperature is None else {"temperature": temperature}
+        self.calibration = calibrated_per_arm(X_warm, labels=y_warm, num_arms=self.K, **kwargs)
+        return self.calibration.model
+
 
 class BayesSafeTS(_Torch):
-    """``ThompsonSampling(PerArmLinear(N(0, 1), noise_std=0.5))``, the one-stream API."""
+    """``ThompsonSampling(model)``, the one-stream API; ``model`` the docs' recommended per-arm
+    model for a 0/1 reward, ``calibrated_per_arm`` on the warm slice (its prior mean, prior scale
+    and noise sd by empirical Bayes, temperature 0.25), or with ``warm=None`` the generic
+    ``PerArmLinear(N(0, 1), noise_std=0.5)``."""
 
-    def __init__(self, dim, num_actions, seed):
+    def __init__(self, dim, num_actions, seed, warm=None, temperature=None):
         super().__init__(dim, num_actions, seed)
         from bayes_safe import ThompsonSampling
 
-        self.policy = ThompsonSampling(self.per_arm())
+        self.policy = ThompsonSampling(self.per_arm() if warm is None else self.calibrated(warm, temperature))
 
     def act(self, x, baseline, baseline_prob) -> int:
         self._x = self.torch.from_numpy(x)
@@ -300,6 +320,43 @@ class BayesSafeTS(_Torch):
 
     def learn(self, x, action, reward) -> None:
         self.policy.update(self._x, self.torch.tensor(reward, dtype=self.torch.float64), actions=action)
+
+
+class BayesSafeStreamingTS:
+    """``StreamingPerArmTS.from_calibrated(calibrated_per_arm(warm slice))``: the same model and
+    law of decisions as ``bayes_safe TS``, in numpy (arm scores as univariate normals, rank-one
+    updates of the played arm only)."""
+
+    def __init__(self, dim, num_actions, seed, warm):
+        from bayes_safe.models import calibrated_per_arm
+        from bayes_safe.policies import StreamingPerArmTS
+
+        X_warm, y_warm = warm
+        self.ts = StreamingPerArmTS.from_calibrated(calibrated_per_arm(X_warm, labels=y_warm, num_arms=num_actions),
+                                                    seed=seed)
+
+    def act(self, x, baseline, baseline_prob) -> int:
+        return self.ts.select(x)
+
+    def learn(self, x, action, reward) -> None:
+        self.ts.update(x, reward, action)
+
+
+class BayesSafeStreamingConservativeTS(BayesSafeStreamingTS):
+    """``StreamingConservativeTS(StreamingPerArmTS.from_calibrated(...), alpha=0.1)``: the
+    conservative TS learner's one-stream numpy fast path (realised budget, confidence 0.95)."""
+
+    def __init__(self, dim, num_actions, seed, warm):
+        super().__init__(dim, num_actions, seed, warm)
+        from bayes_safe.policies import StreamingConservativeTS
+
+        self.policy = StreamingConservativeTS(self.ts, alpha=ALPHA)
+
+    def act(self, x, baseline, baseline_prob) -> int:
+        return self.policy.select(x, baseline)
+
+    def learn(self, x, action, reward) -> None:
+        self.policy.update(x, reward, action)
 
 
 class BayesSafeTSASC(_Torch):
@@ -322,15 +379,21 @@ class BayesSafeTSASC(_Torch):
 
 
 class BayesSafeConservativeTS(_Torch):
-    """``ConservativeTS(PerArmLinear(N(0, 1), noise_std=0.5), alpha=0.1)``: Thompson draws played
-    while the posterior's 95 % lower bound of the cumulative budget (Kazerouni et al. 2017,
-    constraint (3)) holds; the baseline's reward learned from its own plays."""
+    """``ConservativeTS(calibrated_per_arm(warm slice), alpha=0.1, budget="realised", variance_scale=1 / T)``:
+    Thompson draws (at the calibrated model's temperature ``T``) played while the 95 % lower bound
+    of the realised cumulative budget (Kazerouni et al. 2017, constraint (3) on observed rewards),
+    on the calibrated posterior, holds; the baseline's reward learned from its own plays."""
 
-    def __init__(self, dim, num_actions, seed):
+    def __init__(self, dim, num_actions, seed, warm=None, budget="realised"):
         super().__init__(dim, num_actions, seed)
         from bayes_safe.policies import ConservativeTS
 
-        self.policy = ConservativeTS(self.per_arm(), alpha=ALPHA)
+        if warm is None:
+            self.policy = ConservativeTS(self.per_arm(), alpha=ALPHA, budget=budget)
+        else:
+            model = self.calibrated(warm)
+            self.policy = ConservativeTS(model, alpha=ALPHA, budget=budget,
+                                         variance_scale=1.0 / self.calibration.temperature)
 
     def act(self, x, baseline, baseline_prob) -> int:
         self._x = self.torch.from_numpy(x)
@@ -441,14 +504,30 @@ class BayesianBanditsTS:
 
 
 register(LearnerSpec("greedy", GreedyRidge, "greedy: per-arm ridge, argmax of the mean (numpy)"))
-register(LearnerSpec("bayes_safe TS", BayesSafeTS, "bayes_safe ThompsonSampling, PerArmLinear N(0,1), noise sd 0.5",
+register(LearnerSpec("bayes_safe TS", BayesSafeTS,
+                     "bayes_safe ThompsonSampling, calibrated_per_arm on the warm slice (empirical Bayes, temperature 0.25)",
+                     requires=("torch", "pyro"), warm=True))
+register(LearnerSpec("bayes_safe TS generic prior", BayesSafeTS, "bayes_safe ThompsonSampling, PerArmLinear N(0,1), noise sd 0.5",
                      requires=("torch", "pyro")))
+register(LearnerSpec("bayes_safe TS streaming", BayesSafeStreamingTS,
+                     "bayes_safe StreamingPerArmTS (numpy one-stream fast path), calibrated_per_arm on the warm slice",
+                     requires=("torch", "pyro"), warm=True))
+register(LearnerSpec("bayes_safe conservative TS streaming", BayesSafeStreamingConservativeTS,
+                     "bayes_safe StreamingConservativeTS (numpy one-stream fast path of conservative TS, realised budget)",
+                     requires=("torch", "pyro"), safe=True, warm=True))
+for _t in (1.0, 0.1):  # the temperature's two sides, on request (--learners "bayes_safe TS T=1")
+    register(LearnerSpec(f"bayes_safe TS T={_t:g}", lambda d, k, s, warm, t=_t: BayesSafeTS(d, k, s, warm, t),
+                         f"bayes_safe ThompsonSampling, calibrated_per_arm, temperature {_t:g}",
+                         requires=("torch", "pyro"), warm=True, default=False))
 register(LearnerSpec("bayes_safe TS-ASC", BayesSafeTSASC,
                      "bayes_safe TSASC alpha=0.1, guard = per-arm reward model vs the baseline action",
                      requires=("torch", "pyro"), safe=True))
 register(LearnerSpec("bayes_safe conservative TS", BayesSafeConservativeTS,
-                     "bayes_safe ConservativeTS alpha=0.1 (confidence 0.95), PerArmLinear N(0,1), noise sd 0.5",
-                     requires=("torch", "pyro"), safe=True))
+                     "bayes_safe ConservativeTS alpha=0.1 (confidence 0.95), realised budget, calibrated_per_arm on the warm slice",
+                     requires=("torch", "pyro"), safe=True, warm=True))
+register(LearnerSpec("bayes_safe conservative TS expected", lambda d, k, s, warm: BayesSafeConservativeTS(d, k, s, warm, "expected"),
+                     "bayes_safe ConservativeTS alpha=0.1, budget on expected rewards, calibrated_per_arm",
+                     requires=("torch", "pyro"), safe=True, warm=True, default=False))
 register(LearnerSpec("bayes_safe CLUCB", BayesSafeCLUCB,
                      "bayes_safe CLUCB alpha=0.1, block-per-arm BayesianLinear, known baseline reward = its probability",
                      requires=("torch", "pyro"), safe=True))
@@ -562,7 +641,10 @@ def run_stream(learner, stream: Stream) -> tuple[np.ndarray, float]:
 def evaluate(spec: LearnerSpec, stream: Stream, seed: int) -> Result:
     lseed = int(np.random.default_rng([*stream_seed(seed, stream.dataset, stream.shuffle),
                                        zlib.crc32(spec.name.encode())]).integers(2**31 - 1))
-    learner = spec.make(stream.X.shape[1], stream.num_actions, lseed)
+    if spec.warm:
+        learner = spec.make(stream.X.shape[1], stream.num_actions, lseed, warm=(stream.warm_X, stream.warm_y))
+    else:
+        learner = spec.make(stream.X.shape[1], stream.num_actions, lseed)
     rewards, seconds = run_stream(learner, stream)
     base = stream.baseline_rewards
     return Result(spec.name, stream.dataset, stream.shuffle, len(rewards), pv_loss(rewards), pv_loss(base),

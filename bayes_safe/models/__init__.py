@@ -3,12 +3,13 @@
 ``ProbitGP`` and its wrappers load GPyTorch, so they are imported on first use.
 """
 
+from .calibrated import CalibratedPerArm, calibrated_per_arm
 from .empirical_bayes import PriorFit, fit_prior, power_prior
 from .linear import BayesianLinear
 from .per_arm import PerArmLinear
 
-__all__ = ["BayesianLinear", "PerArmLinear", "PriorFit", "ProbitGP", "ScaledOutcome", "SuccessProbability", "fit_prior",
-           "power_prior"]
+__all__ = ["BayesianLinear", "CalibratedPerArm", "PerArmLinear", "PriorFit", "ProbitGP", "ScaledOutcome",
+           "SuccessProbability", "calibrated_per_arm", "fit_prior", "power_prior"]
 
 _LAZY = {"ProbitGP", "SuccessProbability", "ScaledOutcome"}
 

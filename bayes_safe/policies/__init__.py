@@ -5,8 +5,9 @@ from .bcts import BCTS, ConstraintMask, CTSPosterior
 from .clucb import CLUCB, CLUCB2ASC, LUCB
 from .conservative import ConservativeTS
 from .greedy import Greedy, Random
+from .streaming import StreamingConservativeTS, StreamingPerArmTS
 from .thompson import ThompsonSampling
 from .ts_asc import TSASC
 from .ucb import EllipsoidConfidence, LinUCB
 
-__all__ = ["BCTS", "CLUCB", "CLUCB2ASC", "LUCB", "TSASC", "CTSPosterior", "ConservativeTS", "ConstraintMask", "EllipsoidConfidence", "Greedy", "LinUCB", "Policy", "Random", "ThompsonSampling"]
+__all__ = ["BCTS", "CLUCB", "CLUCB2ASC", "LUCB", "TSASC", "CTSPosterior", "ConservativeTS", "ConstraintMask", "EllipsoidConfidence", "Greedy", "LinUCB", "Policy", "Random", "StreamingConservativeTS", "StreamingPerArmTS", "ThompsonSampling"]

@@ -9,8 +9,10 @@ bandits", constraint (3): at every step ``t``
 the policy's cumulative expected reward at least ``(1 - alpha)`` times the baseline policy's.
 Their Algorithm 1 (CLUCB, ``bayes_safe.policies.CLUCB``) proposes the *optimistic* action and
 plays it only if the constraint holds for the worst parameter of a frequentist confidence set,
-else the baseline; CLUCB2 (their s.4.2) does the same when the baseline's rewards are unknown.
-``ConservativeTS`` follows CLUCB2's check with two changes:
+else the baseline (the condition displayed in their s.4, before s.4.1, with known baseline
+rewards); CLUCB2, their variant for unknown baseline rewards (in the paper's longer version, not
+in the conference text), does the same with the baseline's rewards estimated too.
+``ConservativeTS`` follows that check with two changes:
 
 1. **the proposal is a Thompson draw** (``ThompsonSampling``), not the optimistic action, so it
    explores as much as the posterior says and no more (Thompson sampling in place of the
@@ -29,6 +31,26 @@ else the baseline; CLUCB2 (their s.4.2) does the same when the baseline's reward
    The baseline's rewards are learned, not assumed known (CLUCB2's setting): the model updates
    on every play, the baseline's included, so the budget the baseline earns becomes certain as
    fast as its reward is learned, and exploration starts once it covers a draw's risk.
+
+**Realised budget** (``budget="realised"``). Constraint (3) is on expected rewards; a user (and
+issue 32's bake-off) often judges it on the *realised* ones, ``sum r_i >= (1 - alpha) sum r_{b_i}``
+with ``r`` the observed 0/1 rewards. Then the known part of the sum is known exactly once the
+rewards are in: ``K_t = sum_i r_i - (1 - alpha) sum_{i not in S_t} r_i`` (the learner's own rewards,
+and the baseline's where the baseline was played). What is unknown is the baseline's reward at
+the steps the learner deviated, and the next step's rewards; they enter as the linear term
+``c_t = -(1 - alpha) sum_{i in S_t} x_{b_i}`` (the mean reward the baseline would have earned,
+the term of Kazerouni et al.'s check in s.4, displayed before s.4.1, whose baseline rewards are
+unknown here) with variance ``c^T Sigma c`` plus the reward noise ``sigma^2 ((1 - alpha)^2 |S_t|
++ 1 + (1 - alpha)^2)``. A proposal is played when ``K_t + <c', m> - z sqrt(c'^T Sigma c' +
+noise) >= 0`` for ``c'`` with the proposal's step. Decisions whose reward has not arrived count
+as in the expected mode (by the model); rewards are matched to decisions first in, first out, so
+``update`` must follow the ``select`` calls in their order (the one-stream ``select`` / ``update``
+loop, or a batch ``[R]`` per step).
+
+``variance_scale`` multiplies the posterior covariance and the noise variance in the check: a
+model built with a temperature ``T`` (``calibrated_per_arm``) samples from a posterior ``T`` times
+narrower or wider than the calibrated one; ``variance_scale = 1 / T`` checks the budget on the
+calibrated posterior while Thompson sampling explores at the temperature.
 
 A proposal equal to the baseline action is always played (it is the baseline). ``Q`` only
 grows when the baseline is played or when a proposal is judged safe, so the policy keeps a
@@ -83,6 +105,9 @@ class ConservativeTS(Policy):
             ``[0, 1)``.
         confidence: the posterior probability with which a played proposal keeps the budget, in
             ``(0.5, 1)`` (default 0.95: ``z = 1.645``).
+        budget: ``"expected"`` (constraint (3) on expected rewards, the default) or ``"realised"``
+            (on the observed rewards; module docstring).
+        variance_scale: multiplies the covariance (and noise variance) the check uses (> 0; default 1).
 
     Attributes:
         budget: ``c`` of the module docstring, the shape of the model's posterior mean
@@ -91,12 +116,20 @@ class ConservativeTS(Policy):
             played, and the steps the baseline was played in place of one.
     """
 
-    def __init__(self, model, alpha: float = 0.1, confidence: float = 0.95):
+    def __init__(self, model, alpha: float = 0.1, confidence: float = 0.95, *, budget: str = "expected",
+                 variance_scale: float = 1.0):
         check_model(model, "model", "sample_at")
         self.alpha = float(check_in_range(alpha, "alpha", 0.0, 1.0))
         if isinstance(confidence, bool) or not isinstance(confidence, (int, float)) or not 0.5 < confidence < 1:
             raise ValueError(f"confidence: expected a probability in (0.5, 1), got {confidence!r}")
         self.confidence = float(confidence)
+        if budget not in ("expected", "realised"):
+            raise ValueError(f"budget: expected 'expected' or 'realised', got {budget!r}")
+        self.budget_kind = budget
+        if isinstance(variance_scale, bool) or not isinstance(variance_scale, (int, float)) or not (
+                0 < variance_scale < math.inf):
+            raise ValueError(f"variance_scale: expected a positive number, got {variance_scale!r}")
+        self.variance_scale = float(variance_scale)
         self._z = _normal_quantile(self.confidence)
         self.model = model
         self._core = getattr(model, "arms", model)  # PerArmLinear: its BayesianLinear over [*batch, K]
@@ -115,12 +148,22 @@ class ConservativeTS(Policy):
         R = self._batch[0] if self._batch else 1
         self.explored = torch.zeros(R, dtype=torch.long)
         self.fallbacks = torch.zeros(R, dtype=torch.long)
+        # realised mode: the known part K_t [R], the deviations' count [R] and the decisions whose reward is pending
+        self.known = torch.zeros(R, dtype=torch.float64)
+        self.deviations = torch.zeros(R, dtype=torch.long)
+        self.baseline_plays = torch.zeros(R, dtype=torch.long)
+        self.baseline_successes = torch.zeros(R, dtype=torch.float64)
+        self.counterfactual = torch.zeros(shape, dtype=torch.float64)  # c_dev: -(1 - alpha) x_b at the deviations
+        self._pending: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        noise = getattr(self._core, "noise_std", None)
+        self._noise_var = 0.25 if noise is None else float(noise) ** 2  # NIG: the largest 0/1 variance
 
     def models(self) -> dict[str, object]:
         return {"reward": self.model}
 
     def _settings(self) -> dict[str, object]:
-        return {"alpha": self.alpha, "confidence": self.confidence}
+        return {"alpha": self.alpha, "confidence": self.confidence, "budget": self.budget_kind,
+                "variance_scale": self.variance_scale}
 
     def _moments(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The posterior mean ``[R, (K,) d]`` and covariance ``[R, (K,) d, d]`` (a leading 1 when unbatched)."""
@@ -145,13 +188,46 @@ class ConservativeTS(Policy):
                          -(1 - self.alpha) * xb.expand(*lead, d)[..., None, :])
         return out
 
-    def _lower(self, c: torch.Tensor, mean: torch.Tensor, cov: torch.Tensor) -> torch.Tensor:
-        """``mean - z sd`` of ``<c, theta>`` under ``N(mean, cov)``, ``c [*S, R, (K,) d]`` -> ``[*S, R]``."""
+    def _block(self, features: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        """``x_a`` in the weights' layout: ``[R, d]``, or ``[R, K, d]`` with ``x_a`` in block ``a``."""
+        R, K, d = features.shape
+        xa = features[torch.arange(R), actions]
+        if not self._per_arm:
+            return xa
+        return torch.zeros(R, K, d, dtype=torch.float64).scatter_(-2, actions[:, None, None].expand(R, 1, d),
+                                                                   xa[:, None, :])
+
+    def _moment(self, c: torch.Tensor, mean: torch.Tensor, cov: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Mean and variance of ``<c, theta>`` under ``N(mean, cov)``, ``c [*S, R, (K,) d]`` -> ``[*S, R]``."""
         m = (c * mean).sum(-1)
         v = (c[..., None, :] @ cov @ c[..., :, None])[..., 0, 0]
         if self._per_arm:
             m, v = m.sum(-1), v.sum(-1)
-        return m - self._z * v.clamp_min(0).sqrt()
+        return m, v
+
+    def _lower(self, c: torch.Tensor, mean: torch.Tensor, cov: torch.Tensor) -> torch.Tensor:
+        """``mean - z sd`` of ``<c, theta>`` under ``N(mean, cov)`` (expected budget), or of the
+        realised budget (module docstring), ``c [*S, R, (K,) d]`` -> ``[*S, R]``."""
+        m, v = self._moment(c, mean, cov)
+        if self.budget_kind == "expected":
+            return m - self._z * (self.variance_scale * v).clamp_min(0).sqrt()
+        b = (1 - self.alpha) ** 2
+        noise = self._noise_var * (len(self._pending) * (1 + b) + 1 + b)
+        lower = self.known + m - self._z * (self.variance_scale * (v + noise)).clamp_min(0).sqrt()
+        return lower - self._counterfactual_cost(mean, cov)
+
+    def _counterfactual_cost(self, mean: torch.Tensor, cov: torch.Tensor) -> torch.Tensor:
+        """An upper ``confidence`` bound on ``(1 - alpha)`` times the baseline's rewards at the
+        deviations ``[R]``: the larger of the model's (``<-c_dev, theta>`` and the rewards' noise)
+        and the baseline's own success rate's (a Beta(1, 1) posterior on its plays, times the deviations)."""
+        m, v = self._moment(self.counterfactual if self._batch else self.counterfactual[None], mean, cov)
+        b = (1 - self.alpha) ** 2
+        model = -m + self._z * (self.variance_scale * (v + self._noise_var * b * self.deviations)).clamp_min(0).sqrt()
+        n = self.baseline_plays.to(torch.float64)
+        p = (self.baseline_successes + 1) / (n + 2)
+        dev = self.deviations.to(torch.float64)
+        rate = (1 - self.alpha) * dev * (p + self._z * (p * (1 - p) / (n + 3)).sqrt())
+        return torch.maximum(model, rate)
 
     def select(self, features, baseline=None, generator: Generator = None, valid=None) -> torch.Tensor:
         features, baseline, valid = check_select_inputs(features, baseline, valid, models=(self.model,),
@@ -171,13 +247,31 @@ class ConservativeTS(Policy):
             moved = played != baseline
             self.explored += moved.long()
             self.fallbacks += (~ok).long()
+            if self.budget_kind == "realised":
+                self._pending.append((step, moved, self._block(features, baseline)))
         return actions
 
     def _budget(self) -> torch.Tensor:
         return self.budget if self._batch else self.budget[None]
 
     def update(self, features_chosen, reward, constraints=None, actions=None) -> None:
-        """Learn from every play, the baseline's included (its reward is learned, not assumed)."""
+        """Learn from every play, the baseline's included (its reward is learned, not assumed).
+        Realised budget: the reward settles the oldest pending decision's term (module docstring)."""
+        if self.budget_kind == "realised" and self._pending:
+            step, moved, base_x = self._pending.pop(0)
+            r = torch.as_tensor(reward, dtype=torch.float64).reshape(-1)
+            if r.numel() != moved.numel():
+                raise ValueError(f"reward: expected {moved.numel()} rewards (one per replication), got {r.numel()}")
+            # out: the step's expected term; in: the reward, less (1 - alpha) of it where the baseline was
+            # played, and, where the learner deviated, -(1 - alpha) x_b (the baseline's unknown reward)
+            self.known += torch.where(moved, r, self.alpha * r)
+            self.deviations += moved.long()
+            self.baseline_plays += (~moved).long()
+            self.baseline_successes += torch.where(moved, torch.zeros_like(r), r)
+            shape = (-1,) + (1,) * (step.dim() - 1)
+            cf = torch.where(moved.reshape(shape), -(1 - self.alpha) * base_x, torch.zeros_like(step))
+            self.counterfactual = self.counterfactual + (cf if self._batch else cf[0])
+            self.budget = self.budget - (step if self._batch else step[0])
         if self._per_arm:
             self.model.update(features_chosen, reward, actions=actions)
         else:
