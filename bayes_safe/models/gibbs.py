@@ -35,7 +35,8 @@ Likelihoods (all with the same weight step ``w | . ~ N(Lambda^-1 eta, Lambda^-1)
   X^T X``, ``eta = Lambda_prior m0 + X^T z``. Truncated normals by inverse CDF from uniforms.
 * ``"logistic"``: Polson, Scott & Windle (2013), Theorem 1: ``omega_i | w ~ PG(1, x_i^T w)``,
   ``Lambda = Lambda_prior + X^T Omega X``, ``eta = Lambda_prior m0 + X^T (y - 1/2)``. PG draws by
-  the series of their Definition 1 (see ``polya_gamma``).
+  the series of their Definition 1 (see ``polya_gamma``). With forgetting, row ``i`` weighs
+  ``w_i = lambda^(rows since)``: ``omega_i | w ~ PG(w_i, x_i^T w)``, ``kappa_i = w_i (y_i - 1/2)``.
 
 Thompson sampling with this engine is *warm-started*: the chain state (weights, scales,
 latents) is kept across ``update`` calls, and each draw (``sample`` / ``sample_at``) advances it
@@ -76,6 +77,7 @@ from ..random import (
 __all__ = [
     "GibbsLinearPosterior",
     "ScaleMixturePrior",
+    "forgetting_weights",
     "inverse_gaussian",
     "polya_gamma",
     "recognise_prior",
@@ -369,7 +371,32 @@ def truncated_normal_latent(mu: torch.Tensor, y: torch.Tensor, generator: Genera
     return mu + e
 
 
-def polya_gamma(c: torch.Tensor, generator: Generator = None, key: str = "pg", terms: int = 20) -> torch.Tensor:
+def forgetting_weights(lam: float, n: int) -> tuple[int, torch.Tensor]:
+    """``(start, weights [n - start])``: the weight ``lam^(n - 1 - i)`` of row ``i`` of ``n`` (the last
+    row weighs 1), for rows ``start .. n``. Rows whose weight is below ``2^-60`` are left out
+    (``start > 0``): all of them together weigh less than ``2^-60 / (1 - lam)`` rows, so a chain's cost
+    stops growing after about ``42 / (1 - lam)`` rows. A function of ``(lam, n)`` only: nothing to save."""
+    if lam >= 1.0:
+        return 0, torch.ones(n, dtype=_DTYPE)
+    keep = min(n, math.floor(60.0 * math.log(2.0) / -math.log(lam)) + 1)
+    return n - keep, lam ** torch.arange(keep - 1, -1, -1, dtype=_DTYPE)
+
+
+def _gamma_inverse_cdf(b: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """``Gamma(b, 1)`` by inverse CDF of the uniforms ``u`` (``scipy.special.gammaincinv``, a
+    dependency of arviz): one uniform per draw, so the randomness is fixed and
+    replication-separable. ``b`` near 0 gives 0 (the limit)."""
+    from scipy.special import gammaincinv
+
+    b_np, u_np = np.broadcast_arrays(b.numpy(), u.numpy())
+    out = np.zeros(u_np.shape)
+    ok = b_np > 1e-300
+    out[ok] = gammaincinv(b_np[ok], u_np[ok])
+    return torch.from_numpy(out)
+
+
+def polya_gamma(c: torch.Tensor, generator: Generator = None, key: str = "pg", terms: int = 20,
+                b: torch.Tensor | None = None) -> torch.Tensor:
     """``PG(1, c)`` draws, ``[*batch] -> [*batch]``, by the truncated series of Polson, Scott &
     Windle (2013), Definition 1, ``omega = 1/(2 pi^2) sum_k g_k / ((k - 1/2)^2 + c^2/(4 pi^2))``
     with ``g_k ~ Exp(1)``: the first ``terms`` terms are drawn and the rest replaced by their
@@ -377,16 +404,27 @@ def polya_gamma(c: torch.Tensor, generator: Generator = None, key: str = "pg", t
     its variance is short by the tail's, ``< 1/(12 pi^4 (terms - 1/2)^3)`` (with 20 terms,
     ``1e-7`` against ``Var PG(1, 0) = 1/24``). Fixed randomness per element (``terms`` uniforms),
     so it is reproducible by seed and replication-separable.
+
+    ``b`` (broadcastable to ``c``; forgetting's row weights, issue 30): ``PG(b, c)`` draws, the same
+    series with ``g_k ~ Gamma(b, 1)`` (Polson, Scott & Windle 2013, Definition 1) drawn by inverse
+    CDF from the same uniforms, and the tail's mean ``b`` times that of ``PG(1, c)``
+    (``E[PG(b, c)] = b tanh(c/2) / (2c)``). Where ``b == 1`` the draw is bit for bit the ``PG(1, c)``
+    draw.
     """
     c = c.abs()
     k = torch.arange(1, terms + 1, dtype=_DTYPE) - 0.5
     denom = k * k + (c * c / (4.0 * math.pi**2))[..., None]  # [*b, K]
-    g = lanewise(lambda u: -torch.log(u), uniform_rows((*c.shape, terms), generator, key=key))
+    u = uniform_rows((*c.shape, terms), generator, key=key)
+    g = lanewise(lambda uu: -torch.log(uu), u)
+    if b is not None:
+        bk = b.to(_DTYPE).expand(c.shape)[..., None].expand(g.shape)
+        g = torch.where(bk == 1.0, g, _gamma_inverse_cdf(bk, u))
     head = (g / denom).sum(-1) / (2.0 * math.pi**2)
     head_mean = (1.0 / denom).sum(-1) / (2.0 * math.pi**2)
     small = c < 1e-4
     full_mean = torch.where(small, 0.25 - c * c / 48.0, lanewise(torch.tanh, c / 2.0) / (2.0 * c.clamp_min(1e-4)))
-    return head + (full_mean - head_mean).clamp_min(0.0)
+    tail = (full_mean - head_mean).clamp_min(0.0)
+    return head + (tail if b is None else b * tail)
 
 
 def _exp_draw(shape, generator, key) -> torch.Tensor:
@@ -470,11 +508,16 @@ class GibbsLinearPosterior:
                  predict_sweeps: int = 200, pg_terms: int = 20, seed: int = 0, forgetting: float | None = None):
         self.prior = prior
         # forgetting (issue 30): each new row weighs what came before by ``forgetting`` (the data, never
-        # the prior: ``BayesianLinear``'s stabilised rule); Gaussian likelihood only (its sufficient
-        # statistics discount exactly); ``_n_eff`` is the weighted count the noise step uses
-        if forgetting is not None and likelihood != "gaussian":
-            raise ValueError(f"forgetting: the Gibbs engine forgets with a Gaussian likelihood only, not "
-                             f"likelihood={likelihood!r}")
+        # the prior: ``BayesianLinear``'s stabilised rule), so row i of n enters the likelihood to the power
+        # lam^(n-1-i). Gaussian: the sufficient statistics discount exactly; ``_n_eff`` is the weighted count
+        # the noise step uses. Logistic: omega_i ~ PG(w_i, psi_i), kappa_i = w_i (y_i - 1/2) (Polson, Scott
+        # & Windle 2013, Theorem 1 with b_i = w_i), weights from ``forgetting_weights(lam, n)``. Probit: the
+        # Albert-Chib augmentation has no exact form for Phi(psi)^w; refused
+        if forgetting is not None and likelihood == "probit":
+            raise ValueError("forgetting: the gibbs engine cannot forget with likelihood='probit' (the Albert-Chib "
+                             "truncated-normal augmentation is not conjugate with a weighted likelihood Phi(x^T w)^lambda"
+                             "^age); use likelihood='logistic' (Polya-Gamma augmentation, forgets exactly), or "
+                             "inference='langevin' for a probit model that forgets")
         self.forgetting = forgetting
         self._n_eff = None if forgetting is None else torch.zeros(tuple(batch_shape), dtype=_DTYPE)
         self.dim = int(dim)
@@ -532,7 +575,8 @@ class GibbsLinearPosterior:
         X = X.expand(*b, *X.shape[-2:])
         y = y.expand(*b, y.shape[-1])
         n = X.shape[-2]
-        if self.forgetting is not None:  # row i of the m new ones weighs lam^(m-1-i); what came before lam^m
+        if self.forgetting is not None and self.likelihood == "gaussian":  # row i of the m new ones weighs
+            # lam^(m-1-i); what came before lam^m (logistic: the rows are kept, weighed in the sweep)
             lam = self.forgetting
             w = lam ** torch.arange(n - 1, -1, -1, dtype=_DTYPE)
             old = lam ** n
@@ -686,11 +730,13 @@ class GibbsLinearPosterior:
             z = truncated_normal_latent(mu, y, generator, key=key + "/z", sign=self._sign[..., :n])
             self._weight_step(st, generator, key, (X.mT @ z[..., None])[..., 0], None, 1.0, extra_z)
         else:
-            X, y = self._X[..., :n, :], self._y[..., :n]
+            start, wts = (0, None) if self.forgetting is None else self._row_weights()
+            X, y = self._X[..., start:n, :], self._y[..., start:n]
             psi = (X @ st.w[..., None])[..., 0]
-            omega = polya_gamma(psi, generator, key=key + "/pg", terms=self.pg_terms)
+            omega = polya_gamma(psi, generator, key=key + "/pg", terms=self.pg_terms, b=wts)
             prec = (X * omega[..., None]).mT @ X
-            self._weight_step(st, generator, key, (X.mT @ (y - 0.5)[..., None])[..., 0], prec, 1.0, z)
+            kappa = y - 0.5 if wts is None else wts * (y - 0.5)
+            self._weight_step(st, generator, key, (X.mT @ kappa[..., None])[..., 0], prec, 1.0, z)
         draws = None
         if batch is not None:  # S weights of the same conditional; the chain goes on from the first
             draws, st.w = st.w, st.w[0].clone()
@@ -698,6 +744,13 @@ class GibbsLinearPosterior:
             self._noise_step(st, generator, key)
         self._scale_step(st, generator, key, extra)
         return draws
+
+    def _row_weights(self) -> tuple[int, torch.Tensor]:
+        """``forgetting_weights(forgetting, n)``, cached per ``n``."""
+        cached = getattr(self, "_weights_cache", None)
+        if cached is None or cached[0] != self.n:
+            cached = self._weights_cache = (self.n, forgetting_weights(self.forgetting, self.n))
+        return cached[1]
 
     # ------------------------------------------------------------------ queries
     def _pending_burn_in(self) -> bool:

@@ -68,7 +68,7 @@ from pyro.poutine.messenger import Messenger
 from torch.distributions import biject_to
 
 from ..random import DrawBatch, Generator, standard_normal, standard_uniform
-from .gibbs import append_rows, empty_data
+from .gibbs import append_rows, empty_data, forgetting_weights
 
 __all__ = ["LANGEVIN_OPTIONS", "LangevinLinearPosterior"]
 
@@ -177,6 +177,12 @@ class LangevinLinearPosterior:
             faithfully (its own random numbers, Python branches on sampled values, in-place
             updates, or a disagreement at the check states) stays eager; ``compiled`` says which.
             Default ``True``.
+        forgetting: ``lambda`` in (0, 1] or None (issue 30): row ``i`` of ``n`` enters the log
+            likelihood times ``lambda^(n - 1 - i)`` (a power likelihood; the prior is not weighed,
+            ``BayesianLinear``'s stabilised rule). Gaussian likelihood: the sufficient statistics are
+            discounted and the noise variance sees the weighted count; 0/1 likelihoods: each row's log
+            likelihood is multiplied by its weight (rows below ``2^-60`` left out, see
+            ``gibbs.forgetting_weights``).
 
     Shapes: ``add(X [*b, n, d], y [*b, n])``; ``draw() -> [*b, d]``; ``summary(X [*b, k, d]) ->
     (mean_w [*b, d], mean [*b, k], var [*b, k])``; ``theta [*b, P]``.
@@ -186,12 +192,14 @@ class LangevinLinearPosterior:
 
     def __init__(self, prior, dim: int, batch_shape: Sequence[int] = (), *, likelihood: str = "gaussian",
                  noise_std: float | None = None, noise_prior=None, steps: int = 1, burn_in: int = 50,
-                 predict_steps: int = 200, seed: int = 0, compile: bool = True):
+                 predict_steps: int = 200, seed: int = 0, compile: bool = True, forgetting: float | None = None):
         from .pyro_inference import check_prior_model
 
         self.dim = int(dim)
         self.batch_shape = torch.Size(batch_shape)
         self.likelihood = likelihood
+        self.forgetting = None if forgetting is None else float(forgetting)
+        self._weights_cache = None  # (n, (start, weights)) of the 0/1 likelihoods' rows under forgetting
         self.steps, self.burn_in, self.predict_steps, self.seed = int(steps), int(burn_in), int(predict_steps), int(seed)
         self.compile = bool(compile)
         distribution, fn = check_prior_model(prior, self.dim, self.seed)
@@ -435,9 +443,25 @@ class LangevinLinearPosterior:
             lp = lp + self._noise_prior.log_prob(s2) + u
         return lp, w.to(_DTYPE), s2
 
+    def _n_lik(self) -> float:
+        """The count of observations the likelihood sees: ``n``, or under forgetting the weighted
+        count ``sum_k lambda^k`` (k < n), a function of ``n`` (nothing more to save)."""
+        lam = self.forgetting
+        if lam is None or lam >= 1.0:
+            return float(self.n)
+        return (1.0 - lam**self.n) / (1.0 - lam)
+
+    def _rows(self) -> tuple[int, torch.Tensor | None]:
+        """``(first row used, weights of rows first .. n or None)`` of the 0/1 likelihoods."""
+        if self.forgetting is None or self.likelihood == "gaussian":
+            return 0, None
+        if self._weights_cache is None or self._weights_cache[0] != self.n:
+            self._weights_cache = (self.n, forgetting_weights(self.forgetting, self.n))
+        return self._weights_cache[1]
+
     def _log_likelihood(self, w, s2, xtx, xty, yty, n, X, y, xtxw=None):
         """One replication's ``log p(y | X, w, s2)`` (a scalar, up to a constant); ``xtxw``: ``X^T X w``
-        when the caller has it."""
+        when the caller has it. Under forgetting each row's term times its weight (``_rows``)."""
         if self.likelihood == "gaussian":
             xtxw = xtx @ w if xtxw is None else xtxw
             quad = yty - (w * (2.0 * xty - xtxw)).sum()
@@ -446,8 +470,11 @@ class LangevinLinearPosterior:
             return -0.5 * n * torch.log(s2) - 0.5 * quad / s2
         f = X @ w
         if self.likelihood == "probit":
-            return _log_ndtr((2.0 * y - 1.0) * f).sum()
-        return (y * f - torch.nn.functional.softplus(f)).sum()
+            terms = _log_ndtr((2.0 * y - 1.0) * f)
+        else:
+            terms = y * f - torch.nn.functional.softplus(f)
+        wts = self._rows()[1]
+        return terms.sum() if wts is None else (wts.to(terms.dtype) * terms).sum()
 
     def _log_density(self, theta, xtx, xty, yty, n, X, y):
         """One replication's ``log p(theta | data)`` (a scalar)."""
@@ -458,8 +485,9 @@ class LangevinLinearPosterior:
         b = tuple(self.batch_shape)
         R = self.batch_shape.numel()
         rows = 0 if self.likelihood == "gaussian" else self.n  # the Gaussian likelihood keeps sums only
-        X = self._X[..., :rows, :].reshape(R, rows, self.dim)
-        y = self._y[..., :rows].reshape(R, rows)
+        start = self._rows()[0]
+        X = self._X[..., start:rows, :].reshape(R, rows - start, self.dim)
+        y = self._y[..., start:rows].reshape(R, rows - start)
         return (self._xtx.reshape(R, self.dim, self.dim), self._xty.reshape(R, self.dim), self._yty.reshape(R),
                 X, y, b)
 
@@ -485,7 +513,7 @@ class LangevinLinearPosterior:
         xtx, xty, yty, X, y, b = self._data()
         R = xtx.shape[0]
         flat = theta.reshape(R, self.num_params).detach()
-        n = float(self.n)
+        n = self._n_lik()
         with torch.enable_grad(), pyro.validation_enabled(False):
 
             def one(t, a, c, e, Xr, yr):
@@ -520,8 +548,9 @@ class LangevinLinearPosterior:
         d, n = self.dim, self.n
         X = y = None
         if self.likelihood != "gaussian":
-            X, y = self._X.reshape(-1, d)[:n], self._y.reshape(-1)[:n]
-        return float(n), self._xtx.reshape(d, d), self._xty.reshape(d), self._yty.reshape(()), X, y
+            start = self._rows()[0]
+            X, y = self._X.reshape(-1, d)[start:n], self._y.reshape(-1)[start:n]
+        return self._n_lik(), self._xtx.reshape(d, d), self._xty.reshape(d), self._yty.reshape(()), X, y
 
     def _combine(self, lp, grad_prior, w, s2, jac, n, xtx, xty, yty, X, y):
         """``(log p, grad [P])`` of one replication from the prior part (``lp``, its gradient
@@ -558,14 +587,17 @@ class LangevinLinearPosterior:
         if self.likelihood == "probit":
             sign = 2.0 * y - 1.0
             ratio = torch.exp(-0.5 * f * f - 0.5 * math.log(2.0 * math.pi) - _log_ndtr(sign * f))  # phi / Phi
-            return ll, X.mT @ (sign * ratio), None
-        return ll, X.mT @ (y - torch.sigmoid(f)), None
+            r = sign * ratio
+        else:
+            r = y - torch.sigmoid(f)
+        wts = self._rows()[1]
+        return ll, X.mT @ (r if wts is None else wts.to(r.dtype) * r), None
 
     def _hessian(self, theta: torch.Tensor) -> torch.Tensor:
         """``[*b, P, P]`` Hessian of ``-log p`` at ``theta``."""
         xtx, xty, yty, X, y, b = self._data()
         R = xtx.shape[0]
-        n = float(self.n)
+        n = self._n_lik()
         flat = theta.reshape(R, self.num_params).detach()
 
         def neg(t, a, c, e, Xr, yr):
@@ -589,7 +621,15 @@ class LangevinLinearPosterior:
         X = X.expand(*b, *X.shape[-2:]).to(_DTYPE)
         y = y.expand(*b, y.shape[-1]).to(_DTYPE)
         n = X.shape[-2]
-        if self.likelihood == "gaussian":
+        if self.likelihood == "gaussian" and self.forgetting is not None:
+            # row i of the n new ones weighs lam^(n-1-i), what came before lam^n (as the Gibbs engine)
+            lam = self.forgetting
+            wn = lam ** torch.arange(n - 1, -1, -1, dtype=_DTYPE)
+            old = lam**n
+            self._xtx = old * self._xtx + (X * wn[:, None]).mT @ X
+            self._xty = old * self._xty + (X.mT @ (wn * y)[..., None])[..., 0]
+            self._yty = old * self._yty + (wn * y * y).sum(-1)
+        elif self.likelihood == "gaussian":
             self._xtx = self._xtx + X.mT @ X
             self._xty = self._xty + (X.mT @ y[..., None])[..., 0]
             self._yty = self._yty + (y * y).sum(-1)

@@ -168,7 +168,12 @@ class BayesianLinear:
             far is weighted by ``lambda`` (an observation ``n`` observations old counts
             ``lambda^n``; the effective memory is about ``1 / (1 - lambda)`` observations, a
             half-life of ``log(1/2) / log(lambda)``). Conjugate engines (Gaussian and
-            Normal-Inverse-Gamma); the other engines refuse it by name for now.
+            Normal-Inverse-Gamma); the Gibbs and Langevin engines with the same meaning, each
+            row's likelihood raised to the power ``lambda^(rows since)`` and the prior kept (the
+            stabilized rule): Gibbs with a Gaussian or logistic likelihood (Polya-Gamma ``PG(w, .)``
+            latents), Langevin with any likelihood. The Gibbs engine refuses ``"probit"`` (its
+            augmentation has no exact weighted form; use ``"logistic"`` or ``inference="langevin"``);
+            NUTS and SVI refuse it.
 
             ``"adaptive"`` (or ``AdaptiveForgetting(threshold=10, drift=0.5)`` for other settings
             of its test; the recommended setting when the world may change, issue 30): forget only
@@ -353,13 +358,15 @@ class BayesianLinear:
                              f"{'' if likelihood == 'gaussian' else ', likelihood=' + repr(likelihood)}) does not forget "
                              "adaptively yet; forgetting='adaptive' works with the conjugate engines (a Gaussian prior "
                              "and likelihood, known noise or an InverseGamma noise_prior); give a factor instead")
-        gibbs_forgets = self.engine_name == "gibbs" and likelihood == "gaussian" and forgetting_rule == "stabilized"
-        if self.forgetting is not None and not self.conjugate and not gibbs_forgets:
+        # the chain engines forget under the stabilized rule (the data weighed, the prior kept); the Gibbs
+        # engine's probit likelihood is refused by the engine itself (GibbsLinearPosterior says why)
+        chain_forgets = self.engine_name in ("gibbs", "langevin") and forgetting_rule == "stabilized"
+        if self.forgetting is not None and not self.conjugate and not chain_forgets:
             raise ValueError(f"forgetting: the {self.engine_name} engine (this prior{'' if likelihood == 'gaussian' else ', likelihood=' + repr(likelihood)}, "
-                             f"forgetting_rule={forgetting_rule!r}) does not forget yet; forgetting works with the conjugate "
-                             "engines (a Gaussian prior and likelihood, known noise or an InverseGamma noise_prior) and "
-                             "with the Gibbs engine's Gaussian likelihood under the stabilized rule (a Laplace, Student-t "
-                             "or horseshoe prior: the data weighed, the prior kept)")
+                             f"forgetting_rule={forgetting_rule!r}) does not forget; forgetting works with the conjugate "
+                             "engines (a Gaussian prior and likelihood, known noise or an InverseGamma noise_prior), and "
+                             "with the Gibbs (Gaussian or logistic likelihood) and Langevin engines under the stabilized "
+                             "rule (the data weighed, the prior kept)")
         # adaptive forgetting: the change detector's statistics per batch element
         self._detector = None if adaptive is None else CusumDetector(adaptive, self.batch_shape)
         self._count = 0  # observations given to every batch element
@@ -406,7 +413,7 @@ class BayesianLinear:
                 raise ValueError(f"inference_options: the Langevin engine takes {list(LANGEVIN_OPTIONS)}, got {unknown}")
             self.engine = LangevinLinearPosterior(
                 prior, d, self.batch_shape, likelihood=likelihood, noise_std=noise_std, noise_prior=noise_prior,
-                **options,
+                forgetting=self.forgetting, **options,
             )
             self.refit_every = None
         else:
