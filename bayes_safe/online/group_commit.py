@@ -26,15 +26,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import time
 
-from .log import _PG_FEEDBACK_KEY, LogError, LogURL, pg_error, pg_stale
+from .log import (
+    _DECISION_COLUMNS,
+    _PG_FEEDBACK_KEY,
+    LogError,
+    LogURL,
+    decision_row,
+    feedback_row,
+    pg_error,
+    pg_stale,
+)
 
 __all__ = ["GroupCommit"]
 
-_DECISION_COLUMNS = ("decision_id", "time", "action", "propensity", "propensity_se", "model_version", "num_actions",
-                     "context", "probabilities", "baseline")
 _DECISION_TYPES = ("text", "float8", "int8", "float8", "float8", "int8", "int8", "text", "text", "int8")
 
 
@@ -91,17 +96,12 @@ class GroupCommit:
     async def decision(self, row: tuple) -> None:
         """Commit a decision: ``row`` the arguments of ``DecisionLog.write_decision`` (its
         ``decision_id`` first). Raises ``LogUnavailable`` / ``LogError`` when not written."""
-        key, action, p, se, version, context, probabilities, baseline = row
-        await self._submit("decision", (str(key), time.time(), int(action), float(p), float(se), int(version),
-                                        len(probabilities), json.dumps([float(x) for x in context]),
-                                        json.dumps([float(x) for x in probabilities]),
-                                        None if baseline is None else int(baseline)))
+        await self._submit("decision", decision_row(*row))
 
     async def feedback(self, decision_id: str, reward: float, constraints) -> bool | None:
         """Commit a feedback row: True if written, False if the decision already had feedback, None
         if the log holds no such decision (``DecisionLog.write_feedback_shared``'s answers)."""
-        return await self._submit("feedback", (str(decision_id), time.time(), float(reward),
-                                               None if constraints is None else json.dumps([float(c) for c in constraints])))
+        return await self._submit("feedback", feedback_row(decision_id, reward, constraints))
 
     def _submit(self, kind: str, row: tuple) -> asyncio.Future:
         loop = asyncio.get_running_loop()

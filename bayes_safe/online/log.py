@@ -422,6 +422,20 @@ class _Session:
             self.b._give_back()
 
 
+def decision_row(decision_id: str, action: int, propensity: float, propensity_se: float, model_version: int,
+                 context, probabilities, baseline: int | None = None) -> tuple:
+    """The ``decisions`` row (``_DECISION_COLUMNS``' order) of ``write_decision``'s arguments, timed now."""
+    return (str(decision_id), time.time(), int(action), float(propensity), float(propensity_se), int(model_version),
+            len(probabilities), json.dumps([float(x) for x in context]),
+            json.dumps([float(x) for x in probabilities]), None if baseline is None else int(baseline))
+
+
+def feedback_row(decision_id: str, reward: float, constraints=None, now: float | None = None) -> tuple:
+    """The ``feedback`` row ``(decision_id, time, reward, constraints JSON or None)``, timed ``now``."""
+    return (str(decision_id), time.time() if now is None else now, float(reward),
+            None if constraints is None else json.dumps([float(c) for c in constraints]))
+
+
 def pg_stale(conn) -> bool:
     """Whether an idle psycopg connection is of no use: closed, broken, or with something to read
     (a connection between statements has nothing to read unless its server went away: a restart
@@ -535,9 +549,8 @@ class DecisionLog:
         """Record a decision (an id already logged raises). After a ``LogUnavailable`` the write of that
         id may have been committed without its answer arriving: the next write of the same id
         replaces that row (the caller was told it failed, so the id was never issued)."""
-        row = (str(decision_id), time.time(), int(action), float(propensity), float(propensity_se), int(model_version),
-               len(probabilities), json.dumps([float(x) for x in context]),
-               json.dumps([float(x) for x in probabilities]), None if baseline is None else int(baseline))
+        row = decision_row(decision_id, action, propensity, propensity_se, model_version, context, probabilities,
+                           baseline)
         with self._lock:
             insert = self._b.insert("decisions", _DECISION_COLUMNS)
             if row[0] in self._uncertain:
@@ -562,9 +575,7 @@ class DecisionLog:
         After a ``LogUnavailable`` the write may have been committed without its answer arriving:
         the next feedback of that decision replaces it (the caller was told it failed, so what it
         sends again is the feedback it applies)."""
-        row = (str(decision_id), time.time(), float(reward),
-               None if constraints is None else json.dumps([float(c) for c in constraints]))
-        return self._write_feedback([row])[0]
+        return self._write_feedback([feedback_row(decision_id, reward, constraints)])[0]
 
     def _write_feedback(self, prepared: list[tuple]) -> list[bool]:
         """Insert feedback ``prepared`` in one transaction (module docstring; ``write_feedback``)."""
@@ -600,7 +611,7 @@ class DecisionLog:
         re-sent row, or the same id earlier in ``rows``: ignored). A row whose last write raised
         ``LogUnavailable`` replaces what that write may have committed (as ``write_feedback``)."""
         now = time.time()
-        prepared = [(str(k), now, float(r), None if c is None else json.dumps([float(x) for x in c])) for k, r, c in rows]
+        prepared = [feedback_row(k, r, c, now) for k, r, c in rows]
         return self._write_feedback(prepared)
 
     # ------------------------------------------------------------------ identity
