@@ -97,6 +97,17 @@ def probability_below_one(text: str) -> float:
     return value
 
 
+def forgetting_arg(text: str) -> float | str:
+    """``--forgetting``: a factor in (0, 1] or ``adaptive`` (``BayesianLinear``'s ``forgetting``)."""
+    if text.strip().lower() == "adaptive":
+        return "adaptive"
+    what = "a factor in (0, 1] (the weight an observation keeps per update) or 'adaptive'"
+    value = _float(text, what)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+    return value
+
+
 def open_fraction(text: str) -> float:
     """A share in (0, 1): neither none nor all (``--holdout``)."""
     what = "a share in (0, 1)"

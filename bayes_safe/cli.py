@@ -36,6 +36,7 @@ import traceback
 from ._cli_args import (
     OneLineParser,
     existing_dir,
+    forgetting_arg,
     import_path,
     key_value,
     output_dir,
@@ -105,6 +106,10 @@ def _build_parser() -> argparse.ArgumentParser:
                           "(default: a built-in problem's own prior, the one its parameters are drawn from; "
                           "1 for a --problem module:Class; a class that declares its own models with "
                           "models(replications) runs those, and --ridge is then an error)")
+    sim.add_argument("--forgetting", type=forgetting_arg, default=None, metavar="FACTOR|adaptive",
+                     help="forgetting of the ridge models (ts, greedy, ts-asc): a factor in (0, 1] per update "
+                          "(stabilised rule), or 'adaptive' (restart from the prior when a change is detected); "
+                          "default none. A problem that declares its own models sets theirs")
     sim.add_argument("--out", required=True, type=output_dir, help="output directory")
     sim.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     _add_debug(sim)
@@ -325,7 +330,12 @@ def _simulate(args) -> int:
         probe = make_problem(args.problem, **{**kwargs, "replications": 1})
         _check_memory(args, probe.num_arms, probe.dim, probe.num_metrics, len(getattr(probe, "constraints", ()) or ()))
         env = make_problem(args.problem, **kwargs)
-        policy = make_policy(args.policy, env, ridge=args.ridge, alpha=args.alpha)
+        try:
+            policy = make_policy(args.policy, env, ridge=args.ridge, alpha=args.alpha, forgetting=args.forgetting)
+        except ValueError as err:
+            if not str(err).startswith("forgetting:"):
+                raise
+            raise UsageError(f"--{err}") from None
         num_metrics = env.num_metrics
         metric_names = [str(n) for n in env.metric_names]
         source = "ridge" if policy.models() else "none"
@@ -460,16 +470,21 @@ def _own_problem(args):
     if own is not None and args.ridge is not None:
         raise UsageError(f"--ridge: {name} declares its own models ({name}.models); --ridge sets the prior of the "
                          "ridge default, which runs only for a problem that declares none. Leave --ridge out")
+    if own is not None and args.forgetting is not None:
+        raise UsageError(f"--forgetting: {name} declares its own models ({name}.models), which set their own "
+                         "forgetting (BayesianLinear(..., forgetting=...)); leave --forgetting out")
     names = [str(n) for n in problem.metric_names]
     declared = tuple(getattr(problem, "constraints", ()) or ())
     if args.policy == "random":
+        if args.forgetting is not None:
+            raise UsageError("--forgetting: the random policy has no models to forget with")
         return problem, Random(), "none"
     shape = _ProblemShape(problem) if own is None else None
     source = "problem" if own is not None else "ridge"
     ridge = 1.0 if args.ridge is None else args.ridge
 
     def model(metric: int):
-        return own[metric] if own is not None else ridge_model(shape, metric, ridge)
+        return own[metric] if own is not None else ridge_model(shape, metric, ridge, args.forgetting)
 
     if args.policy == "ts":
         return problem, ThompsonSampling(model(0)), source

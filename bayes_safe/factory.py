@@ -13,7 +13,7 @@ __all__ = ["POLICIES", "describe_model", "make_policy", "problem_models", "ridge
 POLICIES = ("ts", "ts-asc", "linucb", "greedy", "random", "lucb", "clucb", "clucb2-asc-c", "clucb2-asc-i")
 
 
-def ridge_model(env, metric: int = 0, ridge: float | None = None) -> BayesianLinear:
+def ridge_model(env, metric: int = 0, ridge: float | None = None, forgetting=None) -> BayesianLinear:
     """Bayesian linear regression for one metric of ``env``, known noise ``sigma = env.noise_std[metric]``.
 
     ``ridge=None`` (the default) uses the problem's own prior when it declares one: the
@@ -27,6 +27,9 @@ def ridge_model(env, metric: int = 0, ridge: float | None = None) -> BayesianLin
 
     A problem with ``feature_names`` (``d`` strings) gives them to the model, which keeps them in
     its saved state (``bayes-safe diagnose`` names the weights after them).
+
+    ``forgetting``: as for ``BayesianLinear`` (a factor in (0, 1], ``"adaptive"``, or None), the
+    stabilised rule (issue 30).
     """
     sigma = float(env.noise_std[metric])
     if ridge is None:
@@ -40,12 +43,12 @@ def ridge_model(env, metric: int = 0, ridge: float | None = None) -> BayesianLin
     if names is not None and len(names) != env.dim:
         names = None
     return BayesianLinear(prior.expand([env.dim]).to_event(1), noise_std=sigma, batch_shape=[env.replications],
-                          feature_names=names)
+                          feature_names=names, forgetting=forgetting)
 
 
 def make_policy(name: str, env, *, ridge: float | None = None, alpha: float | None = None, delta: float = 0.001,
                 weight_bound: float | None = None, constraints=None, metric_names=None, fallback: str | None = None,
-                models=None):
+                models=None, forgetting=None):
     """A policy registered as ``name`` (see ``POLICIES``), with ridge models for ``env``'s metrics.
 
     ``ridge``: None for the problem's own (well-specified) prior, a number for the ridge prior
@@ -64,9 +67,26 @@ def make_policy(name: str, env, *, ridge: float | None = None, alpha: float | No
     (``problem_models(problem, R)``); for ts, greedy and ts-asc (ts and greedy use the first,
     ts-asc all of them). The UCB family builds its confidence sets from ridge models of known
     noise and refuses them.
+
+    ``forgetting``: the ridge models' forgetting (a factor in (0, 1], ``"adaptive"``, or None; see
+    ``BayesianLinear``), for ts, greedy and ts-asc. The UCB family's confidence sets assume a
+    fixed parameter (Abbasi-Yadkori et al. 2011) and refuse it; the problem's own models
+    (``models=``) set their own.
     """
     if name not in POLICIES:
         raise ValueError(f"policy: unknown name {name!r}; expected one of {list(POLICIES)}")
+    if forgetting is not None:
+        if name == "random":
+            raise ValueError("forgetting: the random policy has no models to forget with")
+        if name not in ("ts", "greedy", "ts-asc"):
+            raise ValueError(f"forgetting: {name!r} builds confidence sets that assume the parameters never change; "
+                             "forgetting runs with 'ts', 'greedy' or 'ts-asc'")
+        if models is not None:
+            raise ValueError("forgetting: applies to the ridge models built when models= is not given; the problem's "
+                             "own models set their own forgetting")
+        from .models.change_detection import parse_forgetting
+
+        parse_forgetting(forgetting)  # a clear error before any model is built
     if ridge is not None and not ridge > 0:
         raise ValueError(f"ridge: expected a number > 0 (or None for the problem's own prior), got {ridge}")
     if models is not None:
@@ -82,7 +102,7 @@ def make_policy(name: str, env, *, ridge: float | None = None, alpha: float | No
         models = list(models)
     if name == "random":
         return Random()
-    reward = models[0] if models is not None else ridge_model(env, 0, ridge)
+    reward = models[0] if models is not None else ridge_model(env, 0, ridge, forgetting)
     if name == "ts":
         return ThompsonSampling(reward)
     if name == "greedy":
@@ -112,7 +132,8 @@ def make_policy(name: str, env, *, ridge: float | None = None, alpha: float | No
         if alpha is None:
             raise ValueError(f"alpha: required for {name} on a problem without its own alpha")
     declared = constraints
-    constraints = models[1:] if models is not None else [ridge_model(env, m, ridge) for m in range(1, env.num_metrics)]
+    constraints = models[1:] if models is not None else [ridge_model(env, m, ridge, forgetting)
+                                                         for m in range(1, env.num_metrics)]
     if name in ("clucb2-asc-c", "clucb2-asc-i"):
         norms = env.parameters.norm(dim=-1)  # [R, M]
         bound = weight_bound if weight_bound is not None else norms[:, 0]
@@ -179,4 +200,7 @@ def describe_model(model) -> str:
     likelihood = getattr(model, "likelihood", None)
     if likelihood not in (None, "gaussian"):
         parts.append(str(likelihood))
+    forgetting = getattr(model, "forgetting", None)
+    if forgetting is not None:
+        parts.append("adaptive forgetting" if forgetting == "adaptive" else f"forgetting {forgetting:g}")
     return type(model).__name__ + (f" ({', '.join(parts)})" if parts else "")

@@ -133,8 +133,8 @@ def test_forgetting_is_saved_and_a_tampered_value_refused(tmp_path):
     ({"prior": dist.Laplace(torch.zeros(D, dtype=F64), 1.0).to_event(1), "noise_std": 1.0,
       "forgetting_rule": "exponential"}, "gibbs"),  # the Gibbs engine forgets the data only: the stabilised rule
     ({"prior": _prior(), "likelihood": "probit"}, "gibbs"),  # Albert-Chib's augmentation has no weighted form
-    ({"prior": _prior(), "noise_std": 1.0, "inference": "nuts"}, "nuts"),
-    ({"prior": _prior(), "noise_std": 1.0, "inference": "svi"}, "svi"),
+    ({"prior": _prior(), "noise_std": 1.0, "inference": "nuts", "forgetting_rule": "exponential"}, "nuts"),
+    ({"prior": _prior(), "noise_std": 1.0, "inference": "svi", "forgetting_rule": "exponential"}, "svi"),
 ])
 def test_engines_that_do_not_forget_refuse_by_name(kwargs, engine):
     with pytest.raises(ValueError, match=f"forgetting: the {engine} engine"):

@@ -201,12 +201,42 @@ def test_a_probit_gibbs_model_refuses_forgetting_by_name():
     assert m.sample().shape == (D,)
 
 
-def test_no_forgetting_engines_still_refuse():
-    with pytest.raises(ValueError, match="forgetting: the nuts engine"):
-        BayesianLinear(_gauss(), noise_std=1.0, inference="nuts", forgetting=0.9)
+@pytest.mark.parametrize("inference", ["nuts", "svi"])
+def test_nuts_and_svi_forget_as_the_conjugate_engine_does(inference):
+    """The weighted likelihood of the Pyro engines has the conjugate stabilised rule's posterior:
+    after a flip of the weights, its mean follows the new weights as the closed form does."""
+    g = torch.Generator().manual_seed(3)
+    X = torch.randn(60, D, generator=g, dtype=F64)
+    w = torch.tensor([1.0, -1.0], dtype=F64)
+    y = torch.cat([X[:30] @ w, -(X[30:] @ w)]) + 0.3 * torch.randn(60, generator=g, dtype=F64)
+    exact = BayesianLinear(_gauss(), noise_std=0.3, forgetting=0.9)
+    exact.update(X, y)
+    m = BayesianLinear(_gauss(), noise_std=0.3, forgetting=0.9, inference=inference,
+                       inference_options={"num_samples": 300, "warmup_steps": 150, "progress": False})
+    m.update(X.numpy(), y.numpy())          # numpy rows, as a user has them
+    m.fit()
+    mean, truth = m.sample((300,)).mean(0), exact.sample((4000,)).mean(0)
+    assert torch.allclose(mean, truth, atol=0.12), (mean, truth)
+    assert mean[0] < -0.5 < 0.5 < mean[1]   # the flipped weights, where no forgetting stays near 0
+
+
+def test_pyro_engine_forgetting_is_saved_and_drops_rows_that_no_longer_count(tmp_path):
+    m = BayesianLinear(_gauss(), noise_std=1.0, forgetting=0.5, inference="svi",
+                       inference_options={"svi_steps": 50, "num_samples": 20, "progress": False})
+    m.update(torch.randn(100, D, dtype=F64), torch.randn(100, dtype=F64))
+    m.fit()
+    assert m._X[0].shape[-2] == 61            # weights below 2^-60 (0.5^61) left out at the fit
+    save_state(m, tmp_path / "m")
+    back = load_state(tmp_path / "m")
+    assert back.forgetting == 0.5 and back.engine.forgetting == 0.5
+
+
+def test_the_exponential_rule_is_refused_where_the_prior_is_not_conjugate():
     with pytest.raises(ValueError, match="forgetting_rule='exponential'"):
         BayesianLinear(_gauss(), likelihood="logistic", inference="langevin", forgetting=0.9,
                        forgetting_rule="exponential")
+    with pytest.raises(ValueError, match="forgetting: the nuts engine.*forgetting_rule='exponential'"):
+        BayesianLinear(_gauss(), noise_std=1.0, inference="nuts", forgetting=0.9, forgetting_rule="exponential")
 
 
 def test_a_logistic_decider_that_forgets_replays_its_log_to_the_same_chain(tmp_path):
@@ -228,3 +258,34 @@ def test_a_logistic_decider_that_forgets_replays_its_log_to_the_same_chain(tmp_p
     e, f = policy.model.engine, back.policy.model.engine
     assert f.n == e.n == 20 and torch.equal(f._X[:20], e._X[:20]) and torch.equal(f._y[:20], e._y[:20])
     back.log.close()
+
+
+@pytest.mark.parametrize("forgetting", [0.9, "adaptive"])
+def test_per_arm_models_forget_at_each_arms_own_observations(tmp_path, forgetting):
+    """Arm k of a forgetting PerArmLinear is the forgetting BayesianLinear told arm k's rows only;
+    the other arms keep what they know; the setting survives save and load."""
+    import numpy as np
+
+    from bayes_safe.models import PerArmLinear
+
+    prior = dist.Normal(torch.zeros(D, dtype=F64), 1.0).to_event(1)
+    m = PerArmLinear(prior, 3, noise_std=0.5, forgetting=forgetting)
+    alone = [BayesianLinear(prior, noise_std=0.5, forgetting=forgetting) for _ in range(3)]
+    rng = np.random.default_rng(4)
+    for t in range(240):
+        c = rng.normal(size=D)
+        a = t % 3 if t < 120 else 1
+        y = float(c.sum()) * (1.0 if t < 180 else -1.0) + 0.5 * rng.normal()
+        m.update(c, y, a)                      # numpy context, float outcome, int arm
+        alone[a].update(c[None], [y])
+    for k in range(3):
+        assert torch.allclose(m.arms.precision[k], alone[k].precision)
+        assert torch.allclose(m.arms.eta[k], alone[k].eta)
+    mean = m.sample((2000,)).mean(0)
+    assert float(mean[1].sum()) < -1.0 < 1.0 < float(mean[0].sum())   # arm 1 followed the flip; arm 0 kept the old
+    if forgetting == "adaptive":
+        assert m.arms.change_points.tolist() == [0, 1, 0]
+    save_state(m, tmp_path / "m")
+    back = load_state(tmp_path / "m")
+    assert back.forgetting == m.forgetting and torch.equal(back.arms.precision, m.arms.precision)
+    assert "forgetting=" in repr(back)

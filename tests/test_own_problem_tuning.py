@@ -278,6 +278,41 @@ def test_forgetting_is_a_study_parameter_of_the_default_models(email_dir):
     assert "click_change" in result and all(torch.isfinite(torch.tensor(v[0])) for v in result.values())
 
 
+def test_a_study_chooses_between_no_fixed_and_adaptive_forgetting(email_dir):
+    """``--parameter forgetting=none,0.99,adaptive``: a choice the study runs, each value the setting
+    of the default models; a value the models cannot take is refused before the study starts."""
+    from email_problem import EmailTiming
+
+    from bayes_safe.tuning import ABTest, Study
+    from bayes_safe.tuning.own_problem import SimulatedProblem
+    from bayes_safe.tuning.ranges import Choice, parse_parameter
+
+    choice = parse_parameter("forgetting=none,0.99,adaptive")
+    assert choice == Choice("forgetting", ("none", "0.99", "adaptive"))
+    with pytest.raises(ValueError, match="NAME=A,B"):
+        parse_parameter("forgetting=adaptive")
+    problem = SimulatedProblem(EmailTiming(seed=1))
+    env = problem.make_env({}, 0)
+    for value, setting in (("none", None), ("0.99", 0.99), ("adaptive", "adaptive")):
+        policy = problem.make_policy("ts-asc", {"forgetting": value}, env, seed=0, refit_every=50)
+        assert [m.forgetting for m in policy.models().values()] == [setting, setting]
+    ab = ABTest(problem, n_users=60, batches=2)
+    with pytest.raises(ValueError, match="'forgetting' expected a number in .*'adaptive'"):
+        Study(ab, parameters=["forgetting=none,sometimes", "tolerance_unsubscribe=0:0.04"],
+              storage=email_dir / "bad.sqlite")
+    study = Study(ab, parameters=[choice, "tolerance_unsubscribe=0:0.04"], storage=email_dir / "c.sqlite",
+                  sobol_trials=3, seed=0)
+    study.run(trials=3, inline=True)
+    assert study.counts() == {"COMPLETED": 3}
+    seen = {t.arm.parameters["forgetting"] for t in study.experiment.trials.values()}
+    assert seen <= {"none", "0.99", "adaptive"} and seen
+    from bayes_safe.tuning.report import write_report
+
+    write_report(study, email_dir / "choice-report")           # string values in the report's tables
+    text = (email_dir / "choice-report" / "report.md").read_text()
+    assert "forgetting" in text and any(v in text for v in seen)
+
+
 def test_forgetting_is_refused_by_name_for_a_problems_own_models(email_dir):
     import pyro.distributions as dist
     import torch

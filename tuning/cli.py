@@ -185,8 +185,9 @@ def _study_options(p: argparse.ArgumentParser) -> None:
     """Options every new study takes (search space, objective, Ax, storage name, seed)."""
     p.add_argument("--trials", type=positive_int, default=30, help="completed trials to reach (default 30)")
     p.add_argument("--sobol", type=positive_int, default=None, help="Sobol initialisation trials (default 2 x parameters)")
-    p.add_argument("--parameter", action="append", default=None, metavar="NAME=LOW:HIGH",
-                   help="declare a tuned parameter (repeat; replaces the default search space); e.g. alpha=0:0.03")
+    p.add_argument("--parameter", action="append", default=None, metavar="NAME=LOW:HIGH|NAME=A,B",
+                   help="declare a tuned parameter (repeat; replaces the default search space); e.g. alpha=0:0.03, "
+                        "or a choice of values, e.g. forgetting=none,0.99,adaptive")
     p.add_argument("--objective", default=None, help="Ax objective over the trial's metrics (default: the problem's)")
     p.add_argument("--constraint", action="append", default=None, metavar="EXPR",
                    help="outcome constraint (repeat; default: the problem's); 'none' for no constraint")
@@ -545,7 +546,7 @@ def _printer_with_tracking(progress):
 def run_tune(args) -> int:
     """Run ``bayes-safe tune ...`` from parsed arguments. Bad input raises ``ValueError``."""
     from . import storage
-    from .ab_test import Range
+    from .ranges import parse_parameter
     from .report import write_report
     from .study import InfrastructureError, Study
 
@@ -608,7 +609,7 @@ def run_tune(args) -> int:
         tracker = _open_tracker(mlflow_uri)
         params = None
         if args.parameter:
-            params = [Range.parse(text) for text in args.parameter]
+            params = [parse_parameter(text) for text in args.parameter]
         constraints = args.constraint
         if constraints is not None and [c.strip().lower() for c in constraints] == ["none"]:
             constraints = []

@@ -46,9 +46,11 @@
 
 * ``forgetting`` (issue 30): a study may tune the models' forgetting factor too
   (``--parameter forgetting=0.95:1``): the default models (conjugate ridge) are built with
-  ``BayesianLinear(..., forgetting=value)``, the stabilised rule (1: no forgetting). A problem
-  whose ``models`` hook builds its own models sets their forgetting there, and the parameter is
-  refused for it by name.
+  ``BayesianLinear(..., forgetting=value)``, the stabilised rule (1: no forgetting). Or a choice
+  of settings (``--parameter forgetting=none,0.99,adaptive``, a ``Choice``): ``"none"``, a factor
+  written as a string, or ``"adaptive"`` (restart from the prior when a change is detected,
+  ``bayes_safe.models.change_detection``). A problem whose ``models`` hook builds its own models
+  sets their forgetting there, and the parameter is refused for it by name.
 
 The default search space is ``problem.search_space`` (dicts or ``Range`` of ``tolerance_*`` names)
 or, when empty, one range per constraint: relative ``[0, 2 |bound - 1|]`` (at least 0.02 wide;
@@ -166,6 +168,23 @@ def outcome_constraint(constraint: Constraint) -> str:
     if constraint.versus_baseline:
         return f"{constraint.metric}_change {op} {100 * (constraint.bound - 1):.10g}"
     return f"{constraint.metric} {op} {constraint.bound:.10g}"
+
+
+def _forgetting_setting(value) -> float | str | None:
+    """A trial's ``forgetting`` -> the models' setting: a number in (0, 1] or its string (a choice's
+    value), ``"adaptive"``, or ``"none"`` / None (no forgetting). Bad values name the parameter."""
+    if value is None or (isinstance(value, str) and value.strip().lower() == "none"):
+        return None
+    if isinstance(value, str) and value.strip().lower() == "adaptive":
+        return "adaptive"
+    try:
+        factor = float(value)
+    except (TypeError, ValueError):
+        factor = math.nan
+    if isinstance(value, bool) or not 0 < factor <= 1:
+        raise ValueError(f"parameters: 'forgetting' expected a number in (0, 1] (the weight an observation keeps "
+                         f"per update), 'adaptive' or 'none', got {value!r}")
+    return None if factor == 1 else factor
 
 
 # ---------------------------------------------------------------------- the environment of one trial
@@ -377,10 +396,13 @@ class SimulatedProblem(ABProblem):
         return (*self.tolerance_names(), *(() if self.own_models else ("forgetting",)))
 
     def check_parameter_values(self, parameters: Mapping) -> None:
+        if isinstance(parameters, Mapping) and isinstance(parameters.get("forgetting"), str):
+            _forgetting_setting(parameters["forgetting"])  # a choice's value: checked here, not as a number
+            parameters = {k: v for k, v in parameters.items() if k != "forgetting"}
+            self._check_names(["forgetting"], "parameters")
         super().check_parameter_values(parameters)
-        if "forgetting" in parameters and not 0 < float(parameters["forgetting"]) <= 1:
-            raise ValueError(f"parameters: 'forgetting' expected a number in (0, 1] (the weight an observation keeps "
-                             f"per update), got {parameters['forgetting']!r}")
+        if "forgetting" in parameters:
+            _forgetting_setting(parameters["forgetting"])
 
     def check_parameters(self, ranges) -> None:
         super().check_parameters(ranges)
@@ -472,9 +494,9 @@ class SimulatedProblem(ABProblem):
             self._dim = int(batch.features.shape[-1])
         return self._dim
 
-    def model(self, metric: int, forgetting: float | None = None):
+    def model(self, metric: int, forgetting: float | str | None = None):
         """The default conjugate Bayesian ridge model of metric ``metric`` (a new posterior), forgetting
-        at ``forgetting`` (stabilised rule; None or 1: none)."""
+        at ``forgetting`` (a factor under the stabilised rule, ``"adaptive"``; None or 1: none)."""
         import pyro.distributions as dist
 
         from bayes_safe.models import BayesianLinear
@@ -484,7 +506,7 @@ class SimulatedProblem(ABProblem):
         prior = dist.Normal(torch.zeros((), dtype=torch.float64), scale).expand([self.dim()]).to_event(1)
         return BayesianLinear(prior, noise_std=sigma, batch_shape=(), forgetting=forgetting)
 
-    def arm_models(self, columns, forgetting: float | None = None) -> list:
+    def arm_models(self, columns, forgetting: float | str | None = None) -> list:
         """New posteriors of the metrics ``columns``: the problem's own (``Problem.models(None)``) when
         it declares them, else the ridge default (with ``forgetting``)."""
         from bayes_safe.factory import problem_models
@@ -505,8 +527,7 @@ class SimulatedProblem(ABProblem):
     def make_policy(self, kind: str, parameters: Mapping, env, *, seed: int, refit_every: int):
         from bayes_safe.policies import TSASC, ThompsonSampling
 
-        forgetting = parameters.get("forgetting")
-        forgetting = None if forgetting is None else float(forgetting)
+        forgetting = _forgetting_setting(parameters.get("forgetting"))
         if kind == "ts":
             return ThompsonSampling(self.arm_models([0], forgetting)[0])
         if kind == "ts-asc":

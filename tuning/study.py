@@ -87,6 +87,7 @@ from bayes_safe.threads import single_thread
 
 from . import storage as _storage
 from .ab_test import ABTest, Range
+from .ranges import Choice, parse_parameter
 
 __all__ = ["ACQUISITION_FUNCTIONS", "MDC_FACTOR", "InfrastructureError", "Study", "StudyInterrupted", "check_optimizer",
            "make_generation_strategy"]
@@ -380,10 +381,12 @@ def _to_ax_parameter(p):
         if len(p.values) < 2:
             raise ValueError(f"parameter {p.name!r}: expected at least two values, got {p.values!r}")
         return p
+    if isinstance(p, Choice):
+        return ChoiceParameterConfig(name=p.name, values=list(p.values), parameter_type="str", is_ordered=False)
     if isinstance(p, Mapping):
-        return _to_ax_parameter(Range(**p))
+        return _to_ax_parameter(Choice(**p) if "values" in p else Range(**p))
     if isinstance(p, str):
-        return _to_ax_parameter(Range.parse(p))
+        return _to_ax_parameter(parse_parameter(p))
     raise TypeError(f"parameters: expected Range, ax RangeParameterConfig / ChoiceParameterConfig, dict or "
                     f"'name=low:high' entries, got {type(p).__name__}")
 
@@ -478,6 +481,9 @@ class Study:
             raise ValueError(f"parameters: duplicate names in {names}")
         problem.check_parameters([Range(p.name, p.bounds[0], p.bounds[1], integer=p.parameter_type == "int")
                                   for p in ax_params if hasattr(p, "bounds")])
+        for p in ax_params:  # a choice: each of its values is one the problem can run
+            for value in getattr(p, "values", None) or ():
+                problem.check_parameter_values({p.name: value})
         # -- optimisation config
         objective = problem.objective if objective is None else objective
         constraints = list(problem.outcome_constraints if outcome_constraints is None else outcome_constraints)

@@ -4,11 +4,12 @@
 """
 
 from .calibrated import CalibratedPerArm, calibrated_per_arm
+from .change_detection import AdaptiveForgetting
 from .empirical_bayes import PriorFit, fit_prior, power_prior
 from .linear import BayesianLinear
 from .per_arm import PerArmLinear
 
-__all__ = ["BayesianLinear", "CalibratedPerArm", "PerArmLinear", "PriorFit", "ProbitGP", "ScaledOutcome",
+__all__ = ["AdaptiveForgetting", "BayesianLinear", "CalibratedPerArm", "PerArmLinear", "PriorFit", "ProbitGP", "ScaledOutcome",
            "SuccessProbability", "calibrated_per_arm", "fit_prior", "power_prior"]
 
 _LAZY = {"ProbitGP", "SuccessProbability", "ScaledOutcome"}

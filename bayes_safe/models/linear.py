@@ -360,13 +360,13 @@ class BayesianLinear:
                              "and likelihood, known noise or an InverseGamma noise_prior); give a factor instead")
         # the chain engines forget under the stabilized rule (the data weighed, the prior kept); the Gibbs
         # engine's probit likelihood is refused by the engine itself (GibbsLinearPosterior says why)
-        chain_forgets = self.engine_name in ("gibbs", "langevin") and forgetting_rule == "stabilized"
+        chain_forgets = self.engine_name in ("gibbs", "langevin", "nuts", "svi") and forgetting_rule == "stabilized"
         if self.forgetting is not None and not self.conjugate and not chain_forgets:
             raise ValueError(f"forgetting: the {self.engine_name} engine (this prior{'' if likelihood == 'gaussian' else ', likelihood=' + repr(likelihood)}, "
                              f"forgetting_rule={forgetting_rule!r}) does not forget; forgetting works with the conjugate "
                              "engines (a Gaussian prior and likelihood, known noise or an InverseGamma noise_prior), and "
-                             "with the Gibbs (Gaussian or logistic likelihood) and Langevin engines under the stabilized "
-                             "rule (the data weighed, the prior kept)")
+                             "with the Gibbs (Gaussian or logistic likelihood), Langevin, NUTS and SVI engines under the "
+                             "stabilized rule (the data weighed, the prior kept)")
         # adaptive forgetting: the change detector's statistics per batch element
         self._detector = None if adaptive is None else CusumDetector(adaptive, self.batch_shape)
         self._count = 0  # observations given to every batch element
@@ -422,7 +422,7 @@ class BayesianLinear:
             method = "nuts" if inference in ("auto", "nuts") else "svi"
             self.engine = PyroLinearPosterior(
                 prior, d, noise_std=noise_std, noise_prior=noise_prior, batch_shape=self.batch_shape,
-                method=method, **(inference_options or {}),
+                method=method, forgetting=self.forgetting, **(inference_options or {}),
             )
             self.refit_every = None if refit_every is None else int(refit_every)
             self._X: list[torch.Tensor] = []
@@ -508,7 +508,9 @@ class BayesianLinear:
         """Trusted update (inputs already validated). ``weight [*batch]`` in {0, 1} masks batch
         elements that receive no observation (per-arm models)."""
         n = 1 if single else X.shape[-2]
-        if self.forgetting is not None and n > 1:  # in order, one row at a time: each forgets the ones before it
+        if self.forgetting is not None and n > 1 and (self.conjugate or self._chain_engine):
+            # in order, one row at a time: each forgets the ones before it (NUTS / SVI weigh the stored
+            # rows by their age at the fit)
             for i in range(n):
                 self._update_rows(X[..., i, :], y[..., i], True, weight)
             return
@@ -656,6 +658,11 @@ class BayesianLinear:
             raise ValueError("fit: no observations yet; call update(X, y) first")
         X = torch.cat(self._X, dim=-2)
         y = torch.cat(self._y, dim=-1)
+        if self.forgetting is not None:  # rows weighing less than 2^-60 no longer move the posterior
+            from .gibbs import forgetting_weights
+
+            start, _ = forgetting_weights(self.forgetting, X.shape[-2])
+            X, y = X[..., start:, :], y[..., start:]
         self._X, self._y = [X], [y]
         with single_thread():  # small-model fits ran 10-20x slower with 2 threads on a loaded machine
             self.engine.fit(X, y, seeds=seeds)

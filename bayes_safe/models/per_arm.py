@@ -43,6 +43,12 @@ class PerArmLinear:
         batch_shape: leading batch (replications).
         feature_names: names of the ``d`` context features, or None (as for ``BayesianLinear``:
             saved with the model and used by ``to_inference_data`` and ``bayes-safe diagnose``).
+        forgetting / forgetting_rule: as for ``BayesianLinear`` (issue 30): a factor in (0, 1],
+            ``"adaptive"`` or an ``AdaptiveForgetting``, or None. Each arm forgets at *its own*
+            observations: when arm ``k`` is played and learns, what arm ``k`` learned before weighs
+            ``forgetting`` (or, adaptively, arm ``k``'s change test sees the residual); arms not
+            played keep what they know (bayesianbandits' per-learner rule). An arm left unplayed
+            through a change is still corrected at its next plays.
 
     Shapes: contexts ``[*batch, d]``, ``actions [*batch]`` (long), outcomes ``[*batch]``;
     ``sample() -> [*batch, K, d]``; ``sample_at(features [*batch, K, d]) -> [*batch, K]``
@@ -50,15 +56,21 @@ class PerArmLinear:
     """
 
     def __init__(self, prior, num_arms: int, noise_std=None, noise_prior=None, *, batch_shape: Sequence[int] = (),
-                 feature_names: Sequence[str] | None = None):
+                 feature_names: Sequence[str] | None = None, forgetting=None, forgetting_rule: str = "stabilized"):
         feature_names = check_feature_names(feature_names)
         self.num_arms = check_positive_int(num_arms, "num_arms")
         self.batch_shape = check_batch_shape(batch_shape, "batch_shape")
         self.arms = BayesianLinear(
             prior, noise_std=noise_std, noise_prior=noise_prior,
             batch_shape=(*self.batch_shape, self.num_arms), inference="conjugate", feature_names=feature_names,
+            forgetting=forgetting, forgetting_rule=forgetting_rule,
         )
         self.dim = self.arms.dim
+
+    @property
+    def forgetting(self):
+        """The arms' forgetting: a factor, ``"adaptive"``, or None (see the class docstring)."""
+        return self.arms.forgetting
 
     @property
     def feature_names(self) -> list[str] | None:
@@ -71,6 +83,7 @@ class PerArmLinear:
         seen = a.num_observations.reshape(*self.batch_shape, self.num_arms)
         per_arm = seen.reshape(-1, self.num_arms).sum(0).tolist()
         return (f"PerArmLinear(dim={self.dim}, num_arms={self.num_arms}, {noise}, batch_shape={list(self.batch_shape)}, "
+                f"{'' if a.forgetting is None else f'forgetting={a.adaptive or a.forgetting}, '}"
                 f"observations per arm={per_arm})")
 
     def update(self, contexts, y, actions) -> None:
@@ -98,6 +111,14 @@ class PerArmLinear:
             raise ValueError(f"y, actions: expected shape {list(self.batch_shape)}, got {list(y.shape)} and {list(a.shape)}")
         if bool(((a < 0) | (a >= self.num_arms)).any()):
             raise ValueError(f"actions: expected indices in [0, {self.num_arms}), got {a.tolist()}")
+        if self.arms.forgetting is not None:
+            # forgetting: the masked update, in which only the played arm forgets (or tests for a change)
+            K = self.num_arms
+            weight = torch.nn.functional.one_hot(a, K).to(torch.float64)  # [*b, K]
+            X = c.to(torch.float64).unsqueeze(-2) * weight[..., None]  # [*b, K, d]: zero rows for the others
+            Y = y.to(torch.float64).unsqueeze(-1) * weight  # [*b, K]
+            self.arms._update_rows(X, Y, True, weight)
+            return
         # only the played arm of each batch element learns: flat index b * K + a into [*b, K]
         n = self.batch_shape.numel()
         index = torch.arange(n) * self.num_arms + a.reshape(-1)

@@ -404,6 +404,7 @@ class PyroLinearPosterior:
         progress: bool | str = "auto",
         parallel_chains: bool | str = "auto",
         seed: int = 0,
+        forgetting: float | None = None,
     ):
         self.dim = _positive_int("dim", dim)
         self.batch_shape = torch.Size(int(b) for b in batch_shape)
@@ -426,6 +427,12 @@ class PyroLinearPosterior:
         self.progress = _flag("progress", progress)
         self.parallel_chains = _flag("parallel_chains", parallel_chains)
         self.seed = _positive_int("seed", seed, minimum=0)
+        if forgetting is not None and (isinstance(forgetting, bool) or not isinstance(forgetting, (int, float))
+                                       or not 0 < forgetting < 1):
+            raise ValueError(f"forgetting: expected a number in (0, 1) or None, got {forgetting!r}")
+        # forgetting (issue 30): row i of n enters the likelihood to the power lam^(n-1-i) (the
+        # stabilised rule of the other engines: the data weighed, the prior kept)
+        self.forgetting = None if forgetting is None else float(forgetting)
 
         self.noise_std, self.noise_prior = self._check_noise(noise_std, noise_prior)
         self.prior = prior
@@ -503,7 +510,16 @@ class PyroLinearPosterior:
         else:
             scale = X.new_tensor(self.noise_std)
         mean = X @ w if w.dim() == 1 else (w[..., None, :] @ X.mT)[..., 0, :]
-        pyro.sample(_OBS_SITE, dist.Normal(mean, scale).to_event(1), obs=y)
+        if self.forgetting is None:
+            pyro.sample(_OBS_SITE, dist.Normal(mean, scale).to_event(1), obs=y)
+            return
+        # forgetting: row i's log-likelihood weighs lam^(n-1-i) (Kulhavy & Zarrop 1993's weighted
+        # likelihood; the prior keeps its weight), the same posterior the conjugate engine's
+        # stabilised rule computes in closed form
+        n = X.shape[-2]
+        age = torch.arange(n - 1, -1, -1, dtype=_DTYPE)
+        weights = torch.pow(torch.tensor(self.forgetting, dtype=_DTYPE), age)
+        pyro.factor(_OBS_SITE, (weights * dist.Normal(mean, scale).log_prob(y)).sum(-1))
 
     def _broadcasts(self) -> bool:
         """Whether the prior runs correctly under a leading plate (SVI's vectorized

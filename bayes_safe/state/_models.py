@@ -256,6 +256,7 @@ def _dec_linear(node: dict, dec: Decoder, where: str):
         refit = dec.int_field(node, "refit_every", where, minimum=1, allow_none=True)
         m = build(dec, where, lambda: BayesianLinear(prior, noise_std, noise_prior, batch_shape=b, inference=method, dim=d,
                                                      refit_every=refit, inference_options=opts,
+                                                     forgetting=forgetting, forgetting_rule=rule,
                                                      feature_names=names))
         e = m.engine
         X = dec.tensor(node.get("X"), f"{where}.X", dtype=_F64, finite=True, optional=True)
