@@ -47,8 +47,12 @@ def select_inputs(features, baseline, valid, expected, *, require_baseline: bool
     a baseline that is None, an int or a long tensor ``[R]`` in range, and ``valid`` None or a bool
     tensor ``[R, K]`` with an allowed action per row; else None."""
     R, num_arms, d = expected
-    if type(features) is not torch.Tensor or features.dtype is not _F64 or R is None or d is None:
+    if type(features) is not torch.Tensor or features.dtype is not _F64 or d is None:
         return None
+    if R is None:  # models without a batch shape: the one-stream case, candidates [K, d] only
+        if features.dim() != 2:
+            return None
+        R = 1
     if features.dim() == 2:
         if R != 1 or valid is not None or (baseline is not None and type(baseline) is not int):
             return None
