@@ -166,3 +166,15 @@ def test_models_outside_the_fast_path_keep_the_general_one():
         m.update(torch.ones(*shape, D, dtype=F64), torch.ones(shape, dtype=F64), torch.zeros(shape, dtype=torch.long))
         m.sample_at(torch.ones(*shape, K, D, dtype=F64), torch.Generator().manual_seed(0))
         assert m._marginal is None
+
+
+def test_posterior_moments_are_exact_copies_a_caller_cannot_disturb():
+    m = _model()
+    _play(m, 120)
+    mean, cov = m.posterior_mean, m.posterior_covariance
+    exact_mean, exact_cov = _exact(m)
+    torch.testing.assert_close(mean, exact_mean, atol=1e-10, rtol=0)
+    torch.testing.assert_close(cov, exact_cov, atol=1e-10, rtol=0)
+    mean.zero_()
+    cov.zero_()                                             # the caller's copies, not the model's state
+    torch.testing.assert_close(m.posterior_mean, exact_mean, atol=1e-10, rtol=0)

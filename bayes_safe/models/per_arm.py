@@ -275,8 +275,14 @@ class PerArmLinear:
 
     @property
     def posterior_mean(self) -> torch.Tensor:
+        """Each arm's posterior mean, ``[*batch, K, d]`` (a new tensor)."""
+        if self._marginal_fast():  # one stream: a copy of the kept mean, not a factorisation per arm
+            return torch.from_numpy(self._marginal_state()[1].copy())
         return self.arms.posterior_mean
 
     @property
     def posterior_covariance(self) -> torch.Tensor:
+        """Each arm's posterior covariance, ``[*batch, K, d, d]`` (a new tensor)."""
+        if self._marginal_fast():
+            return torch.from_numpy(self._marginal_state()[0].copy())
         return self.arms.posterior_covariance

@@ -167,7 +167,8 @@ class ConservativeTS(Policy):
 
     def _moments(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The posterior mean ``[R, (K,) d]`` and covariance ``[R, (K,) d, d]`` (a leading 1 when unbatched)."""
-        mean, cov = self._core.posterior_mean, self._core.posterior_covariance
+        # the model's own moments (a one-stream PerArmLinear keeps them: no factorisation per decision)
+        mean, cov = self.model.posterior_mean, self.model.posterior_covariance
         if not self._batch:
             mean, cov = mean[None], cov[None]
         return mean, cov
