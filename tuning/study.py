@@ -596,6 +596,29 @@ class Study:
         study._init(client, ab_test, url, tracker, verbose)
         return study
 
+    def __repr__(self) -> str:
+        """What a notebook shows: the problem, the search space, the objective and outcome
+        constraints, and how far the study got (``counts``)."""
+        from ax.core.parameter import ChoiceParameter, RangeParameter
+
+        space = []
+        for name, p in self.experiment.search_space.parameters.items():
+            if isinstance(p, RangeParameter):
+                space.append(f"{name} in [{p.lower:g}, {p.upper:g}]{' (log)' if p.log_scale else ''}")
+            elif isinstance(p, ChoiceParameter):
+                space.append(f"{name} in {{{', '.join(str(v) for v in p.values)}}}")
+            else:
+                space.append(name)
+        constraints = []
+        for weights, op, bound in self.constraints:
+            lhs = " + ".join(m if w == 1 else f"{w:g} {m}" for m, w in weights.items())
+            constraints.append(f"{lhs} {op} {bound:g}")
+        problem = getattr(getattr(self.ab_test, "problem", None), "name", None)
+        counts = ", ".join(f"{k.lower()} {v}" for k, v in sorted(self.counts().items())) or "no trials yet"
+        return (f"Study(name={self.name!r}, problem={problem!r}, parameters=[{'; '.join(space)}], "
+                f"objective={'minimise' if self.minimize else 'maximise'} {self.objective_name}, "
+                f"outcome_constraints=[{'; '.join(constraints)}], trials: {counts})")
+
     # ------------------------------------------------------------------ accessors
     @property
     def experiment(self):
