@@ -437,6 +437,8 @@ def _cts_inference_data(model, X, y, num_draws, num_chains, feature_names, seed,
             "posterior predictive check would need the arm played at each row"
         )
     d, K = model.dim, model.num_arms
+    if feature_names is None:  # the names saved with the model (CTSPosterior(feature_names=...)), if any
+        feature_names = getattr(model, "feature_names", None)
     features = _feature_names(d, feature_names)
     mean = model.posterior_mean  # [*b, K, d]
     cov = model.posterior_covariance  # [*b, K, d, d]

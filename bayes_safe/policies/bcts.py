@@ -101,6 +101,8 @@ class CTSPosterior:
         v: the CTS sampling scale (> 0); the posterior covariance is ``v^2 B^-1``.
         batch_shape: leading batch dimensions (replications, settings).
         refresh_every: recompute ``B^-1`` from ``B`` after this many updates.
+        feature_names: names of the ``d`` context features, or None (saved with the model and used
+            by ``to_inference_data`` and ``bayes-safe diagnose``, as for ``PerArmLinear``).
 
     Shapes: ``update(contexts [*b, d], y [*b], actions [*b])`` (contexts may also be given as
     per-arm features ``[*b, K, d]``: the played arm's row is used);
@@ -111,7 +113,7 @@ class CTSPosterior:
     conjugate = True
 
     def __init__(self, num_arms: int, dim: int, v: float = DEFAULT_V, *, batch_shape: Sequence[int] = (),
-                 refresh_every: int = 1024):
+                 refresh_every: int = 1024, feature_names: Sequence[str] | None = None):
         if int(num_arms) < 1:
             raise ValueError(f"num_arms: expected a positive int, got {num_arms!r}")
         if int(dim) < 1:
@@ -124,6 +126,7 @@ class CTSPosterior:
         if any(b < 1 for b in self.batch_shape):
             raise ValueError(f"batch_shape: expected positive sizes, got {list(batch_shape)}")
         self.refresh_every = int(refresh_every)
+        self.feature_names = _validation.check_feature_names(feature_names, self.dim)
         n, K, d = math.prod(self.batch_shape), self.num_arms, self.dim
         state = torch.zeros(n, K, d + 1, d, dtype=_DTYPE)
         state[:, :, :d, :] = torch.eye(d, dtype=_DTYPE)  # B^-1 = I, mu_hat = 0

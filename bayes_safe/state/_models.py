@@ -315,7 +315,9 @@ def _enc_cts(m, enc: Encoder, what: str) -> dict:
     return {"type": "CTSPosterior", "num_arms": int(m.num_arms), "dim": int(m.dim), "v": float(m.v),
             "batch_shape": list(m.batch_shape), "refresh_every": int(m.refresh_every),
             "since_refresh": int(m._since_refresh),
-            "state": enc.tensor(m._state, f"{what}.state"), "stats": enc.tensor(m._stats, f"{what}.stats")}
+            "state": enc.tensor(m._state, f"{what}.state"), "stats": enc.tensor(m._stats, f"{what}.stats"),
+            # (absent: no names, as in states written before)
+            **({} if getattr(m, "feature_names", None) is None else {"feature_names": list(m.feature_names)})}
 
 
 def _dec_cts(node: dict, dec: Decoder, where: str):
@@ -326,7 +328,8 @@ def _dec_cts(node: dict, dec: Decoder, where: str):
     b = dec.shape_field(node, "batch_shape", where)
     v = dec.float_field(node, "v", where)
     refresh = dec.int_field(node, "refresh_every", where, minimum=1)
-    m = build(dec, where, lambda: CTSPosterior(K, d, v, batch_shape=b, refresh_every=refresh))
+    names = node.get("feature_names")  # checked by the constructor (a bad list: StateError naming the file)
+    m = build(dec, where, lambda: CTSPosterior(K, d, v, batch_shape=b, refresh_every=refresh, feature_names=names))
     n = m._state.shape[0]
     state = dec.tensor(node.get("state"), f"{where}.state", shape=(n, K, d + 1, d), dtype=_F64, finite=True)
     stats = dec.tensor(node.get("stats"), f"{where}.stats", shape=(n, K, d + 2, d + 2), dtype=_F64, finite=True)
