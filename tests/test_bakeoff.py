@@ -154,3 +154,25 @@ class _Constant:
 
     def learn(self, x, action, reward):
         pass
+
+
+def test_the_held_out_temperature_check_picks_on_the_other_data_sets(monkeypatch):
+    """``benchmarks/bakeoff_temperature.py``: the temperature scored on a data set is the one the
+    *other* data sets pick (hand-made ratios), and a tiny run on blobs fills every cell."""
+    spec = importlib.util.spec_from_file_location("_bakeoff_temperature", ROOT / "benchmarks" / "bakeoff_temperature.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    # data set "a" alone prefers T = 1; the others prefer T = 0.1, so "a" is scored at 0.1
+    table = {"a": {0.1: [(0.9, 0.0)], 0.25: [(0.8, 0.0)], 0.5: [(0.7, 0.0)], 1.0: [(0.5, 0.0)]},
+             "b": {0.1: [(0.5, 0.0)], 0.25: [(0.6, 0.0)], 0.5: [(0.7, 0.0)], 1.0: [(0.9, 0.0)]},
+             "c": {0.1: [(0.2, 0.0)], 0.25: [(0.5, 0.0)], 0.5: [(0.6, 0.0)], 1.0: [(0.8, 0.0)]}}
+    rows = {r[0]: r for r in module.held_out(table)}
+    assert rows["a"][1:] == (0.1, 0.9, 0.8, 1.0, 0.5)
+    assert rows["b"][1] == 0.1
+    blobs = _blobs(module.bakeoff, n=120)
+    monkeypatch.setitem(module.bakeoff.DATASETS, "blobs", lambda: blobs)
+    out = module.run(["blobs"], shuffles=1, seed=1, max_rows=None)
+    for kind in ("TS", "conservative TS"):
+        cells = out[kind]["blobs"]
+        assert sorted(cells) == list(module.GRID)
+        assert all(len(v) == 1 and v[0][0] >= 0 and 0 <= v[0][1] <= 1 for v in cells.values())
