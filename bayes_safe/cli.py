@@ -436,6 +436,8 @@ class _ProblemShape:
             raise ValueError(f"--problem: {self.name}.draw(1, generator) returned features of shape {list(shape)}; "
                              "expected [n, K, d]")
         self.dim = int(shape[-1])
+        # the problem's feature names go to the ridge models (saved with them: diagnose uses them)
+        self.feature_names = getattr(problem, "feature_names", None)
 
 
 def _own_problem(args):

@@ -34,6 +34,8 @@ def _finish(fig, axes, title: str | None, path):
         ax.grid(alpha=0.3)
         if ax.lines:
             ax.legend()
+    # constrained layout: the figure title above the panels' own titles, never over them
+    fig.set_layout_engine("constrained")
     if title:
         fig.suptitle(title)
     if path is not None:

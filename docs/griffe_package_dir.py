@@ -10,6 +10,7 @@ for the rest of the package). Used by mkdocs.yml (mkdocstrings' ``extensions`` o
 
 from __future__ import annotations
 
+import re
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -44,3 +45,30 @@ class PackageDir(griffe.Extension):
             parent.set_member(name, module)
             loader.expand_exports(module)
             loader.expand_wildcards(module, external=False)
+
+
+class DoctestExamples(griffe.Extension):
+    """Render a docstring's doctest lines and literal blocks as code.
+
+    * Griffe's Google parser reads ``Examples:`` (plural) as doctest examples, shown as Python
+      code, but turns the singular ``Example:`` into an admonition whose ``>>>`` lines become
+      nested Markdown block quotes, the code run together into one line. The package's docstrings
+      use both spellings, so an ``Example:`` header followed by a ``>>>`` line is read as
+      ``Examples:``.
+    * A paragraph ending in ``::`` before an indented block is reStructuredText's literal block
+      (a module docstring's equations, say): Markdown already shows the indented block as code,
+      so the paragraph ends in ``:``, as Sphinx renders it.
+    """
+
+    _HEADER = re.compile(r"^(\s*)Example:[ \t]*\n(?=\s*>>> )", re.MULTILINE)
+    _LITERAL = re.compile(r"(\S)::[ \t]*\n(?=[ \t]*\n[ \t]+\S)")
+
+    def on_instance(self, *, obj: griffe.Object, **kwargs: Any) -> None:
+        if obj.docstring is None:
+            return
+        text = obj.docstring.value
+        if "Example:" in text:
+            text = self._HEADER.sub(r"\1Examples:\n", text)
+        if "::" in text:
+            text = self._LITERAL.sub(r"\1:\n", text)
+        obj.docstring.value = text

@@ -66,3 +66,16 @@ def test_models_take_dataframes_and_series_as_the_decider_does():
     torch.testing.assert_close(a.predict(frame)[0], b.predict(frame.to_numpy())[0])
     with pytest.raises(TypeError, match="X: expected numbers, got a DataFrame with non-numeric entries"):
         a.update(frame.assign(hour="noon"), outcome)
+
+
+def test_a_study_says_what_it_searches():
+    """A Study shown in a notebook names its problem, search space and objective (and how far it got)."""
+    from bayes_safe.tuning import ABTest, Range, Study, VideoUploadProblem
+
+    ab = ABTest(VideoUploadProblem(warmup=500), n_users=500, batches=1, compare=())
+    study = Study(ab, parameters=[Range("alpha", 0.0, 0.06)], objective="q_1080p_change",
+                  outcome_constraints=["reliability_change >= -1"], sobol_trials=2, seed=0)
+    text = repr(study)
+    assert " object at 0x" not in text and text.startswith("Study("), text
+    for needle in ("video-upload", "alpha", "q_1080p_change", "reliability_change >= -1"):
+        assert needle in text, (needle, text)

@@ -28,7 +28,8 @@ success, never the reverse). Successive ``draw`` calls continue one seeded strea
 Model features (what a policy's model sees, ``D = 45``): the 39 context columns, then the
 action encoding: the one-hot of the action's resolution (4 columns), ``log`` of the upload size
 in megabits at that action, and ``log`` of the estimated transfer time at the measured download
-speed (size / speed, in seconds). Both last columns are computable from observed context
+speed (size / speed, in seconds), named by ``FEATURE_NAMES`` (``VideoUpload.feature_names``,
+kept by the models built for the problem: ``bayes-safe diagnose`` shows these names). Both last columns are computable from observed context
 (file size, source bitrate, speed) and the action's target bitrate; they let a model express
 "success falls with size relative to bandwidth" without having to learn a division.
 
@@ -50,7 +51,8 @@ Example:
     >>> up.features.shape, up.valid.shape
     (torch.Size([1000, 4, 45]), torch.Size([1000, 4]))
     >>> out = env.outcomes(up, up.baseline)
-    >>> round(env.metrics(up, out)["overall"]["reliability"], 2) > 0.5
+    >>> overall = env.metrics(up, out)["overall"]
+    >>> round(overall["reliability"], 2) > 0.5
     True
 """
 
@@ -73,10 +75,13 @@ from .problem import Constraint, Problem
 __all__ = [
     "ACTION_NAMES",
     "CONNECTIONS",
+    "CONTEXT_COLUMNS",
     "CONTEXT_DIM",
+    "CONTEXT_NAMES",
     "COUNTRY_TIERS",
     "DEVICE_TIERS",
     "FEATURE_DIM",
+    "FEATURE_NAMES",
     "NUM_ACTIONS",
     "RESOLUTIONS",
     "VIDEO_UPLOAD_PARAMETERS",
@@ -112,6 +117,26 @@ CONTEXT_COLUMNS = {
     "log_source_bitrate_mbps": slice(34, 35),
     "source_resolution": slice(35, 39),
 }
+
+#: names of the 39 context columns, in ``CONTEXT_COLUMNS`` order: the one-hots as
+#: ``<field>_<level>`` (``device_model_0`` .. ``device_model_12``, ``os_android``, ``connection_4G``,
+#: ``country_0`` .. ``country_11``, tiers A, B, C of four each, ``source_360p`` ..), the measured
+#: values by their unit (``log_download_mbps``, ``log_file_size_mb``, ``log_source_bitrate_mbps``)
+CONTEXT_NAMES = (
+    *(f"device_model_{m}" for m in range(NUM_DEVICES)),
+    *(f"os_{o}" for o in OS_NAMES),
+    *(f"connection_{c}" for c in CONNECTIONS),
+    "log_download_mbps",
+    *(f"country_{c}" for c in range(NUM_COUNTRIES)),
+    "log_file_size_mb",
+    "log_source_bitrate_mbps",
+    *(f"source_{q}" for q in ACTION_NAMES),
+)
+#: names of the 45 model features (``Uploads.features``): the context's, then the action's
+#: one-hot (``action_360p`` ..), ``log_upload_mbit`` (the upload's size at that quality) and
+#: ``log_transfer_s`` (its size over the measured download speed). ``VideoUpload.feature_names``:
+#: models built for the problem keep them (``bayes-safe diagnose`` names their weights after them)
+FEATURE_NAMES = (*CONTEXT_NAMES, *(f"action_{q}" for q in ACTION_NAMES), "log_upload_mbit", "log_transfer_s")
 
 
 @dataclass(frozen=True)
@@ -258,6 +283,8 @@ class VideoUpload(Problem):
     noise_std = (0.5, 0.5)
     context_dim = CONTEXT_DIM
     feature_dim = FEATURE_DIM
+    #: the names of the ``feature_dim`` model features (``FEATURE_NAMES``)
+    feature_names = FEATURE_NAMES
     num_actions = NUM_ACTIONS
     action_names = ACTION_NAMES
 

@@ -144,8 +144,10 @@ class TSASC(Policy):
             where there is no closed form (an int >= 2, default 64).
 
     Attributes:
-        constraints: the declared tuple (None with ``alpha``); ``metric_names`` (None or a
-        tuple); ``fallback``; ``confidence_draws``.
+        constraints: the declared tuple (None with ``alpha``).
+        metric_names: None or a tuple of names.
+        fallback: as given.
+        confidence_draws: as given.
 
     Shapes: as ``Policy``; ``constraints [R, C]`` in ``update``.
     """
