@@ -153,16 +153,3 @@ class SkillRouting:
 def skill_routing_logs(n: int = 100_000, seed: int = 0, env_seed: int = 0, **env_kwargs) -> LoggedData:
     """Shortcut: ``SkillRouting(env_seed=env_seed, **env_kwargs).sample(n, seed)``."""
     return SkillRouting(env_seed=env_seed, **env_kwargs).sample(n, seed)
-
-
-def _check() -> None:  # pragma: no cover - manual sanity check
-    env = SkillRouting()
-    d = env.sample(20_000, 0)
-    mu = d.expected_rewards
-    print("logging value", float((d.logging_probs * mu).sum(1).mean()), "best", float(mu.max(1).values.mean()))
-    print("max pi0 mean", float(d.logging_probs.max(1).values.mean()))
-    print("domain counts", d.domain_counts().tolist())
-
-
-if __name__ == "__main__":  # pragma: no cover
-    _check()

@@ -1441,9 +1441,13 @@ def serve(state_dir, *, host: str = "127.0.0.1", port: int = 8080, log=None, sna
                            " the snapshots")
             else:
                 learned = f"recovered {r['decisions']} decisions and {r['feedback']} feedback from the log"
-            print(f"bayes-safe serve: listening on http://{shown}:{bound[1]} (state {service.state_dir}, log "
-                  f"{service.log.path}, {learned}; {access}; Host names {', '.join(sorted(gate.allowed_hosts))})",
-                  flush=True)
+            # through logging (the bayes_safe logger); a caller that configured none still sees the line,
+            # "bayes-safe serve: listening on ...", on stdout as the command line prints it
+            from .._console import console_logging
+
+            console_logging("serve", only_if_unconfigured=True)
+            _log.info(f"listening on http://{shown}:{bound[1]} (state {service.state_dir}, log {service.log.path}, "
+                      f"{learned}; {access}; Host names {', '.join(sorted(gate.allowed_hosts))})")
             server.run(sockets=[sock])
         finally:
             for sig, handler in previous.items():
