@@ -53,7 +53,7 @@ def _learner(kind: str, stream, temperature: float, seed: int):
 
 
 def run(datasets: Sequence[str], shuffles: int, seed: int, max_rows: int | None) -> dict:
-    """``{kind: {dataset: {T: [(ratio, violation rate) per shuffle]}}}``."""
+    """``{kind: {dataset: {T: [(PV loss, baseline's PV loss, violation rate) per shuffle]}}}``."""
     out: dict = {"TS": {}, "conservative TS": {}}
     for name in datasets:
         ds = bakeoff.DATASETS[name]()
@@ -70,16 +70,22 @@ def run(datasets: Sequence[str], shuffles: int, seed: int, max_rows: int | None)
                         r = 1.0 if a == stream.y[t] else 0.0
                         update(x, r, a)
                         rewards[t] = r
-                    ratio = bakeoff.pv_loss(rewards) / max(bakeoff.pv_loss(base), 1e-12)
                     per_kind.setdefault(name, {}).setdefault(T, []).append(
-                        (ratio, bakeoff.violation_rate(rewards, base)))
+                        (bakeoff.pv_loss(rewards), bakeoff.pv_loss(base), bakeoff.violation_rate(rewards, base)))
     return out
+
+
+def ratio(cells) -> float:
+    """A data set's PV-loss ratio as the bake-off's tables give it: the learner's mean PV loss over
+    the shuffles divided by the baseline's (a ratio of means, not a mean of per-stream ratios, which
+    a stream with a baseline loss near 0 would swamp)."""
+    return float(np.mean([c[0] for c in cells]) / max(np.mean([c[1] for c in cells]), 1e-12))
 
 
 def held_out(table: dict) -> list[tuple[str, float, float, float, float, float]]:
     """Per data set: (name, T picked on the others, its held-out ratio, the default's ratio, the
     in-sample best T, its ratio)."""
-    mean = {d: {T: float(np.mean([r for r, _ in v])) for T, v in per.items()} for d, per in table.items()}
+    mean = {d: {T: ratio(v) for T, v in per.items()} for d, per in table.items()}
     rows = []
     for d in mean:
         others = [o for o in mean if o != d]
@@ -94,11 +100,11 @@ def render(table: dict, seconds: float, args) -> str:
              (f"{args.shuffles} shuffles per data set{'' if args.max_rows is None else f', streams cut to {args.max_rows} rows'}; "
               f"grid {list(GRID)}; wall time {seconds / 60:.1f} min; load average {bakeoff.load_average()}."), ""]
     for kind, per in table.items():
-        lines += [f"## {kind}: PV loss / baseline's (mean over shuffles; violation rate in brackets)", "",
+        lines += [f"## {kind}: PV loss / baseline's (means over shuffles; violation rate in brackets)", "",
                   "| data set | " + " | ".join(f"T = {T:g}" for T in GRID) + " |",
                   "|---|" + "---|" * len(GRID)]
         for d, by_t in per.items():
-            cells = [f"{np.mean([r for r, _ in by_t[T]]):.2f} ({np.mean([v for _, v in by_t[T]]):.3f})" for T in GRID]
+            cells = [f"{ratio(by_t[T]):.2f} ({np.mean([c[2] for c in by_t[T]]):.3f})" for T in GRID]
             lines.append(f"| {d} | " + " | ".join(cells) + " |")
         rows = held_out(per)
         lines += ["", "| data set | T picked on the other data sets | held-out ratio | default (0.25) | in-sample best T | its ratio |",

@@ -163,9 +163,9 @@ def test_the_held_out_temperature_check_picks_on_the_other_data_sets(monkeypatch
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     # data set "a" alone prefers T = 1; the others prefer T = 0.1, so "a" is scored at 0.1
-    table = {"a": {0.1: [(0.9, 0.0)], 0.25: [(0.8, 0.0)], 0.5: [(0.7, 0.0)], 1.0: [(0.5, 0.0)]},
-             "b": {0.1: [(0.5, 0.0)], 0.25: [(0.6, 0.0)], 0.5: [(0.7, 0.0)], 1.0: [(0.9, 0.0)]},
-             "c": {0.1: [(0.2, 0.0)], 0.25: [(0.5, 0.0)], 0.5: [(0.6, 0.0)], 1.0: [(0.8, 0.0)]}}
+    table = {"a": {0.1: [(0.9, 1.0, 0.0)], 0.25: [(0.8, 1.0, 0.0)], 0.5: [(0.7, 1.0, 0.0)], 1.0: [(0.5, 1.0, 0.0)]},
+             "b": {0.1: [(0.5, 1.0, 0.0)], 0.25: [(0.6, 1.0, 0.0)], 0.5: [(0.7, 1.0, 0.0)], 1.0: [(0.9, 1.0, 0.0)]},
+             "c": {0.1: [(0.2, 1.0, 0.0)], 0.25: [(0.5, 1.0, 0.0)], 0.5: [(0.6, 1.0, 0.0)], 1.0: [(0.8, 1.0, 0.0)]}}
     rows = {r[0]: r for r in module.held_out(table)}
     assert rows["a"][1:] == (0.1, 0.9, 0.8, 1.0, 0.5)
     assert rows["b"][1] == 0.1
@@ -175,4 +175,6 @@ def test_the_held_out_temperature_check_picks_on_the_other_data_sets(monkeypatch
     for kind in ("TS", "conservative TS"):
         cells = out[kind]["blobs"]
         assert sorted(cells) == list(module.GRID)
-        assert all(len(v) == 1 and v[0][0] >= 0 and 0 <= v[0][1] <= 1 for v in cells.values())
+        assert all(len(v) == 1 and v[0][0] >= 0 and v[0][1] >= 0 and 0 <= v[0][2] <= 1 for v in cells.values())
+    # a ratio of means: one stream with a baseline loss near 0 does not swamp the data set's ratio
+    assert module.ratio([(0.1, 0.001, 0.0), (0.3, 0.399, 0.0)]) == pytest.approx(0.4 / 0.4)
