@@ -555,3 +555,43 @@ def test_jet_falls_back_to_autograd_for_other_modules(small):
     assert torch.allclose(auto[0], ref[0].detach(), rtol=1e-9, atol=1e-15)
     with pytest.raises(ValueError, match="engine: expected 'auto', 'jet' or 'autograd'"):
         meta_gradient(policy, b1, b2, cons, u, u.clone(), eta=0.5, lam=1.0, prior=data.domain_prior(), engine="fast")
+
+
+def test_verbose_training_logs_one_line_per_epoch(small, capsys, caplog):
+    """``verbose=True``: through logging. With no logging configured, the lines print as the
+    command line prints its own; an application's own handler receives them instead."""
+    import logging
+
+    data, parts = small
+    logger = logging.getLogger("bayes_safe")
+    saved = (list(logger.handlers), logger.level, logger.propagate)
+    try:
+        for h in list(logger.handlers):
+            logger.removeHandler(h)
+        logger.propagate, root = True, logging.getLogger()
+        root_handlers = list(root.handlers)
+        for h in root_handlers:
+            root.removeHandler(h)
+        try:
+            train_policy(mlp_policy(data.n_features, data.n_actions, seed=0), parts["train"], None, IPS(),
+                         epochs=2, batch_size=512, verbose=True)
+        finally:
+            for h in root_handlers:
+                root.addHandler(h)
+        out = capsys.readouterr().out
+        assert out.count("bayes-safe train: [ips] epoch") == 2, out   # epochs 1 and 2
+        for h in list(logger.handlers):
+            logger.removeHandler(h)
+        logger.propagate = True
+        with caplog.at_level(logging.INFO, logger="bayes_safe.offline.training"):
+            train_policy(mlp_policy(data.n_features, data.n_actions, seed=0), parts["train"], None, IPS(),
+                         epochs=1, batch_size=512, verbose=True)
+        assert [r.getMessage().split(":")[0] for r in caplog.records] == ["[ips] epoch 1"]
+        assert "bayes-safe train" not in capsys.readouterr().out                  # the application's handler only
+    finally:
+        for h in list(logger.handlers):
+            logger.removeHandler(h)
+        for h in saved[0]:
+            logger.addHandler(h)
+        logger.setLevel(saved[1])
+        logger.propagate = saved[2]

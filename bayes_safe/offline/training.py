@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import logging
 import math
 import time
 from typing import NamedTuple
@@ -70,6 +71,8 @@ from torch import nn
 from torch.func import functional_call, grad
 
 from ..threads import single_thread
+
+_log = logging.getLogger(__name__)
 from .constraints import ReplicationConstraints, replication_rate
 from .data import LoggedData
 from .estimators import snips, violation_rates
@@ -530,7 +533,8 @@ def train_policy(
         callback: ``callback(epoch, policy) -> dict`` called after every epoch (and for the
             initial policy, epoch 0, when ``valid`` is given); its entries are added to that
             epoch's ``history`` row (e.g. test metrics for a learning curve). Not timed.
-        verbose: print one line per epoch.
+        verbose: one line per epoch, at INFO on the ``bayes_safe.offline.training`` logger (printed
+            as ``bayes-safe train: ...`` when the application configured no logging of its own).
     """
     if method is None:
         method = IPS()
@@ -692,8 +696,12 @@ def _train(policy, train, cons, eval_cons, method, valid, epochs, batch_size, lr
             row.update(callback(epoch, policy))
         history.append(row)
         if verbose:
-            print(f"[{method.name}] epoch {epoch}: " + ", ".join(f"{k}={v:.4g}" for k, v in row.items()
-                                                                  if isinstance(v, float)))
+            if epoch == 0 or not history[:-1]:
+                from .._console import console_logging
+
+                console_logging("train", only_if_unconfigured=True)
+            _log.info("[%s] epoch %s: %s", method.name, epoch,
+                      ", ".join(f"{k}={v:.4g}" for k, v in row.items() if isinstance(v, float)))
         if patience is not None and stale >= int(patience):
             break
     if select == "last":
