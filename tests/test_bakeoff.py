@@ -178,3 +178,18 @@ def test_the_held_out_temperature_check_picks_on_the_other_data_sets(monkeypatch
         assert all(len(v) == 1 and v[0][0] >= 0 and v[0][1] >= 0 and 0 <= v[0][2] <= 1 for v in cells.values())
     # a ratio of means: one stream with a baseline loss near 0 does not swamp the data set's ratio
     assert module.ratio([(0.1, 0.001, 0.0), (0.3, 0.399, 0.0)]) == pytest.approx(0.4 / 0.4)
+
+
+def test_the_wide_speed_table_runs_the_bakeoffs_learners(capsys):
+    """``benchmarks/bakeoff_wide.py``: the bake-off's own learner classes on a synthetic stream; one
+    row per learner that imports, the ratio column against VW regcbopt when it is there."""
+    spec = importlib.util.spec_from_file_location("_bakeoff_wide", ROOT / "benchmarks" / "bakeoff_wide.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    X, y = module.stream(dim=6, actions=3, rows=50, seed=0)
+    assert X.shape == (50, 6) and set(np.unique(y)) <= {0, 1, 2} and np.all(X[:, -1] == 1.0)
+    assert module.main(["--dim", "6", "--actions", "3", "--steps", "20", "--repeats", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "| bayes_safe TS | " in out and "| bayes_safe TS streaming | " in out
+    with pytest.raises(SystemExit):
+        module.main(["--dim", "1"])
