@@ -43,10 +43,10 @@ postgres:
 	fi
 
 test: $(STAMP) data browser postgres
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=15
 
 test-slow: $(STAMP) data postgres
-	$(PY) -m pytest -q -m slow
+	$(PY) -m pytest -q -m slow --durations=15
 
 bench: $(STAMP)
 	$(PY) benchmarks/run.py

@@ -2,9 +2,7 @@
 with warnings as errors (what `make docs` does)."""
 
 import importlib.util
-import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -57,9 +55,9 @@ def test_every_tutorial_is_executed():
 def test_tutorial_runs(tutorial):
     """Every python block of every tutorial (and the gallery) runs, in order, in a fresh directory.
 
-    Always run here (``refresh=True``); the results are cached, so the site builds of the same
-    session (test_documentation_site_builds_strict, tests/test_docs_render.py) show them
-    without running the pages again.
+    Always run here (``refresh=True``); the results are cached, so the site build of the same
+    session (the strict build of tests/test_docs_render.py) shows them without running the pages
+    again.
     """
     blocks = _python_blocks(tutorial)
     assert blocks, f"{tutorial.name} has no python blocks"
@@ -105,11 +103,5 @@ def test_guide_examples_run(page, tmp_path, monkeypatch):
         exec(compile(block, f"{page.name} block {i + 1}", "exec"), namespace)
 
 
-def test_documentation_site_builds_strict(tmp_path):
-    env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
-    result = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d", str(tmp_path / "site")],
-        cwd=ROOT, capture_output=True, text=True, env=env, timeout=600,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert (tmp_path / "site" / "index.html").exists()
+# The site's strict build (mkdocs build --strict: any warning fails) is tests/test_docs_render.py's
+# ``site`` fixture, which every rendering test uses: one build per session instead of two (about 90 s).

@@ -209,6 +209,8 @@ def _pages(site: Path) -> list[str]:
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory) -> Path:
+    """The site, built strict (``mkdocs build --strict``: a warning fails the build, and with it
+    every test here): the test suite's one build of the documentation."""
     out = tmp_path_factory.mktemp("site") / "site"
     env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
     result = subprocess.run(
