@@ -382,6 +382,19 @@ def forgetting_weights(lam: float, n: int) -> tuple[int, torch.Tensor]:
     return n - keep, lam ** torch.arange(keep - 1, -1, -1, dtype=_DTYPE)
 
 
+def discount_statistics(xtx: torch.Tensor, xty: torch.Tensor, yty: torch.Tensor, X: torch.Tensor, y: torch.Tensor,
+                        lam: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A Gaussian likelihood's sufficient statistics after ``n`` new rows ``X [*b, n, d]``, ``y [*b, n]``
+    under forgetting at ``lam``: new row ``i`` weighs ``lam^(n-1-i)`` and what came before ``lam^n``.
+    Returns ``(X^T W X, X^T W y, y^T W y, w [n])`` with the old statistics discounted (the Gibbs and
+    Langevin engines' exact update of the weighted likelihood)."""
+    n = X.shape[-2]
+    w = lam ** torch.arange(n - 1, -1, -1, dtype=_DTYPE)
+    old = lam**n
+    return (old * xtx + (X * w[:, None]).mT @ X, old * xty + (X.mT @ (w * y)[..., None])[..., 0],
+            old * yty + (w * y * y).sum(-1), w)
+
+
 def _gamma_inverse_cdf(b: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """``Gamma(b, 1)`` by inverse CDF of the uniforms ``u`` (``scipy.special.gammaincinv``, a
     dependency of arviz): one uniform per draw, so the randomness is fixed and
@@ -577,13 +590,9 @@ class GibbsLinearPosterior:
         n = X.shape[-2]
         if self.forgetting is not None and self.likelihood == "gaussian":  # row i of the m new ones weighs
             # lam^(m-1-i); what came before lam^m (logistic: the rows are kept, weighed in the sweep)
-            lam = self.forgetting
-            w = lam ** torch.arange(n - 1, -1, -1, dtype=_DTYPE)
-            old = lam ** n
-            self._xtx = old * self._xtx + (X * w[:, None]).mT @ X
-            self._xty = old * self._xty + (X.mT @ (w * y)[..., None])[..., 0]
-            self._yty = old * self._yty + (w * y * y).sum(-1)
-            self._n_eff = old * self._n_eff + w.sum()
+            self._xtx, self._xty, self._yty, w = discount_statistics(self._xtx, self._xty, self._yty, X, y,
+                                                                     self.forgetting)
+            self._n_eff = self.forgetting**n * self._n_eff + w.sum()
             self._scaled, self._fixed = None, None
             self.n += n
             return

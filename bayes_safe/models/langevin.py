@@ -68,7 +68,7 @@ from pyro.poutine.messenger import Messenger
 from torch.distributions import biject_to
 
 from ..random import DrawBatch, Generator, standard_normal, standard_uniform
-from .gibbs import append_rows, empty_data, forgetting_weights
+from .gibbs import append_rows, discount_statistics, empty_data, forgetting_weights
 
 __all__ = ["LANGEVIN_OPTIONS", "LangevinLinearPosterior"]
 
@@ -623,12 +623,8 @@ class LangevinLinearPosterior:
         n = X.shape[-2]
         if self.likelihood == "gaussian" and self.forgetting is not None:
             # row i of the n new ones weighs lam^(n-1-i), what came before lam^n (as the Gibbs engine)
-            lam = self.forgetting
-            wn = lam ** torch.arange(n - 1, -1, -1, dtype=_DTYPE)
-            old = lam**n
-            self._xtx = old * self._xtx + (X * wn[:, None]).mT @ X
-            self._xty = old * self._xty + (X.mT @ (wn * y)[..., None])[..., 0]
-            self._yty = old * self._yty + (wn * y * y).sum(-1)
+            self._xtx, self._xty, self._yty, _ = discount_statistics(self._xtx, self._xty, self._yty, X, y,
+                                                                     self.forgetting)
         elif self.likelihood == "gaussian":
             self._xtx = self._xtx + X.mT @ X
             self._xty = self._xty + (X.mT @ y[..., None])[..., 0]

@@ -433,6 +433,7 @@ class PyroLinearPosterior:
         # forgetting (issue 30): row i of n enters the likelihood to the power lam^(n-1-i) (the
         # stabilised rule of the other engines: the data weighed, the prior kept)
         self.forgetting = None if forgetting is None else float(forgetting)
+        self._weights_cache: tuple[int, torch.Tensor] | None = None  # (n, the rows' weights [n])
 
         self.noise_std, self.noise_prior = self._check_noise(noise_std, noise_prior)
         self.prior = prior
@@ -516,10 +517,18 @@ class PyroLinearPosterior:
         # forgetting: row i's log-likelihood weighs lam^(n-1-i) (Kulhavy & Zarrop 1993's weighted
         # likelihood; the prior keeps its weight), the same posterior the conjugate engine's
         # stabilised rule computes in closed form
-        n = X.shape[-2]
-        age = torch.arange(n - 1, -1, -1, dtype=_DTYPE)
-        weights = torch.pow(torch.tensor(self.forgetting, dtype=_DTYPE), age)
-        pyro.factor(_OBS_SITE, (weights * dist.Normal(mean, scale).log_prob(y)).sum(-1))
+        pyro.factor(_OBS_SITE, (self._row_weights(X.shape[-2]) * dist.Normal(mean, scale).log_prob(y)).sum(-1))
+
+    def _row_weights(self, n: int) -> torch.Tensor:
+        """``[n]`` the rows' forgetting weights (``gibbs.forgetting_weights``; rows below ``2^-60`` weigh
+        0), made once per ``n``, not at every evaluation of the model in a fit."""
+        cached = self._weights_cache
+        if cached is None or cached[0] != n:
+            from .gibbs import forgetting_weights
+
+            start, w = forgetting_weights(self.forgetting, n)
+            cached = self._weights_cache = (n, torch.cat([torch.zeros(start, dtype=_DTYPE), w]))
+        return cached[1]
 
     def _broadcasts(self) -> bool:
         """Whether the prior runs correctly under a leading plate (SVI's vectorized
