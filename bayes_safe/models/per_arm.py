@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -46,6 +47,25 @@ __all__ = ["PerArmLinear"]
 #: one-stream fast path: rebuild the covariances from the precisions after this many rank-one updates
 REFRESH_EVERY = 1000
 _F64 = torch.float64
+
+
+@dataclass(eq=False)
+class _Kept:
+    """The one-stream fast path's state: the arms' covariances and means, numpy views for the
+    in-place updates, and what they were computed from (they are valid while ``describes`` the arms)."""
+
+    cov: np.ndarray  # [K, d, d], a view of ``cov_t``
+    cov_t: torch.Tensor  # the same memory, for torch's fused rank-one update
+    mean: np.ndarray  # [K, d]
+    eta: np.ndarray  # a view of the arms' ``eta``
+    counts: np.ndarray  # a view of the arms' ``_masked_count``
+    source: tuple  # (arms, precision, eta, _count, _masked_count) they were computed from
+    updates: int = 0  # rank-one updates since
+
+    def describes(self, arms) -> bool:
+        arms_then, precision, eta, count, masked = self.source
+        return (arms_then is arms and precision is arms.precision and eta is arms.eta and count == arms._count
+                and masked is arms._masked_count and self.updates < REFRESH_EVERY)
 
 
 class PerArmLinear:
@@ -83,7 +103,7 @@ class PerArmLinear:
         )
         self.dim = self.arms.dim
         # the one-stream fast path's covariances and means (see the module docstring), with what they describe
-        self._marginal: list | None = None
+        self._marginal: _Kept | None = None
         self._dirty: tuple | None = None  # the arms' ``_dirty`` mask this path made, and its numpy view
         self._select_kept: tuple | None = None  # (x, S_k x [K, d], update count) of the last shared context
 
@@ -117,18 +137,17 @@ class PerArmLinear:
         rebuilt from the precisions when the arms changed otherwise (another update path, a load,
         new statistics) or after ``REFRESH_EVERY`` rank-one updates."""
         a, kept = self.arms, self._marginal
-        if (kept is not None and kept[2] is a and kept[3] is a.precision and kept[4] is a.eta
-                and kept[5] == a._count and kept[6] is a._masked_count and kept[7] < REFRESH_EVERY):
-            return kept[0], kept[1]
+        if kept is not None and kept.describes(a):
+            return kept.cov, kept.mean
         L = torch.linalg.cholesky(a.precision)
         cov_t = torch.cholesky_inverse(L).contiguous()  # (column-major per matrix as returned: one copy here,
         # not one per product below)
-        cov, mean = cov_t.numpy(), torch.cholesky_solve(a.eta.unsqueeze(-1), L).squeeze(-1).numpy()
-        if a._masked_count is None:  # counted in place from here on (the token follows the tensor)
+        mean = torch.cholesky_solve(a.eta.unsqueeze(-1), L).squeeze(-1).numpy()
+        if a._masked_count is None:  # counted in place from here on (the source follows the tensor)
             a._masked_count = torch.zeros(self.num_arms, dtype=torch.long)
-        self._marginal = [cov, mean, a, a.precision, a.eta, a._count, a._masked_count, 0,
-                          a.eta.numpy(), a._masked_count.numpy(), cov_t]
-        return cov, mean
+        self._marginal = _Kept(cov_t.numpy(), cov_t, mean, a.eta.numpy(), a._masked_count.numpy(),
+                               (a, a.precision, a.eta, a._count, a._masked_count))
+        return self._marginal.cov, mean
 
     def _fast_update(self, x: np.ndarray, y: float, arm: int) -> None:
         """One observation ``y`` of arm ``arm`` at ``x [d]`` (float64, checked): Sherman-Morrison on the
@@ -138,7 +157,7 @@ class PerArmLinear:
         kept, a = self._marginal, self.arms
         s = a._scale  # 1 / sigma^2
         sel = self._select_kept  # S_k x of the last select's shared context, when it is this one
-        if sel is not None and sel[2] == kept[7] and np.array_equal(sel[0], x):
+        if sel is not None and sel[2] == kept.updates and np.array_equal(sel[0], x):
             Sx = sel[1][arm].copy()
         else:
             Sx = cov[arm] @ x
@@ -149,11 +168,11 @@ class PerArmLinear:
         # the two [d, d] rank-one updates in torch's fused addr_ (one pass over the matrix; numpy's outer
         # product and subtraction take three, which at d = 288 is most of an update)
         Sx_t, x_t = torch.from_numpy(Sx), torch.from_numpy(x)
-        kept[10][arm].addr_(Sx_t, Sx_t, alpha=-1.0 / denom)  # the covariance
+        kept.cov_t[arm].addr_(Sx_t, Sx_t, alpha=-1.0 / denom)
         a.precision[arm].addr_(x_t, x_t, alpha=s)
-        kept[8][arm] += (s * y) * x  # eta
-        kept[9][arm] += 1  # the masked count
-        kept[7] += 1
+        kept.eta[arm] += (s * y) * x
+        kept.counts[arm] += 1
+        kept.updates += 1
         if a._factor is not None:  # the arm's factor is recomputed on its next use (``_invalidate``)
             dirty = self._dirty
             if dirty is None or a._dirty is not dirty[0]:
@@ -244,7 +263,7 @@ class PerArmLinear:
                 x = F.reshape(-1, d)[0] if F.ndim == 2 else F[0, 0]
                 Sx = (cov.reshape(K * d, d) @ x).reshape(K, d)
                 mu, var = mean @ x, Sx @ x
-                self._select_kept = (x.copy(), Sx, self._marginal[7])
+                self._select_kept = (x.copy(), Sx, self._marginal.updates)
             else:
                 F = F.reshape(K, d)
                 mu = (F * mean).sum(-1)
