@@ -327,13 +327,14 @@ class BayesSafeStreamingTS:
     law of decisions as ``bayes_safe TS``, in numpy (arm scores as univariate normals, rank-one
     updates of the played arm only)."""
 
-    def __init__(self, dim, num_actions, seed, warm):
+    def __init__(self, dim, num_actions, seed, warm, temperature=None):
         from bayes_safe.models import calibrated_per_arm
         from bayes_safe.policies import StreamingPerArmTS
 
         X_warm, y_warm = warm
-        self.ts = StreamingPerArmTS.from_calibrated(calibrated_per_arm(X_warm, labels=y_warm, num_arms=num_actions),
-                                                    seed=seed)
+        kwargs = {} if temperature is None else {"temperature": temperature}
+        self.ts = StreamingPerArmTS.from_calibrated(calibrated_per_arm(X_warm, labels=y_warm, num_arms=num_actions,
+                                                                       **kwargs), seed=seed)
 
     def act(self, x, baseline, baseline_prob) -> int:
         return self.ts.select(x)
@@ -346,8 +347,8 @@ class BayesSafeStreamingConservativeTS(BayesSafeStreamingTS):
     """``StreamingConservativeTS(StreamingPerArmTS.from_calibrated(...), alpha=0.1)``: the
     conservative TS learner's one-stream numpy fast path (realised budget, confidence 0.95)."""
 
-    def __init__(self, dim, num_actions, seed, warm):
-        super().__init__(dim, num_actions, seed, warm)
+    def __init__(self, dim, num_actions, seed, warm, temperature=None):
+        super().__init__(dim, num_actions, seed, warm, temperature)
         from bayes_safe.policies import StreamingConservativeTS
 
         self.policy = StreamingConservativeTS(self.ts, alpha=ALPHA)

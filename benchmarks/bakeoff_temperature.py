@@ -38,18 +38,7 @@ GRID = (0.1, 0.25, 0.5, 1.0)
 DEFAULT = 0.25
 
 
-def _learner(kind: str, stream, temperature: float, seed: int):
-    from bayes_safe.models import calibrated_per_arm
-    from bayes_safe.policies import StreamingConservativeTS, StreamingPerArmTS
-
-    cal = calibrated_per_arm(stream.warm_X, labels=stream.warm_y, num_arms=stream.num_actions,
-                             temperature=temperature)
-    ts = StreamingPerArmTS.from_calibrated(cal, seed=seed)
-    if kind == "TS":
-        return lambda x, b: ts.select(x), ts.update
-    # the safe learner checks its budget on the untempered posterior, as the bake-off's does
-    safe = StreamingConservativeTS(ts, alpha=bakeoff.ALPHA)
-    return safe.select, safe.update
+_LEARNERS = {"TS": bakeoff.BayesSafeStreamingTS, "conservative TS": bakeoff.BayesSafeStreamingConservativeTS}
 
 
 def run(datasets: Sequence[str], shuffles: int, seed: int, max_rows: int | None) -> dict:
@@ -62,14 +51,11 @@ def run(datasets: Sequence[str], shuffles: int, seed: int, max_rows: int | None)
             base = stream.baseline_rewards
             for kind, per_kind in out.items():
                 for T in GRID:
-                    select, update = _learner(kind, stream, T, seed=1000 * s + int(100 * T))
-                    rewards = np.zeros(len(stream.y))
-                    for t in range(len(stream.y)):
-                        x = stream.X[t]
-                        a = select(x, int(stream.baseline[t]))
-                        r = 1.0 if a == stream.y[t] else 0.0
-                        update(x, r, a)
-                        rewards[t] = r
+                    # the bake-off's own learner classes (the safe one checks its budget on the untempered
+                    # posterior) and its own loop
+                    learner = _LEARNERS[kind](stream.X.shape[1], stream.num_actions, 1000 * s + int(100 * T),
+                                              (stream.warm_X, stream.warm_y), temperature=T)
+                    rewards, _ = bakeoff.run_stream(learner, stream)
                     per_kind.setdefault(name, {}).setdefault(T, []).append(
                         (bakeoff.pv_loss(rewards), bakeoff.pv_loss(base), bakeoff.violation_rate(rewards, base)))
     return out

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -39,19 +38,18 @@ def stream(dim: int, actions: int, rows: int, seed: int):
 
 
 def rate(spec, X, y, warm: int, steps: int, seed: int) -> float:
-    dim, K = X.shape[1], int(y.max()) + 1
+    """Decisions per second of ``spec``'s learner over rows ``warm .. warm + steps``, timed by the
+    bake-off's own loop (``run_stream``: the seconds of its ``act`` + ``learn`` calls)."""
+    K = int(y.max()) + 1
+    rows = slice(warm, warm + steps)
+    stream = bakeoff.Stream("synthetic", 0, X[rows], y[rows], np.zeros(steps, dtype=np.int64), np.ones(steps), K,
+                            warm, X[:warm], y[:warm])
     if spec.warm:
-        learner = spec.make(dim, K, seed, warm=(X[:warm], y[:warm]))
+        learner = spec.make(X.shape[1], K, seed, warm=(stream.warm_X, stream.warm_y))
     else:
-        learner = spec.make(dim, K, seed)
-    spent = 0.0
-    for t in range(warm, warm + steps):
-        x = X[t]
-        t0 = time.perf_counter()
-        a = learner.act(x, 0, 1.0)
-        learner.learn(x, a, 1.0 if a == y[t] else 0.0)
-        spent += time.perf_counter() - t0
-    return steps / spent
+        learner = spec.make(X.shape[1], K, seed)
+    _, seconds = bakeoff.run_stream(learner, stream)
+    return steps / seconds
 
 
 def main(argv: Sequence[str] | None = None) -> int:
