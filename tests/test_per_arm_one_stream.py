@@ -59,6 +59,20 @@ def test_the_kept_posterior_is_the_exact_one_after_many_rank_one_updates():
     assert torch.allclose(draws.mean(0), exact_mean, atol=0.05)
 
 
+def test_fast_updates_after_a_joint_draw_make_the_next_draw_from_the_new_posterior():
+    """The played arms' factors are marked stale: a joint draw after fast updates is from the new
+    posterior, not from the factor of the old one."""
+    m = _model()
+    m.sample((10,), generator=torch.Generator().manual_seed(0))          # the factor of the prior
+    x = torch.ones(D, dtype=F64)
+    for _ in range(30):
+        m.update(x, torch.tensor(3.0, dtype=F64), torch.tensor(2))
+    exact_mean, _ = _exact(m)
+    draws = m.sample((4000,), generator=torch.Generator().manual_seed(1))
+    assert float((exact_mean[2] - m.arms._prior_loc[2]).abs().max()) > 0.3   # arm 2 moved from the prior
+    assert torch.allclose(draws.mean(0), exact_mean, atol=0.05)
+
+
 def test_the_scores_have_the_law_of_a_joint_weight_draw():
     m = _model()
     _play(m, 200)

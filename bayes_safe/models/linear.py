@@ -694,6 +694,19 @@ class BayesianLinear:
         else:
             self._dirty = changed if self._dirty is None else self._dirty | changed
 
+    def _invalidate_one(self, index: int) -> None:
+        """``_invalidate`` of the one batch element at flat ``index``, in place: the mask this method
+        made is reused while it is the model's (``PerArmLinear``'s one-stream path marks the played
+        arm after every update; a new mask per update cost as much as the update's arithmetic)."""
+        if self._factor is None:
+            return
+        own = getattr(self, "_own_dirty", None)
+        if own is None or self._dirty is not own[0]:
+            mask = torch.zeros(self.batch_shape, dtype=torch.bool) if self._dirty is None else self._dirty.clone()
+            self._dirty = mask
+            own = self._own_dirty = (mask, mask.numpy().reshape(-1))
+        own[1][index] = True
+
     def _stale(self) -> bool:
         return self._factor is None or self._dirty is not None
 

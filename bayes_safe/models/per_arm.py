@@ -104,7 +104,6 @@ class PerArmLinear:
         self.dim = self.arms.dim
         # the one-stream fast path's covariances and means (see the module docstring), with what they describe
         self._marginal: _Kept | None = None
-        self._dirty: tuple | None = None  # the arms' ``_dirty`` mask this path made, and its numpy view
         self._select_kept: tuple | None = None  # (x, S_k x [K, d], update count) of the last shared context
 
     @property
@@ -173,13 +172,7 @@ class PerArmLinear:
         kept.eta[arm] += (s * y) * x
         kept.counts[arm] += 1
         kept.updates += 1
-        if a._factor is not None:  # the arm's factor is recomputed on its next use (``_invalidate``)
-            dirty = self._dirty
-            if dirty is None or a._dirty is not dirty[0]:
-                mask = torch.zeros(self.num_arms, dtype=torch.bool) if a._dirty is None else a._dirty.clone()
-                a._dirty = mask
-                self._dirty = dirty = (mask, mask.numpy())
-            dirty[1][arm] = True
+        a._invalidate_one(arm)  # the arm's factor is recomputed on its next use
 
     def update(self, contexts, y, actions) -> None:
         """Update the played arms: ``contexts [*batch, d]``, ``y [*batch]``, ``actions [*batch]``."""
