@@ -73,6 +73,7 @@ from ..random import (
     standard_normal,
     standard_uniform,
 )
+from ._forgetting import discount_statistics, forgetting_weights
 
 __all__ = [
     "GibbsLinearPosterior",
@@ -369,30 +370,6 @@ def truncated_normal_latent(mu: torch.Tensor, y: torch.Tensor, generator: Genera
         tail = s * lanewise(lambda uu: -torch.log(uu), u) / smu.abs().clamp_min(1.0) - mu
         e = torch.where(far, tail, e)
     return mu + e
-
-
-def forgetting_weights(lam: float, n: int) -> tuple[int, torch.Tensor]:
-    """``(start, weights [n - start])``: the weight ``lam^(n - 1 - i)`` of row ``i`` of ``n`` (the last
-    row weighs 1), for rows ``start .. n``. Rows whose weight is below ``2^-60`` are left out
-    (``start > 0``): all of them together weigh less than ``2^-60 / (1 - lam)`` rows, so a chain's cost
-    stops growing after about ``42 / (1 - lam)`` rows. A function of ``(lam, n)`` only: nothing to save."""
-    if lam >= 1.0:
-        return 0, torch.ones(n, dtype=_DTYPE)
-    keep = min(n, math.floor(60.0 * math.log(2.0) / -math.log(lam)) + 1)
-    return n - keep, lam ** torch.arange(keep - 1, -1, -1, dtype=_DTYPE)
-
-
-def discount_statistics(xtx: torch.Tensor, xty: torch.Tensor, yty: torch.Tensor, X: torch.Tensor, y: torch.Tensor,
-                        lam: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A Gaussian likelihood's sufficient statistics after ``n`` new rows ``X [*b, n, d]``, ``y [*b, n]``
-    under forgetting at ``lam``: new row ``i`` weighs ``lam^(n-1-i)`` and what came before ``lam^n``.
-    Returns ``(X^T W X, X^T W y, y^T W y, w [n])`` with the old statistics discounted (the Gibbs and
-    Langevin engines' exact update of the weighted likelihood)."""
-    n = X.shape[-2]
-    w = lam ** torch.arange(n - 1, -1, -1, dtype=_DTYPE)
-    old = lam**n
-    return (old * xtx + (X * w[:, None]).mT @ X, old * xty + (X.mT @ (w * y)[..., None])[..., 0],
-            old * yty + (w * y * y).sum(-1), w)
 
 
 def _gamma_inverse_cdf(b: torch.Tensor, u: torch.Tensor) -> torch.Tensor:

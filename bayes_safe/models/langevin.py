@@ -68,7 +68,8 @@ from pyro.poutine.messenger import Messenger
 from torch.distributions import biject_to
 
 from ..random import DrawBatch, Generator, standard_normal, standard_uniform
-from .gibbs import append_rows, discount_statistics, empty_data, forgetting_weights
+from ._forgetting import discount_statistics, forgetting_weights
+from .gibbs import append_rows, empty_data
 
 __all__ = ["LANGEVIN_OPTIONS", "LangevinLinearPosterior"]
 

@@ -659,7 +659,7 @@ class BayesianLinear:
         X = torch.cat(self._X, dim=-2)
         y = torch.cat(self._y, dim=-1)
         if self.forgetting is not None:  # rows weighing less than 2^-60 no longer move the posterior
-            from .gibbs import forgetting_weights
+            from ._forgetting import forgetting_weights
 
             start, _ = forgetting_weights(self.forgetting, X.shape[-2])
             X, y = X[..., start:, :], y[..., start:]

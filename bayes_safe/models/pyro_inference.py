@@ -524,7 +524,7 @@ class PyroLinearPosterior:
         0), made once per ``n``, not at every evaluation of the model in a fit."""
         cached = self._weights_cache
         if cached is None or cached[0] != n:
-            from .gibbs import forgetting_weights
+            from ._forgetting import forgetting_weights
 
             start, w = forgetting_weights(self.forgetting, n)
             cached = self._weights_cache = (n, torch.cat([torch.zeros(start, dtype=_DTYPE), w]))

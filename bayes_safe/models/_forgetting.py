@@ -1,0 +1,36 @@
+"""Forgetting's row weights, shared by the linear engines that keep rows (issue 30): the Gibbs and
+Langevin chains and the NUTS / SVI fits. A module of its own, below all of them."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+_DTYPE = torch.float64
+
+__all__ = ["discount_statistics", "forgetting_weights"]
+
+
+def forgetting_weights(lam: float, n: int) -> tuple[int, torch.Tensor]:
+    """``(start, weights [n - start])``: the weight ``lam^(n - 1 - i)`` of row ``i`` of ``n`` (the last
+    row weighs 1), for rows ``start .. n``. Rows whose weight is below ``2^-60`` are left out
+    (``start > 0``): all of them together weigh less than ``2^-60 / (1 - lam)`` rows, so a chain's cost
+    stops growing after about ``42 / (1 - lam)`` rows. A function of ``(lam, n)`` only: nothing to save."""
+    if lam >= 1.0:
+        return 0, torch.ones(n, dtype=_DTYPE)
+    keep = min(n, math.floor(60.0 * math.log(2.0) / -math.log(lam)) + 1)
+    return n - keep, lam ** torch.arange(keep - 1, -1, -1, dtype=_DTYPE)
+
+
+def discount_statistics(xtx: torch.Tensor, xty: torch.Tensor, yty: torch.Tensor, X: torch.Tensor, y: torch.Tensor,
+                        lam: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A Gaussian likelihood's sufficient statistics after ``n`` new rows ``X [*b, n, d]``, ``y [*b, n]``
+    under forgetting at ``lam``: new row ``i`` weighs ``lam^(n-1-i)`` and what came before ``lam^n``.
+    Returns ``(X^T W X, X^T W y, y^T W y, w [n])`` with the old statistics discounted (the Gibbs and
+    Langevin engines' exact update of the weighted likelihood)."""
+    n = X.shape[-2]
+    w = lam ** torch.arange(n - 1, -1, -1, dtype=_DTYPE)
+    old = lam**n
+    return (old * xtx + (X * w[:, None]).mT @ X, old * xty + (X.mT @ (w * y)[..., None])[..., 0],
+            old * yty + (w * y * y).sum(-1), w)
