@@ -105,6 +105,13 @@ class Constraint:
             its value meets the bound against the baseline's, jointly). How each policy
             evaluates it is in its docstring; ``simulate`` and the tuners count a chance
             constraint against the true mean, like any other.
+        declared: None (default): ``bound`` is the business limit the constraint was declared
+            with. A number: the declared business limit (a factor or a level, in ``bound``'s
+            form) of a constraint whose ``bound`` is a policy's tuned bound around it
+            (``bayes_safe.envs.tolerance.policy_constraint``: ``hide <= 0.02`` tuned to a policy
+            bound of 0.0232 keeps ``declared=0.02``). The policy enforces ``bound``; every
+            counter (``violated``), report and exported limit reads ``declared_bound``, so a
+            tuned slack is never reported as the guardrail.
 
     What each layer does with each form: the user guide, "What a guardrail means".
 
@@ -120,6 +127,7 @@ class Constraint:
     at_most: bool = False
     versus_baseline: bool = True
     confidence: float | None = None
+    declared: float | None = None
 
     def __post_init__(self):
         if not isinstance(self.metric, str) or not self.metric:
@@ -142,6 +150,17 @@ class Constraint:
                 raise ValueError(f"confidence: expected None or a probability in (0, 1) (e.g. 0.95) for the "
                                  f"constraint on {self.metric!r}, got {q!r}")
             object.__setattr__(self, "confidence", float(q))
+        if self.declared is not None:
+            v = self.declared
+            if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v):
+                raise ValueError(f"declared: expected None or the finite business limit the constraint on "
+                                 f"{self.metric!r} was declared with, got {v!r}")
+            v = float(v)
+            if self.versus_baseline and v <= 0:
+                raise ValueError(f"declared: a relative constraint on {self.metric!r} needs a declared factor > 0, got {v}")
+            if self.at_most and not self.versus_baseline and v < 0:
+                raise ValueError(f"declared: a lower-is-better threshold on {self.metric!r} must be >= 0, got {v}")
+            object.__setattr__(self, "declared", None if v == self.bound else v)
 
     @classmethod
     def relative(cls, metric: str, *, at_least: float | None = None, at_most: float | None = None,
@@ -175,15 +194,37 @@ class Constraint:
             raise TypeError(f"constraint: expected a mapping with metric, bound, at_most, versus_baseline, got "
                             f"{type(data).__name__}")
         keys = {"metric", "bound", "at_most", "versus_baseline"}
-        if not keys <= set(data) or not set(data) <= keys | {"confidence"}:
-            raise ValueError(f"constraint: expected the keys {sorted(keys)} (and optionally 'confidence'), got "
-                             f"{sorted(data)}")
-        return cls(data["metric"], data["bound"], data["at_most"], data["versus_baseline"], data.get("confidence"))
+        if not keys <= set(data) or not set(data) <= keys | {"confidence", "declared"}:
+            raise ValueError(f"constraint: expected the keys {sorted(keys)} (and optionally 'confidence', 'declared'), "
+                             f"got {sorted(data)}")
+        return cls(data["metric"], data["bound"], data["at_most"], data["versus_baseline"], data.get("confidence"),
+                   data.get("declared"))
 
     @property
     def chance(self) -> bool:
         """Whether this is a chance constraint (``confidence`` set)."""
         return self.confidence is not None
+
+    @property
+    def declared_bound(self) -> float:
+        """The business limit the constraint was declared with (``declared``, else ``bound``): a factor
+        (relative) or a level (absolute)."""
+        return self.bound if self.declared is None else self.declared
+
+    @property
+    def tuned(self) -> bool:
+        """Whether the policy keeps a bound other than the declared limit (a tuned tolerance)."""
+        return self.declared is not None
+
+    def as_declared(self) -> Constraint:
+        """The constraint as declared: ``bound`` the declared limit, no policy bound."""
+        if self.declared is None:
+            return self
+        return Constraint(self.metric, self.declared, self.at_most, self.versus_baseline, self.confidence)
+
+    def declared_threshold(self, baseline_value: torch.Tensor) -> torch.Tensor:
+        """The declared limit in the metric's units (``threshold`` of ``as_declared()``)."""
+        return self.as_declared().threshold(baseline_value)
 
     def threshold(self, baseline_value: torch.Tensor) -> torch.Tensor:
         """The bound in the metric's units: ``bound x baseline_value`` (relative) or ``bound``."""
@@ -210,10 +251,11 @@ class Constraint:
         The baseline's own plays count like any other under an absolute constraint; under a
         relative one the baseline action never breaks a bound relative to its own value (the
         papers' rule; without it a negative baseline value would break ``value >= 0.9 x value``).
-        A chance constraint is counted against the true mean like any other.
+        A chance constraint is counted against the true mean like any other, and a constraint
+        with a tuned policy bound against its declared limit (``declared_bound``).
         """
         rows = torch.arange(values.shape[0])
-        broken = ~self.satisfied(values, values[rows, baseline])
+        broken = ~self.as_declared().satisfied(values, values[rows, baseline])
         if self.versus_baseline:
             broken[rows, baseline] = False
         return broken
@@ -225,16 +267,22 @@ class Constraint:
         return limit - values if self.at_most else values - limit
 
     def describe(self) -> str:
-        """``"unsubscribe <= 1.02 x baseline"``, ``"ae <= 0.05 with P >= 0.95"`` and the like, for reports."""
+        """``"unsubscribe <= 1.02 x baseline"``, ``"ae <= 0.05 with P >= 0.95"`` and the like, for reports;
+        a tuned constraint names both: ``"hide <= 0.02 (policy bound 0.0232)"``."""
         op = "<=" if self.at_most else ">="
-        text = (f"{self.metric} {op} {self.bound:g} x baseline" if self.versus_baseline
-                else f"{self.metric} {op} {self.bound:g}")
+        limit = self.declared_bound
+        text = (f"{self.metric} {op} {limit:g} x baseline" if self.versus_baseline
+                else f"{self.metric} {op} {limit:g}")
+        if self.declared is not None:
+            text += f" (policy bound {self.bound:g})"
         return text if self.confidence is None else f"{text} with P >= {self.confidence:g}"
 
     def to_dict(self) -> dict:
         out = {"metric": self.metric, "bound": self.bound, "at_most": self.at_most, "versus_baseline": self.versus_baseline}
         if self.confidence is not None:
             out["confidence"] = self.confidence
+        if self.declared is not None:
+            out["declared"] = self.declared
         return out
 
 

@@ -7,7 +7,9 @@ from 1 (``at_most``: the policy keeps ``metric <= (1 + t) x baseline``; ``at_lea
 ``metric >= (1 - t) x baseline``, the paper's alpha; Daulton et al. 2019, section 5.3 tune alpha
 this way), for an absolute one the margin added to the level in the metric's units
 (``at_most``: ``metric <= level + t``; ``at_least``: ``metric >= level - t``). The declaration
-itself stays the study's outcome constraint; a chance constraint keeps its confidence.
+itself stays the study's outcome constraint; a chance constraint keeps its confidence. The
+constraint the policy keeps remembers the declared limit (``Constraint.declared``): counters,
+reports and ``/metrics`` read the declared limit, the policy enforces the tuned bound.
 """
 
 from __future__ import annotations
@@ -25,16 +27,18 @@ def tolerance_name(constraint: Constraint) -> str:
 def policy_constraint(constraint: Constraint, tolerance: float) -> Constraint:
     """The bound TS-ASC keeps for ``constraint`` with tolerance ``t`` (see the module docstring)."""
     t = float(tolerance)
+    declared = constraint.declared_bound
+    constraint = constraint.as_declared()  # a tolerance is always around the declared limit
     if constraint.versus_baseline:
         factor = 1 + t if constraint.at_most else 1 - t
         if factor <= 0:
             raise ValueError(f"{tolerance_name(constraint)}: {t:g} leaves no factor > 0 of the baseline's "
                              f"{constraint.metric}; expected < 1")
-        return Constraint(constraint.metric, factor, constraint.at_most, True, constraint.confidence)
+        return Constraint(constraint.metric, factor, constraint.at_most, True, constraint.confidence, declared)
     level = constraint.bound + t if constraint.at_most else constraint.bound - t
     if constraint.at_most and level < 0:
         level = 0.0
-    return Constraint(constraint.metric, level, constraint.at_most, False, constraint.confidence)
+    return Constraint(constraint.metric, level, constraint.at_most, False, constraint.confidence, declared)
 
 
 def default_range(constraint: Constraint) -> dict:
