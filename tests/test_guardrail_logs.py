@@ -89,8 +89,9 @@ def test_off_policy_ae_rate_of_a_target_policy_matches_the_truth_within_its_inte
         e = est["adverse_event"][name]
         assert e.low <= true_ae <= e.high, (name, e, true_ae)
         assert est["efficacy"][name].low <= true_eff <= est["efficacy"][name].high
-        # the estimate is the target's, not the log's own rate
-        assert abs(e.value - logged_rate) > 3 * e.se and abs(e.value - true_ae) < 3 * e.se
+        # the estimate is the target's, not the log's own rate (the AE is 0/1: a betting interval, whose se is
+        # its larger half-width over 1.96; the log's rate lies outside the interval)
+        assert not e.low <= logged_rate <= e.high and abs(e.value - true_ae) < 3 * e.se
     # the frame's column serves a split of the data too (aligned by the frame's index)
     test = data.split((0.5, 0.5), seed=0)["test"]
     rows = torch.as_tensor([int(str(label)[len("patient"):]) for label in test.row_labels])
@@ -219,6 +220,11 @@ def test_tune_decision_log_on_the_command_line_tunes_the_declared_constraints(se
     trials = pd.read_csv(out / "trials.csv")
     assert len(trials) == 2 and (trials["status"] == "COMPLETED").all()
     best = json.loads((out / "best.json").read_text())
+    # the AE rate's interval is the betting one (issue 39): on 1,000 decisions with a few heavy weights it is
+    # too wide to confirm a trial feasible at P >= 0.9, and the study then ranks the trials, safest first
+    if best["trial"] is None:
+        best = {"trial": best["closest_infeasible"][0]["trial"],
+                "parameters": best["closest_infeasible"][0]["parameters_tried"]}
     assert set(best["parameters"]) == {"tolerance_efficacy", "tolerance_adverse_event"}
     # one Sobol point loosens the cap and its off-policy AE rate is above it: the chosen point is the other one
     chosen = trials.set_index("trial").loc[best["trial"]]

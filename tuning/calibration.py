@@ -106,8 +106,9 @@ def noise_calibration(ab_test: ABTest, parameterizations: Sequence[Mapping], *, 
     if metrics is None:
         metrics = sorted(runs[0][0])
     out: dict = {"by_replicates": {}, "runs": per * len(jobs), "seconds_per_run": elapsed * max(1, workers) / (per * len(jobs))}
+    shared = bool(getattr(ab_test.problem, "replicates_share_rows", False))  # a study of logs: one set of rows
     if keep_trials:
-        out["trials"] = {R: [[combine_replicates(single[k * R:(k + 1) * R])[0] for k in range(per // R)] for single in runs]
+        out["trials"] = {R: [[combine_replicates(single[k * R:(k + 1) * R], shared_rows=shared)[0] for k in range(per // R)] for single in runs]
                          for R in reps}
     for R in reps:
         entry: dict = {}
@@ -115,7 +116,7 @@ def noise_calibration(ab_test: ABTest, parameterizations: Sequence[Mapping], *, 
         for metric in metrics:
             z: list[float] = []
             for single in runs:
-                trials = [combine_replicates(single[k * R:(k + 1) * R])[0] for k in range(per // R)]
+                trials = [combine_replicates(single[k * R:(k + 1) * R], shared_rows=shared)[0] for k in range(per // R)]
                 z += pair_z_scores(trials, metric)
             pooled += z
             entry[metric] = {"sd": float(np.sqrt(np.mean(np.square(z)))) if z else float("nan"), "n": len(z), "z": z}

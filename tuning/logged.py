@@ -289,6 +289,9 @@ class LoggedDataProblem(ABProblem):
 
     name = "logged-data"
     offline = True
+    #: replicates of a trial re-split and re-estimate the same logged rows: ``ABTest`` combines them without
+    #: dividing the standard error by their number (``combine_replicates``, issue 39)
+    replicates_share_rows = True
     objective = "reward"
     surface = None
     trial_noun = "trials"
@@ -401,6 +404,16 @@ class LoggedDataProblem(ABProblem):
 
     def tuned_label(self, ab_test) -> str:
         return f"{self.method} training"
+
+    def report_notes(self) -> str:
+        """Markdown for the study's report: what a log study can and cannot tell, and its standard errors."""
+        return ("**What the logs can and cannot tell.** Each trial's metrics are off-policy estimates on the held-out "
+                "logs: they bound a metric's **mean** under the trained policy, not the **share of units above a "
+                "cap** (how many contexts get a value beyond a limit); check that share in simulation before "
+                "serving a setting (`bayes-safe tune custom` with the problem's `max_violations`).\n\n"
+                "**Standard errors.** A 0/1 metric's interval is the betting interval of "
+                "`bayes_safe.offline.intervals`. Replicates of a trial re-split the same logged rows, so they do not "
+                "shrink the standard error (one replicate per trial is enough).\n")
 
     def describe(self, ab_test) -> str:
         logs = self.source if self.logged_data is None else "in memory"

@@ -10,8 +10,8 @@ Five lines::
 
 Modules: ``.data`` (``LoggedData``), ``.constraints`` (eq. 1-2, benchmarks as JSON),
 ``.policy``, ``.training`` (IPS, quadratic, Algorithm 1, Algorithm 2),
-``.estimators`` (IPS, SNIPS, DM, DR of the reward and of every logged metric, bootstrap, violation rates), ``.synthetic``
-(skill routing), ``.open_bandit`` (the Open Bandit Dataset sample), ``.evaluation``
+``.estimators`` (IPS, SNIPS, DM, DR of the reward and of every logged metric, violation rates), ``.intervals``
+(betting confidence intervals of bounded metrics, rare harms included), ``.synthetic`` (skill routing, rare harms), ``.open_bandit`` (the Open Bandit Dataset sample), ``.evaluation``
 (off-policy trials for the tuning loop).
 """
 
@@ -40,7 +40,7 @@ from .estimators import (
 )
 from .evaluation import evaluate_offline, offline_metric_names, trained_policy_factory
 from .policy import mlp_policy, policy_probs
-from .synthetic import SkillRouting, skill_routing_logs
+from .synthetic import RareHarmLogs, SkillRouting, rare_harm_logs, skill_routing_logs
 from .training import (
     IPS,
     MetaGradient,
@@ -60,6 +60,7 @@ __all__ = [
     "MetaGradient",
     "Minimax",
     "Quadratic",
+    "RareHarmLogs",
     "ReplicationConstraints",
     "SkillRouting",
     "TrainResult",
@@ -82,6 +83,7 @@ __all__ = [
     "mlp_policy",
     "offline_metric_names",
     "policy_probs",
+    "rare_harm_logs",
     "replication_rate",
     "skill_routing_logs",
     "snips",

@@ -10,9 +10,21 @@ Value of a target policy ``pi`` from logs of ``Pi_0`` (``N`` rounds, importance 
 * Doubly robust (Dudik, Langford & Li 2011):
   ``V = mean_i [sum_a pi(a|x_i) q(x_i, a) + w_i (r_i - q(x_i, a_i))]``.
 
-Confidence intervals are percentile bootstraps over logged rounds (rows resampled with
-replacement; the reward model is held fixed across resamples, so its fitting noise is not
-in the interval). The standard error reported is the bootstrap standard deviation.
+Confidence intervals. A **bounded metric** (0/1 values, values in [0, 1], or ``bounds=`` given: an
+adverse event, a click, a share) gets by default (``interval="auto"``) the betting interval of
+``bayes_safe.offline.intervals`` (Waudby-Smith & Ramdas 2024; Karampatziakis, Mineiro & Ramdas
+2021): valid at every sample size and rate, never outside the metric's bounds, never of zero
+width when the target can reach the metric; what makes it honest for rare harms, where the
+bootstrap is not (a 1 % harm, target actions logged 5 % of the time: tens of matched rows, often no
+event; ``benchmarks/rare_harm.py``). Its ``se`` is the larger distance from the estimate to a bound
+over 1.96 (``intervals.interval_se``), so ``value +- 1.96 se`` holds the interval. It needs the
+largest importance weight of the target, ``w_max`` (``max_weight``: by default the largest weight of
+a logged row; the worst case over the logged contexts, or a number, on request). DM (a model's prediction, no weights) keeps the bootstrap, clipped to the bounds.
+An unbounded metric (a real-valued reward) keeps the percentile bootstrap over logged rounds
+(rows resampled with replacement; the reward model is held fixed across resamples, so its fitting
+noise is not in the interval; the standard error is the bootstrap standard deviation), honest
+when the target has plenty of matched rows; ``interval="bootstrap"`` asks for it on any metric.
+Each ``Estimate`` says which (``method``).
 
 Every logged metric, not only the reward: the estimators are linear in the logged outcome, so
 the same weights estimate the target policy's mean of any per-round metric ``c_i`` logged
@@ -51,6 +63,7 @@ import numpy as np
 import torch
 
 from .._validation import check_in_range
+from . import intervals as _intervals
 from .constraints import ReplicationConstraints, replication_rate
 from .data import LoggedData
 
@@ -69,6 +82,8 @@ __all__ = [
     "evaluate_policy",
     "fit_reward_model",
     "ips",
+    "max_weight",
+    "metric_bounds",
     "metric_values",
     "snips",
     "violation_rates",
@@ -76,6 +91,8 @@ __all__ = [
 ]
 
 ESTIMATORS = ("ips", "snips", "dm", "dr")
+#: what ``interval=`` may be: the betting interval for bounded metrics (``"auto"``), always (``"betting"``), never
+INTERVALS = ("auto", "betting", "bootstrap")
 #: how far a row of target probabilities may sum from 1 (float32 softmax outputs; the tolerance
 #: of ``bayes_safe.offline.policy.check_policy_output``)
 ROW_SUM_TOL = 1e-3
@@ -230,28 +247,131 @@ def bootstrap_ci(num: torch.Tensor, den: torch.Tensor | None = None, *, n_boot: 
 
 @dataclasses.dataclass(frozen=True)
 class Estimate:
-    """One estimate with its bootstrap interval (``low``, ``high``) and standard error ``se``."""
+    """One estimate with its interval (``low``, ``high``), standard error ``se`` and the interval's
+    ``method``: ``"betting"`` (a bounded metric; ``se`` the larger half-width over 1.96) or
+    ``"bootstrap"`` (the percentile bootstrap; ``se`` the bootstrap standard deviation)."""
 
     value: float
     low: float
     high: float
     se: float
+    method: str = "bootstrap"
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
 
 def estimate_value(probs: torch.Tensor, data: LoggedData, estimator: str = "snips", q: torch.Tensor | None = None,
-                   *, values=None, n_boot: int = 1000, level: float = 0.95, seed: int = 0) -> Estimate:
-    """One estimator (``"ips"``, ``"snips"``, ``"dm"``, ``"dr"``) with a bootstrap interval.
+                   *, values=None, n_boot: int = 1000, level: float = 0.95, seed: int = 0, interval: str = "auto",
+                   bounds=None, side: str = "two-sided", w_max="observed") -> Estimate:
+    """One estimator (``"ips"``, ``"snips"``, ``"dm"``, ``"dr"``) with its interval.
 
     ``values``: another logged metric ``[N]`` (a tensor, array or pandas Series of the logged
     rows, see ``estimate_metrics``) estimated in place of the reward; ``q`` is then a model of
-    that metric."""
+    that metric. ``interval``, ``bounds``, ``side``, ``w_max``: see ``estimate_metrics``."""
     values = None if values is None else metric_values(values, data, "values")
-    num, den = _terms(estimator, probs, data, q, values)
-    low, high, se = bootstrap_ci(num, den, n_boot=n_boot, level=level, seed=seed)
-    return Estimate(float(num.sum() / den.sum()), low, high, se)
+    r = data.rewards.to(torch.float64) if values is None else values
+    return _estimate(estimator, probs, data, q, r, n_boot=n_boot, level=level, seed=seed, interval=interval,
+                     bounds=bounds, side=side, w_max=w_max)
+
+
+def _check_interval(interval: str, side: str) -> None:
+    if interval not in INTERVALS:
+        raise ValueError(f"interval: expected one of {list(INTERVALS)}, got {interval!r}")
+    if side not in _intervals.SIDES:
+        raise ValueError(f"side: expected one of {list(_intervals.SIDES)}, got {side!r}")
+
+
+def metric_bounds(values: torch.Tensor, bounds=None) -> tuple[float, float] | None:
+    """The known range of a metric: ``bounds`` when given, ``(0, 1)`` when every value lies in [0, 1] (a
+    0/1 outcome, a share), else None (an unbounded metric: the bootstrap)."""
+    if bounds is not None:
+        lo, hi = (float(v) for v in bounds)
+        if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
+            raise ValueError(f"bounds: expected finite (low, high) with low < high, got {bounds!r}")
+        if bool((values < lo).any()) or bool((values > hi).any()):
+            raise ValueError(f"bounds: the metric has values from {float(values.min()):.6g} to "
+                             f"{float(values.max()):.6g}, outside the declared ({lo:g}, {hi:g})")
+        return lo, hi
+    if bool(((values >= 0) & (values <= 1)).all()):
+        return 0.0, 1.0
+    return None
+
+
+def max_weight(probs: torch.Tensor, data: LoggedData, how="observed") -> float:
+    """The largest importance weight ``w_max`` the betting interval assumes the target ``probs [N, A]`` can
+    reach on ``data`` (the range of its terms).
+
+    ``how``: ``"observed"`` (default): the largest weight of a logged row, ``max_i pi(a_i|x_i) / p_i``;
+    ``"reachable"``: the largest ``pi(a|x) / pi_0(a|x)`` over the logged contexts and every action the
+    logging policy gives a chance (needs ``data.logging_probs``; else the observed one), the worst case
+    the log's contexts allow; a number: that bound (e.g. ``K / epsilon`` for an epsilon-greedy log, when
+    the target is deterministic). Why observed by default: a worst case set by an action the logging
+    policy almost never plays (a propensity of 0.01 estimated from 100 posterior draws) widens every
+    interval by its weight, while the rows the log holds are what the estimate is made of; on the
+    generator of ``synthetic.rare_harm_logs`` the two agree. With no matched row, the reachable bound
+    (or ``1 / min propensity``)."""
+    p = _check_probs(probs, data)
+    w = p[torch.arange(len(data)), data.actions] / data.propensities.to(torch.float64)
+    top = float(w.max())
+    if not isinstance(how, str):
+        value = float(how)
+        if not (math.isfinite(value) and value > 0):
+            raise ValueError(f"w_max: expected 'observed', 'reachable' or a number > 0, got {how!r}")
+        return max(value, top)  # a logged weight above the number given: the log shows the range is wider
+    if how not in ("observed", "reachable"):
+        raise ValueError(f"w_max: expected 'observed', 'reachable' or a number > 0, got {how!r}")
+    pi0 = data.logging_probs
+    if pi0 is not None and (how == "reachable" or top <= 0):
+        pi0 = pi0.to(torch.float64)
+        ratio = torch.where(pi0 > 0, p / torch.where(pi0 > 0, pi0, torch.ones_like(pi0)), torch.zeros_like(p))
+        top = max(top, float(ratio.max()))
+    if top <= 0:
+        top = float(1.0 / data.propensities.to(torch.float64).min())
+    return top
+
+
+def _estimate(name: str, probs, data: LoggedData, q, r: torch.Tensor, *, n_boot: int, level: float, seed: int,
+              interval: str, bounds, side: str, w_max="observed") -> Estimate:
+    """One estimator of the metric ``r [N]`` with the interval ``interval`` asks for (module docstring)."""
+    _check_interval(interval, side)
+    num, den = _terms(name, probs, data, q, r)
+    value = float(num.sum() / den.sum())
+    known = metric_bounds(r, bounds)
+    if interval == "betting" and known is None:  # asked for: the observed range stands for the bounds
+        lo, hi = float(r.min()), float(r.max())
+        known = (lo, hi if hi > lo else lo + 1.0)
+    if interval == "bootstrap" or known is None or name == "dm":
+        # one-sided: the bootstrap quantile at level (the two-sided interval at 2 level - 1), the other end open
+        boot_level = float(level) if side == "two-sided" else 2 * float(level) - 1
+        if not 0 < boot_level < 1:
+            raise ValueError(f"level: a one-sided bootstrap bound needs a level in (0.5, 1), got {level!r}")
+        low, high, se = bootstrap_ci(num, den, n_boot=n_boot, level=boot_level, seed=seed)
+        if side == "upper":
+            low = -math.inf if known is None else known[0]
+        elif side == "lower":
+            high = math.inf if known is None else known[1]
+        if known is not None:  # a model's prediction of a bounded metric stays inside its bounds
+            low, high = min(max(low, known[0]), known[1]), max(min(high, known[1]), known[0])
+        return Estimate(value, low, high, se, "bootstrap")
+    p = _check_probs(probs, data)
+    w = _weights(p, data)
+    w_max = max_weight(p, data, w_max)
+    kw = {"level": level, "side": side, "seed": seed}
+    if name == "ips":
+        _, low, high = _intervals.ips_interval(w, r, w_max=w_max, bounds=known, **kw)
+    elif name == "snips":
+        _, low, high = _intervals.snips_interval(w, r, w_max=w_max, bounds=known, **kw)
+    else:  # dr: the terms' range over the logged contexts, from the model and the reachable weights
+        qq = q.to(torch.float64)
+        dm = (p * qq).sum(1)
+        # the weight of a row whose logged action is a: up to w_max, 0 where the target never plays a
+        reach = torch.where(p > 0, torch.full_like(qq, w_max), torch.zeros_like(qq))
+        t_lo = float((dm[:, None] + reach * (known[0] - qq)).min().clamp(max=float(num.min())))
+        t_hi = float((dm[:, None] + reach * (known[1] - qq)).max().clamp(min=float(num.max())))
+        _, low, high = _intervals.dr_interval(num, term_range=(t_lo, t_hi), bounds=known, **kw)
+    low, high = float(low), float(high)
+    return Estimate(value, low, high, float(_intervals.interval_se(value, low, high, level, side)), "betting")
 
 
 # ---------------------------------------------------------------------- every logged metric
@@ -328,11 +448,14 @@ def _metric_table(metrics, data: LoggedData, reward: str | None) -> dict[str, to
 
 def estimate_metrics(probs: torch.Tensor, data: LoggedData, metrics=None, estimators=("ips", "snips", "dr"), *,
                      reward: str | None = "reward", q: Mapping | None = None, n_boot: int = 1000, level: float = 0.95,
-                     seed: int = 0) -> dict[str, dict[str, Estimate]]:
+                     seed: int = 0, interval: str = "auto", bounds: Mapping | None = None,
+                     side: str | Mapping = "two-sided", w_max="observed") -> dict[str, dict[str, Estimate]]:
     """Off-policy estimates of the mean of every logged metric under the target ``probs [N, A]``.
 
     What a policy would have given for each outcome the log records: its reward and, say, its
-    adverse-event rate, each by IPS, SNIPS, DM or DR (module docstring) with a bootstrap interval.
+    adverse-event rate, each by IPS, SNIPS, DM or DR (module docstring) with an interval: the
+    betting interval for a bounded metric (a 0/1 harm, values in [0, 1], or ``bounds``), the
+    bootstrap for an unbounded one (module docstring).
 
     Args:
         probs: ``[N, A]`` target-policy probabilities on ``data``.
@@ -344,19 +467,36 @@ def estimate_metrics(probs: torch.Tensor, data: LoggedData, metrics=None, estima
         q: ``{name: [N, A] predictions}`` of an outcome model per metric for DM/DR; a metric
             without one gets ``cross_fit_rewards`` of its own values (logistic for a 0/1 metric,
             ridge otherwise; two folds seeded by ``seed``).
-        n_boot, level, seed: of the bootstrap intervals (every estimate resamples the same rows).
+        n_boot, level, seed: of the intervals (every bootstrap resamples the same rows; the betting
+            interval bets on the rows in the order ``seed`` draws).
+        interval: ``"auto"`` (default: betting for a bounded metric, bootstrap otherwise), ``"betting"``
+            (every metric; an unbounded one within its observed range) or ``"bootstrap"`` (the old
+            percentile bootstrap on every metric).
+        bounds: ``{metric: (low, high)}``: the known range of a metric whose values do not lie in
+            [0, 1] (a score from 1 to 5); its interval then stays inside it.
+        side: ``"two-sided"`` (default), ``"upper"`` (a one-sided upper bound at ``level``, the
+            guarantee a harm needs: ``low`` is then the metric's lower bound) or ``"lower"``; or a
+            mapping ``{metric: side}`` (metrics not named: two-sided).
+        w_max: the largest importance weight the betting interval assumes (``max_weight``:
+            ``"observed"``, the default, ``"reachable"`` or a number).
 
     Returns:
         ``{metric: {estimator: Estimate}}``, the reward first.
     """
     _check_probs(probs, data)
     estimators = _check_estimators(estimators)
+    bounds = dict(bounds or {})
+    sides = dict(side) if isinstance(side, Mapping) else None
     if q is not None and not isinstance(q, Mapping):
         raise TypeError(f"q: expected a mapping {{metric: predictions [N, A]}}, got {type(q).__name__}")
     table = _metric_table(metrics, data, reward)
     extra = sorted(set(q or ()) - set(table))
     if extra:
         raise ValueError(f"q: predictions for metrics {extra} that are not estimated; the metrics are {list(table)}")
+    for key, what in (("bounds", bounds), ("side", sides or {})):
+        extra = sorted(set(what) - set(table))
+        if extra:
+            raise ValueError(f"{key}: given for metrics {extra} that are not estimated; the metrics are {list(table)}")
     out: dict[str, dict[str, Estimate]] = {}
     for name, values in table.items():
         model = (q or {}).get(name)
@@ -364,9 +504,9 @@ def estimate_metrics(probs: torch.Tensor, data: LoggedData, metrics=None, estima
             model = cross_fit_rewards(_with_outcome(data, values), seed=seed)
         out[name] = {}
         for e in estimators:
-            num, den = _terms(e, probs, data, model, values)
-            low, high, se = bootstrap_ci(num, den, n_boot=n_boot, level=level, seed=seed)
-            out[name][e] = Estimate(float(num.sum() / den.sum()), low, high, se)
+            out[name][e] = _estimate(e, probs, data, model, values, n_boot=n_boot, level=level, seed=seed,
+                                     interval=interval, bounds=bounds.get(name), w_max=w_max,
+                                     side=(sides.get(name, "two-sided") if sides is not None else side))
     return out
 
 
@@ -390,14 +530,19 @@ def _reference_probs(reference, data: LoggedData) -> torch.Tensor:
 
 
 def estimate_ratio(probs: torch.Tensor, reference, data: LoggedData, values=None, estimator: str = "snips", *,
-                   q: torch.Tensor | None = None, n_boot: int = 1000, level: float = 0.95, seed: int = 0) -> Estimate:
-    """A metric's off-policy mean under ``probs`` over its mean under ``reference``, with a paired bootstrap.
+                   q: torch.Tensor | None = None, n_boot: int = 1000, level: float = 0.95, seed: int = 0,
+                   interval: str = "auto", bounds=None, side: str = "two-sided", w_max="observed") -> Estimate:
+    """A metric's off-policy mean under ``probs`` over its mean under ``reference``, with its interval.
 
     The relative form of a guardrail (Daulton et al. 2019, s.3.1: ``E[c | x, a] >= (1 - alpha)
     E[c | x, b]``; ``bayes_safe.envs.Constraint.relative``) read at the level of the log: both
-    means are estimated with ``estimator`` from the same logged rows, and every bootstrap
-    resample draws the same rows for both, so the interval and the standard error are those of
-    the ratio itself.
+    means are estimated with ``estimator`` from the same logged rows.
+
+    The interval: for IPS and SNIPS of a bounded non-negative metric (a rate; ``interval="auto"``), the
+    betting interval of the ratio ``sum w r / sum w_ref r`` (``intervals.ratio_interval``: the terms
+    ``w r - rho w_ref r``; its upper bound is inf when the reference's mean cannot be told from 0);
+    otherwise a paired bootstrap (every resample draws the same rows for both means), so the interval
+    and the standard error are those of the ratio itself.
 
     Args:
         probs: ``[N, A]`` the target policy's probabilities.
@@ -406,9 +551,13 @@ def estimate_ratio(probs: torch.Tensor, reference, data: LoggedData, values=None
         values: the metric ``[N]`` (``metric_values``); None: the logged reward.
         estimator: ``"ips"``, ``"snips"``, ``"dm"`` or ``"dr"`` (the last two need ``q``, a model of the metric).
 
+        interval, bounds, side, w_max: as for ``estimate_metrics`` (``bounds``: the metric's known range;
+            ``w_max`` of the target, the reference's own by the same rule).
+
     Returns:
         ``Estimate`` of the ratio (``se``: the bootstrap standard deviation over resamples where
-        the reference's mean is not 0).
+        the reference's mean is not 0; for the betting interval the larger half-width over 1.96,
+        inf with an infinite bound).
 
     Raises:
         ValueError: when the reference's estimated mean is 0 (e.g. no logged round played the
@@ -425,6 +574,18 @@ def estimate_ratio(probs: torch.Tensor, reference, data: LoggedData, values=None
     if isinstance(n_boot, bool) or not isinstance(n_boot, numbers.Integral) or int(n_boot) < 2:
         raise ValueError(f"n_boot: expected an int >= 2, got {n_boot!r}")
     check_in_range(level, "level", 0.0, 1.0, low_open=True, high_open=True)
+    _check_interval(interval, side)
+    r = data.rewards.to(torch.float64) if values is None else values
+    known = metric_bounds(r, bounds)
+    if interval != "bootstrap" and estimator in ("ips", "snips") and known is not None and known[0] >= 0:
+        p = _check_probs(probs, data)
+        w, w_ref = _weights(p, data), _weights(ref, data)
+        _, low, high = _intervals.ratio_interval(w, w_ref, r, w_max=max_weight(p, data, w_max),
+                                                 w_ref_max=max_weight(ref, data, w_max), r_max=known[1], level=level,
+                                                 side=side, seed=seed)
+        value = top / bottom
+        low, high = float(low), float(high)
+        return Estimate(value, low, high, float(_intervals.interval_se(value, low, high, level, side)), "betting")
     n = len(data)
     g = torch.Generator().manual_seed(int(seed))
     chunk = max(1, min(int(n_boot), 4_000_000 // n))

@@ -34,13 +34,22 @@ state and
     is the metric's SNIPS mean under the trial policy (an adverse-event rate, say);
   - ``relative(m, at_most=c)`` -> ``m_ratio <= c``, ``relative(m, at_least=c)`` ->
     ``m_ratio >= c``: ``m_ratio`` is that mean over the mean of always playing each decision's
-    logged baseline (``estimate_ratio``, paired bootstrap over the same rows); the study-level
+    logged baseline (``estimate_ratio``: the betting interval of a rate's ratio, else a paired bootstrap
+    over the same rows); the study-level
     reading of the per-context ``E[c | x, a] >= c E[c | x, b]`` (s.3.1);
 
   a guardrail on the reward is checked like any other (``efficacy_ratio >= 0.8``: a metric of
   its own, not the objective). A chance constraint's ``confidence`` stays in the trial policy;
   the outcome constraint is on the estimated level, whose standard error Ax's feasibility
-  accounts for;
+  accounts for. The outcome constraint is on the **declared** limit (``Constraint.declared_bound``):
+  a served state whose constraint was tuned (``policy_constraint(c, t)``, e.g. ``at_most=0.02 + t``)
+  is checked against the business cap it was declared with, and its tolerances are measured from
+  that cap (``_served_tolerances`` gives back the served bound);
+* gives every 0/1 (or [0, 1]) metric the betting interval of ``bayes_safe.offline.intervals`` (valid at
+  rare rates and few matched decisions; the standard error Ax receives is its larger half-width over
+  1.96). Replicates of a trial re-estimate the same rows (``replicates_share_rows``): they do not
+  shrink the standard error. A log bounds a metric's mean, not the share of units above a cap
+  (``report_notes``);
 * reports ``reward`` (the objective: the SNIPS value), for every guarded metric ``m`` its level
   ``m`` and ``baseline_m`` (always the logged baseline), ``m_ratio`` for a relative one, the
   level of every other metric the log carries, and ``unsupported``: the share of the trial
@@ -158,6 +167,9 @@ class LoggedAlpha(ABProblem):
 
     name = "decision-log-alpha"
     offline = True
+    #: replicates of a trial re-estimate the same logged rows (only the Thompson draws differ): ``ABTest``
+    #: combines them without dividing the standard error by their number (``combine_replicates``)
+    replicates_share_rows = True
     objective = "reward"
     surface = None
     trial_noun = "trials"
@@ -271,7 +283,15 @@ class LoggedAlpha(ABProblem):
                                  f"{int(missing.sum())} of {len(col)} decisions (e.g. {ids}); the constraint "
                                  f"`{c.describe()}` cannot be estimated off-policy from it")
         self.tolerance_names = _numbered([tolerance_name(c) for c in self.declared])
-        self.parameters = tuple({**default_range(c), "name": n} for c, n in zip(self.declared, self.tolerance_names))
+        # tolerances are around the declared limit (a served policy whose tolerance was tuned keeps it in
+        # Constraint.declared); the default range holds the served setting
+        served = self._served_tolerances()
+        ranges = []
+        for c, n in zip(self.declared, self.tolerance_names):
+            r = default_range(c.as_declared())
+            t = served[n]
+            ranges.append({**r, "name": n, "low": min(r["low"], round(t, 10)), "high": max(r["high"], round(t, 10))})
+        self.parameters = tuple(ranges)
         # the metrics: every logged metric's level; a guarded one also its baseline level and, if relative, its ratio
         self.values = {m: v for m, v in values.items() if np.isfinite(v).all()}
         self.level_names = {m: self._level_name(m) for m in self.values}
@@ -281,7 +301,8 @@ class LoggedAlpha(ABProblem):
         for c in self.declared:
             op = "<=" if c.at_most else ">="
             metric = f"{_safe(c.metric)}_ratio" if c.versus_baseline else self.level_names[c.metric]
-            outcome.append(f"{metric} {op} {c.bound:.10g}")
+            # the declared business limit, not a tuned policy bound the served state may hold
+            outcome.append(f"{metric} {op} {c.declared_bound:.10g}")
         if self.max_unsupported is not None:
             outcome.append(f"unsupported <= {self.max_unsupported:.10g}")
         self.outcome_constraints = tuple(outcome)
@@ -332,9 +353,16 @@ class LoggedAlpha(ABProblem):
                      confidence_draws=getattr(p, "confidence_draws", 64))
 
     def _served_tolerances(self) -> dict[str, float]:
-        """The tolerances that give back the served declarations (``policy_constraint(c, t) == c``)."""
-        return {n: ((c.bound - 1.0 if c.at_most else 1.0 - c.bound) if c.versus_baseline else 0.0)
-                for c, n in zip(self.declared, self.tolerance_names)}
+        """The tolerances that give back the served policy's bounds (``policy_constraint(c, t)`` keeps ``c.bound``
+        with ``c.declared_bound`` as the declared limit): a relative factor's distance from 1, an absolute
+        level's distance from the declared level (0 for an untuned constraint)."""
+        out = {}
+        for c, n in zip(self.declared, self.tolerance_names):
+            if c.versus_baseline:
+                out[n] = c.bound - 1.0 if c.at_most else 1.0 - c.bound
+            else:
+                out[n] = c.bound - c.declared_bound if c.at_most else c.declared_bound - c.bound
+        return out
 
     def _probe(self) -> None:
         """One decision's probabilities under the served setting: a policy whose propensities or
@@ -414,6 +442,30 @@ class LoggedAlpha(ABProblem):
                          "gave no chance (`unsupported`) is infeasible: the log cannot estimate it")
         return text
 
+    def report_notes(self) -> str:
+        """Markdown for the study's report: what a log study can and cannot tell (issue 39), and what its
+        standard errors are. For ``bayes_safe.tuning.report`` to include under the study's description."""
+        limits = (
+            "**What the decision log can and cannot tell.** Each trial's metrics are off-policy estimates from "
+            f"the {len(self.data)} logged decisions with feedback: the log bounds a metric's **mean** under the "
+            "trial policy (an adverse-event *rate*), not the **share of units above a cap** (how many patients get a "
+            "dose above the limit, how many users see more than a given number of hidden items). A setting the log "
+            "calls feasible can still give many units a value above a cap: check that share in simulation before "
+            "serving it (`bayes-safe tune custom --problem module:Class` with the problem's `max_violations`, or "
+            "`bayes_safe.simulate` and `Constraint.violated`).")
+        errors = (
+            "**Standard errors.** A rate's interval is the betting confidence interval of "
+            "`bayes_safe.offline.intervals` (valid at rare rates and few matched decisions; never outside [0, 1]); "
+            "the standard error given to Ax is its larger half-width over 1.96. Replicates of a trial re-estimate "
+            "the same logged rows (only the Thompson draws differ), so they do not shrink the standard error: one "
+            "replicate per trial (`--replicates 1`) is enough, more only cost time.")
+        lines = [limits, "", errors]
+        if self.tune == "constraints" and any(c.tuned for c in self.declared):
+            tuned = "; ".join(c.describe() for c in self.declared if c.tuned)
+            lines += ["", (f"**Declared limits.** The served policy keeps tuned bounds ({tuned}); the study's outcome "
+                           "constraints are the declared limits and its tolerances are measured from them.")]
+        return "\n".join(lines) + "\n"
+
     # ------------------------------------------------------------------ the trial
     def estimate(self, parameters: Mapping, seed: int) -> dict[str, tuple[float, float]]:
         """``{metric: (mean, sem)}`` of the trial's TS-ASC (module docstring)."""
@@ -422,33 +474,30 @@ class LoggedAlpha(ABProblem):
 
             with single_thread():  # many tiny tensor operations: one thread (a loaded machine: 9x faster)
                 return self._estimate_constraints(parameters, seed)
+        import torch
+
+        from ..offline.estimators import estimate_value
         from ..policies import TSASC
 
         alpha = float(parameters["alpha"])
         target = TSASC(self.policy.reward_model, self.policy.constraint_models, alpha=alpha)
-        probs = self.log.target_probabilities(target, num_draws=self.num_draws, seed=int(seed)).numpy()
-        n = len(probs)
-        rows = np.arange(n)
-        actions = self.data.actions.numpy()
-        logged = self.data.propensities.numpy().astype(np.float64)
-        w = probs[rows, actions] / logged                              # the trial policy's weights
-        wb = (actions == self.baselines).astype(np.float64) / logged   # always the baseline's
-        r = self.data.rewards.numpy().astype(np.float64)
-        value = float(np.sum(w * r) / np.sum(w))
-        out = {"reward": (value, float(np.sqrt(np.sum(w ** 2 * (r - value) ** 2)) / np.sum(w)))}
-        boot = np.random.default_rng(int(seed)).integers(0, n, size=(self.n_boot, n))
+        probs = self.log.target_probabilities(target, num_draws=self.num_draws, seed=int(seed)).to(torch.float64)
+        boot = max(2, self.n_boot)
+        # the intervals of bayes_safe.offline.estimators: betting for a bounded metric, the bootstrap otherwise
+        value = estimate_value(probs, self.data, "snips", n_boot=boot, seed=int(seed))
+        out = {"reward": (value.value, value.se)}
         for j in range(self.constraints.shape[1]):
-            c = self.constraints[:, j]
-            draws = _ratio(w, wb, c, boot)
-            draws = draws[np.isfinite(draws)]
-            out[f"constraint{j}_ratio"] = (float(_ratio(w, wb, c, rows)),
-                                           float(np.std(draws)) if len(draws) > 1 else float("nan"))
+            try:
+                e = _ratio_estimate(probs, self.baselines, self.data, self.constraints[:, j], boot, int(seed))
+            except ValueError:
+                continue  # the baseline's mean of the metric is 0 on these rows: no ratio
+            out[f"constraint{j}_ratio"] = (e.value, e.se)
         return out
 
     def _estimate_constraints(self, parameters: Mapping, seed: int) -> dict[str, tuple[float, float]]:
         import torch
 
-        from ..offline.estimators import estimate_ratio, estimate_value
+        from ..offline.estimators import estimate_value
 
         target = self._target({k: float(v) for k, v in parameters.items()})
         probs = self._probabilities(target, num_draws=self.num_draws, seed=int(seed))
@@ -470,7 +519,7 @@ class LoggedAlpha(ABProblem):
                 out[f"baseline_{name}"] = (b.value, b.se)
         for m in self.ratio_metrics:
             try:
-                e = estimate_ratio(probs, self.baselines, self.data, self.values[m], "snips", n_boot=boot, seed=seed)
+                e = _ratio_estimate(probs, self.baselines, self.data, self.values[m], boot, int(seed))
             except ValueError:
                 continue  # the baseline's mean of m is 0 on these rows: no ratio (the trial reports the levels)
             out[f"{_safe(m)}_ratio"] = (e.value, e.se)
@@ -491,8 +540,15 @@ class LoggedAlpha(ABProblem):
         self.log = DecisionLog(self.log_path, read_only=True)
 
 
-def _ratio(w, wb, c, idx):
-    """SNIPS mean of ``c`` under weights ``w`` over that under ``wb``, on the rows ``idx`` (``[..., n]``)."""
-    with np.errstate(divide="ignore", invalid="ignore"):
-        top = np.sum(w[idx] * c[idx], -1) / np.sum(w[idx], -1)
-        return top / (np.sum(wb[idx] * c[idx], -1) / np.sum(wb[idx], -1))
+def _ratio_estimate(probs, baselines, data, values, n_boot: int, seed: int):
+    """``estimate_ratio`` (SNIPS, against always the logged baseline) for a trial: its betting interval when
+    the metric is a rate, unless the baseline's mean cannot be told from 0 on these rows (an infinite upper
+    bound, which Ax cannot take as a standard error): then the paired bootstrap's."""
+    import math
+
+    from ..offline.estimators import estimate_ratio
+
+    e = estimate_ratio(probs, baselines, data, values, "snips", n_boot=n_boot, seed=seed)
+    if not math.isfinite(e.se):
+        e = estimate_ratio(probs, baselines, data, values, "snips", n_boot=n_boot, seed=seed, interval="bootstrap")
+    return e
