@@ -520,11 +520,29 @@ def _probit_inference_data(model, X, y, num_draws, num_chains, feature_names, se
     return az.from_dict(**groups, coords=coords, dims=dims, attrs=attrs)
 
 
-def summary(idata, var_names: Sequence[str] | None = None, hdi_prob: float = 0.94):
-    """ArviZ summary table (mean, sd, HDI, ESS and r-hat where chains exist) as a DataFrame."""
+def summary(idata, var_names: Sequence[str] | None = None, hdi_prob: float = 0.94, *, check: bool = True):
+    """ArviZ summary table (mean, sd, HDI, ESS and r-hat where chains exist) as a DataFrame.
+
+    With ``check`` (default), the mixing of every summarised variable is checked
+    (``convergence_warnings``: r-hat <= 1.01, bulk and tail ESS >= 100): each failing variable
+    gives one ``ConvergenceWarning`` whose message is a line such as ``warning: tau r-hat 1.28 >
+    1.01, bulk ESS 12 < 100: the chains have not mixed; ...`` (the number of failing weights and
+    the worst ones named), and the lines are kept in the table's ``attrs["convergence_warnings"]``
+    (empty when every value passes).
+    """
+    import warnings
+
     import arviz as az
 
-    return az.summary(idata, var_names=var_names, hdi_prob=hdi_prob)
+    from .convergence import ConvergenceWarning, convergence_warnings
+
+    table = az.summary(idata, var_names=var_names, hdi_prob=hdi_prob)
+    if check:
+        lines = convergence_warnings(idata, var_names=var_names)
+        table.attrs["convergence_warnings"] = lines
+        for line in lines:
+            warnings.warn(line, ConvergenceWarning, stacklevel=2)
+    return table
 
 
 def prior_predictive(prior, X, *, noise_std: float | None = None, noise_prior=None, num_draws: int = 500,

@@ -18,6 +18,7 @@ import numpy as np
 from .._validation import check_positive_int
 from ._common import _converter, _underlying
 from .calibration import brier_score, expected_calibration_error, reliability_diagram
+from .convergence import ConvergenceWarning, convergence_warnings
 from .conversion import ACCEPTED_MODELS, to_inference_data
 from .persistence import load_models
 
@@ -81,7 +82,17 @@ def _summary_html(idata, show_batch: int, max_rows: int = 60) -> str:
     return f"<p>Summary ({what}).</p>" + table.to_html(float_format=lambda v: f"{v:.4g}") + note
 
 
-def _model_section(name: str, keys: list[str], views: list, idata, show_batch: int, seed: int) -> str:
+def _warnings_html(lines: list[str]) -> str:
+    """The mixing warnings of one model (``convergence_warnings``), or the line that says it passed."""
+    if not lines:
+        return ("<p>Mixing: no value of a chain has r-hat &gt; 1.01 or bulk or tail ESS &lt; 100 (independent "
+                "draws, conjugate, SVI and probit GP, have no chain to check).</p>")
+    items = "".join(f"<li>{html.escape(line)}</li>" for line in lines)
+    return f'<div class="warn"><p><strong>The chains have not mixed:</strong></p><ul>{items}</ul></div>'
+
+
+def _model_section(name: str, keys: list[str], views: list, idata, show_batch: int, seed: int,
+                   mixing: list[str] | None = None) -> str:
     import arviz as az
 
     from ..plots import plt
@@ -115,7 +126,8 @@ def _model_section(name: str, keys: list[str], views: list, idata, show_batch: i
         info.append(f"mean acceptance rate: {float(idata.sample_stats['acceptance_rate'].mean()):.2f}")
     info.append(_loo_text(idata))
     out = [f'<h2 id="{html.escape(name)}">{html.escape(name)}</h2>', "<p>" + "; ".join(info) + ".</p>",
-           f"<p>NetCDF: <code>{html.escape(name)}.nc</code></p>", _summary_html(idata, show_batch)]
+           f"<p>NetCDF: <code>{html.escape(name)}.nc</code></p>", _warnings_html(mixing or []),
+           _summary_html(idata, show_batch)]
     key = "w" if "w" in post else next(iter(post.data_vars))  # the weights; a custom model's first variable
     fig_view = _head(post[[key]], {"batch": 1, "arm": 2, "feature": 6, "point": 6})
     for dim in [d for d in fig_view.dims if d.startswith("batch")]:
@@ -213,7 +225,7 @@ def _loo_text(idata) -> str:
 
 
 def diagnose_run(run_dir, *, num_draws: int = 500, max_batch: int | None = 10, show_batch: int = 4,
-                 seed: int = 0, allow_imports: bool = False) -> Path:
+                 seed: int = 0, allow_imports: bool = False, on_warning=None) -> Path:
     """Write ``run_dir/diagnostics/``: ``report.html`` (figures embedded) and one NetCDF per model.
 
     ``run_dir`` is any directory with a ``models/`` subdirectory written by ``save_models`` (the
@@ -231,6 +243,13 @@ def diagnose_run(run_dir, *, num_draws: int = 500, max_batch: int | None = 10, s
     them, evenly spaced (the report says so), as the probit GP's use at most 500 points. Saved models that are not
     posteriors (e.g. a trained policy network) are listed as skipped.
 
+    Every model's draws are checked for mixing (``convergence_warnings``: r-hat <= 1.01, bulk and
+    tail ESS >= 100 for every variable, weights and scales): each variable that fails gives a line
+    ``warning: <model>: tau r-hat 1.28 > 1.01, bulk ESS 12 < 100: the chains have not mixed; ...``
+    (for a variable of many values, how many fail and the worst named), shown at the top of the
+    report and in the model's section, and passed to ``on_warning`` (default: issued as a
+    ``ConvergenceWarning``).
+
     Args:
         run_dir: the run's output directory.
         num_draws: draws per chain (``to_inference_data``'s default of 4 chains) for exact
@@ -241,6 +260,8 @@ def diagnose_run(run_dir, *, num_draws: int = 500, max_batch: int | None = 10, s
         seed: seed of the draws.
         allow_imports: import the modules of custom priors saved as ``module:function`` (runs
             their code; by default nothing from ``run_dir`` is imported or executed).
+        on_warning: called with each mixing warning line (``bayes-safe diagnose`` prints them);
+            ``None`` issues each as a ``ConvergenceWarning``.
 
     Returns:
         the path of ``report.html``.
@@ -274,7 +295,7 @@ def diagnose_run(run_dir, *, num_draws: int = 500, max_batch: int | None = 10, s
             f"{run_dir / 'models'}: none of the {len(models)} saved models is a posterior with an InferenceData "
             f"converter (found {', '.join(f'{k} x {v}' for k, v in found.items())}); expected {ACCEPTED_MODELS}"
         )
-    sections, index = [], []
+    sections, index, mixing_lines = [], [], []
     with atomic_output_dir(run_dir / "diagnostics", replace=True) as tmp:
         for keys in convertible:
             name = _group_name(keys)
@@ -284,7 +305,9 @@ def diagnose_run(run_dir, *, num_draws: int = 500, max_batch: int | None = 10, s
             size = sum(int(idata[group].nbytes) for group in idata.groups()) + 65536 * len(idata.groups())
             check_free_space(tmp, size, what=f"{name}.nc")
             idata.to_netcdf(str(tmp / f"{name}.nc"), engine="h5netcdf")
-            sections.append(_model_section(name, keys, [models[k] for k in keys], idata, show_batch, seed))
+            lines = [line.replace("warning: ", f"warning: {name}: ", 1) for line in convergence_warnings(idata)]
+            mixing_lines.extend(lines)
+            sections.append(_model_section(name, keys, [models[k] for k in keys], idata, show_batch, seed, lines))
             index.append(f'<li><a href="#{html.escape(name)}">{html.escape(name)}</a> '
                          f"({html.escape(type(_underlying(model)).__name__)})</li>")
         skipped_html = ""
@@ -295,11 +318,19 @@ def diagnose_run(run_dir, *, num_draws: int = 500, max_batch: int | None = 10, s
         page = (
             "<!doctype html><html><head><meta charset='utf-8'><title>bayes_safe diagnostics</title>"
             "<style>body{font-family:sans-serif;max-width:1100px;margin:auto}table{border-collapse:collapse;font-size:12px}"
-            "td,th{border:1px solid #ccc;padding:2px 6px}img{max-width:100%}</style></head><body>"
+            "td,th{border:1px solid #ccc;padding:2px 6px}img{max-width:100%}.warn{background:#fff3cd;padding:4px 10px}</style></head><body>"
             f"<h1>Posterior diagnostics: {html.escape(run_dir.name)}</h1>"
             f"<p>{len(convertible)} posterior(s) from <code>{html.escape(str(run_dir / 'models'))}</code>, "
             f"{num_draws} draws per chain (exact posteriors, Gibbs and Langevin chains), seed {seed}.</p><ul>{''.join(index)}</ul>{skipped_html}"
+            + (_warnings_html(mixing_lines) if mixing_lines else "")
             + "".join(sections) + "</body></html>"
         )
         atomic_write_text(tmp / "report.html", page)
+    for line in mixing_lines:
+        if on_warning is None:
+            import warnings
+
+            warnings.warn(line, ConvergenceWarning, stacklevel=2)
+        else:
+            on_warning(line)
     return run_dir / "diagnostics" / "report.html"

@@ -25,6 +25,29 @@ prior here does not scale with the noise)::
     lam_j^2 | . ~ IG(1, 1/nu_j + w_j^2 / (2 tau^2))        nu_j | . ~ IG(1, 1/c_j^2 + 1/lam_j^2)
     tau^2   | . ~ IG((d+1)/2, 1/xi + sum_j w_j^2 / (2 lam_j^2))   xi | . ~ IG(1, 1/s^2 + 1/tau^2)
 
+The global scale ``tau`` is not drawn from that conditional by default: ``tau`` and the weights
+are strongly coupled (with most weights shrunk to zero, ``tau^2 | w`` is narrow while ``w | tau``
+moves little), so the chain of the per-coordinate step mixes slowly (``tau`` r-hat 1.07, bulk ESS
+under 100 from 4 chains x 1,000 sweeps in ``benchmarks/horseshoe_mixing.py``). Instead
+(``tau_scheme="marginal"``), ``(tau, w)`` is updated as a block, as in Johndrow, Orenstein &
+Bhattacharya (2020), "Scalable approximate MCMC algorithms for the horseshoe prior", JMLR 21(73),
+Sec. 2.1 / Algorithm 1 (the exact version, no thresholding): given the latents the likelihood is
+Gaussian in ``w`` (Polya-Gamma: pseudo-data ``kappa / omega`` with precision ``omega``; probit: the
+truncated normals; Gaussian: the data, given the noise variance), so ``w`` (and ``xi``) can be
+integrated out::
+
+    log p(tau | lam, latents) = -d log tau - log|L| + |L^-1 eta|^2 / 2 - log(1 + tau^2/s^2) + const,
+    L L^T = Q = Lambda_data + diag(1 / (tau^2 lam^2))
+
+and ``log tau`` takes a Metropolis-Hastings random-walk step on it (``_tau_step``, the factor of
+the accepted ``tau`` reused by the weight step); then ``w | tau`` as above, then a move of ``tau``
+against all ``lam_j`` with their products fixed (``_rescale_step``), then ``nu``, ``lam``, ``nu``,
+``xi``. For the 0/1 likelihoods on data large enough that the latents' ``O(n d^2)`` work dominates a
+sweep (``n d >= 20,000``), the rounds of ``tau, w, lam, nu`` are repeated 4 times given the sweep's
+latents (``tau_inner``, ``_rounds``). Laplace and
+Student-t priors have no shared scale (their mixing variances are independent across weights
+given ``w``), so their steps are unchanged.
+
 Likelihoods (all with the same weight step ``w | . ~ N(Lambda^-1 eta, Lambda^-1)``):
 
 * ``"gaussian"``: ``Lambda = Lambda_prior + X^T X / s2``, ``eta = Lambda_prior m0 + X^T y / s2``
@@ -486,6 +509,20 @@ class GibbsLinearPosterior:
         predict_sweeps: sweeps averaged by ``predict`` / ``posterior_mean`` (default 200).
         pg_terms: series terms of the Polya-Gamma sampler (logistic; default 20).
         seed: seed of the generator ``predict`` and ``fit`` use when given none.
+        tau_scheme, tau_steps, tau_proposal_sd, tau_inner: how the horseshoe's global scale ``tau`` is
+            drawn (see ``_tau_step``). ``tau_scheme``: ``"marginal"`` (default):
+            blocked with the weights, ``tau`` with ``w`` integrated out by ``tau_steps``
+            Metropolis-Hastings steps on ``log tau`` (proposal sd ``tau_proposal_sd``), then
+            ``w | tau`` (Johndrow, Orenstein & Bhattacharya 2020, Sec. 2.1; ``_tau_step``).
+            ``"conditional"``: the older per-coordinate step ``tau^2 | w, lam, xi ~ IG``, which
+            mixes badly because ``tau`` and ``w`` are strongly coupled; kept so that
+            ``benchmarks/horseshoe_mixing.py`` can compare the two. Not an ``inference_options``
+            key: set it on a model's engine (``model.engine.tau_scheme``) or build the engine.
+            ``tau_steps``: MH steps per round (1); ``tau_proposal_sd``: their random-walk sd on
+            ``log tau`` (0.5); ``tau_inner``: rounds of (``tau``, ``w``, ``lam``, ``nu``) per sweep
+            given the sweep's latents (``None``, the default: 4 for the 0/1 likelihoods once ``n d
+            >= 20,000``, where the Polya-Gamma or truncated-normal latents and ``X^T Omega X`` cost
+            more than the rounds, else 1; see ``_rounds``).
 
     Shapes: ``add(X [*b, n, d], y [*b, n])``; ``draw() -> [*b, d]``; ``summary(X [*b, k, d])
     -> ([*b, k], [*b, k])``.
@@ -495,8 +532,19 @@ class GibbsLinearPosterior:
 
     def __init__(self, prior: ScaleMixturePrior, dim: int, batch_shape, *, likelihood: str = "gaussian",
                  noise_std: float | None = None, noise_prior=None, sweeps: int = 1, burn_in: int = 20,
-                 predict_sweeps: int = 200, pg_terms: int = 20, seed: int = 0, forgetting: float | None = None):
+                 predict_sweeps: int = 200, pg_terms: int = 20, seed: int = 0, forgetting: float | None = None,
+                 tau_scheme: str = "marginal", tau_steps: int = 1, tau_proposal_sd: float = 0.5, tau_inner: int | None = None):
         self.prior = prior
+        if tau_scheme not in ("marginal", "conditional"):
+            raise ValueError(f"tau_scheme: expected 'marginal' or 'conditional', got {tau_scheme!r}")
+        if int(tau_steps) < 1 or not float(tau_proposal_sd) > 0.0:
+            raise ValueError(f"tau_steps / tau_proposal_sd: expected a positive count and sd, got {tau_steps!r}, "
+                             f"{tau_proposal_sd!r}")
+        if tau_inner is not None and int(tau_inner) < 1:
+            raise ValueError(f"tau_inner: expected a positive count or None, got {tau_inner!r}")
+        self.tau_scheme, self.tau_steps, self.tau_proposal_sd = tau_scheme, int(tau_steps), float(tau_proposal_sd)
+        self.tau_inner = None if tau_inner is None else int(tau_inner)
+        self.last_tau_accept: torch.Tensor | None = None
         # forgetting (issue 30): each new row weighs what came before by ``forgetting`` (the data, never
         # the prior: ``BayesianLinear``'s stabilised rule), so row i of n enters the likelihood to the power
         # lam^(n-1-i). Gaussian: the sufficient statistics discount exactly; ``_n_eff`` is the weighted count
@@ -615,6 +663,30 @@ class GibbsLinearPosterior:
             scale_m = scale_v = scale
         # Gaussian prior, no per-sweep data precision or noise: Lambda is fixed until the next add
         fixed = diag is None and data_precision is None and not isinstance(scale, torch.Tensor)
+        if self.prior.kind == "horseshoe" and self.tau_scheme == "marginal":
+            # Johndrow, Orenstein & Bhattacharya (2020), Sec. 2.1: tau with w integrated out, then w | tau
+            if data_precision is not None:
+                P = data_precision * scale_m if isinstance(scale, torch.Tensor) or scale != 1.0 else data_precision
+            elif isinstance(scale, torch.Tensor):
+                P = self._xtx * scale_m
+            else:
+                P = self._scaled_stats(scale)[0]
+            if rhs is None:
+                rhs = self._scaled_stats(scale)[1]
+            elif isinstance(scale, torch.Tensor) or scale != 1.0:
+                rhs = rhs * scale_v
+            for i in range(self._rounds() - 1):  # cheap inner rounds given the latents (no O(n) work)
+                sub = f"{key}/inner{i}"
+                L, u = self._tau_step(st, P, rhs, generator, sub)
+                zi = standard_normal((*self.batch_shape, self.dim, 1), generator, key=sub + "/w")
+                st.w = torch.linalg.solve_triangular(L.mT, u + zi, upper=True)[..., 0]
+                self._scale_step(st, generator, sub, inner=True)
+            L, u = self._tau_step(st, P, rhs, generator, key)
+            if z is None:
+                z = standard_normal((*self.batch_shape, self.dim, 1), generator, key=key + "/w")
+            st.w = torch.linalg.solve_triangular(L.mT, u + z, upper=True)[..., 0]
+            self.last_conditional = (L, u)
+            return
         if fixed and self._fixed is not None:
             L, eta0 = self._fixed
         else:
@@ -640,12 +712,125 @@ class GibbsLinearPosterior:
         st.w = torch.linalg.solve_triangular(L.mT, u + z, upper=True)[..., 0]
         self.last_conditional = (L, u)
 
+    def _rounds(self) -> int:
+        """Rounds of ``(tau, w, lam, nu)`` per sweep of the marginal horseshoe scheme: ``tau_inner`` if
+        set; by default 4 for the 0/1 likelihoods once ``n d >= 20,000`` (then the sweep's ``O(n d^2)``
+        data work, ``X^T Omega X``, outweighs the rounds' ``O(d^3)`` and fixed per-call costs), else 1
+        (always 1 for the Gaussian likelihood, where a round costs as much as a sweep)."""
+        if self.tau_inner is not None:
+            return self.tau_inner
+        return 4 if self.likelihood != "gaussian" and self.n * self.dim >= 20_000 else 1
+
+    def _tau_target(self, P: torch.Tensor, rhs: torch.Tensor, lam2: torch.Tensor, tau2: torch.Tensor):
+        """Log density of ``log tau`` given ``lam`` and the Gaussian (augmented) likelihood, ``w`` and
+        ``xi`` integrated out, up to a constant and *without* its ``(1 - d) log tau`` term (the caller
+        adds the difference of that term, ``(1 - d)`` times the step in ``log tau``, exactly); with
+        the Cholesky factor it needs.
+
+        Shapes: ``P [*b, d, d]`` (data precision ``X^T Omega X``, ``X^T X / s2``, ...), ``rhs [*b, d]``
+        (``X^T kappa``, ``X^T y / s2``, ...), ``lam2 [*b, d]``, ``tau2 [*b]``. Returns
+        ``(target [*b], L [*b, d, d], u [*b, d, 1])`` with ``L L^T = Q = P + diag(1 / (tau^2 lam^2))``
+        and ``u = L^-1 rhs``. Given the latents the likelihood is ``exp(rhs^T w - w^T P w / 2)``, so
+        with ``w ~ N(0, tau^2 Lambda)`` (Johndrow, Orenstein & Bhattacharya 2020, Sec. 2.1)::
+
+            log p(log tau | lam, latents) = (1 - d) log tau - log|L| + |u|^2 / 2 - log(1 + tau^2 / s^2) + const
+
+        (``-d log tau`` from ``|tau^2 Lambda|^(-1/2)``, ``+ log tau`` the Jacobian of ``log tau``,
+        ``-log(1 + tau^2/s^2)`` the half-Cauchy ``C+(0, s)`` prior with ``xi`` integrated out).
+        The logarithms of ``diag(L)`` and ``1 + tau^2/s^2`` are taken in one lane-aligned call.
+        """
+        from ._gaussian import cholesky as _cholesky
+
+        v = (lam2 * tau2[..., None]).clamp(1e-300, 1e300)
+        L = _cholesky(P + torch.diag_embed(1.0 / v))
+        u = torch.linalg.solve_triangular(L, rhs[..., None], upper=False)
+        logs = lanewise(torch.log, torch.cat([L.diagonal(dim1=-2, dim2=-1),
+                                              (1.0 + tau2 / self.prior.global_scale**2)[..., None]], -1))
+        target = 0.5 * (u * u).sum((-2, -1)) - logs.sum(-1)
+        return target, L, u
+
+    def _tau_step(self, st: _State, P: torch.Tensor, rhs: torch.Tensor, generator: Generator, key: str):
+        """The horseshoe's global scale, blocked with the weights: ``tau | lam, latents`` with ``w`` (and
+        ``xi``) integrated out, by ``tau_steps`` Metropolis-Hastings random-walk steps on ``log tau``
+        (Johndrow, Orenstein & Bhattacharya 2020, "Scalable approximate MCMC algorithms for the
+        horseshoe prior", JMLR 21(73), Sec. 2.1 and Algorithm 1, the exact version: no thresholding
+        of ``X D X^T``; here in the ``d x d`` precision form the weight step factorises anyway).
+
+        Each step proposes ``log tau' = log tau + e``, ``e = tau_proposal_sd * N(0, 1)`` (so ``tau'^2 =
+        tau^2 exp(2 e)``) and accepts with probability ``min(1, exp((1 - d) e + target(tau') -
+        target(tau)))`` (``_tau_target``), each replication on its own; ``xi | tau`` is drawn
+        afterwards in ``_scale_step``. Sets ``st.aux["tau2"]``, ``st.v`` and ``self.last_tau_accept
+        [*b]`` (1.0 where the last proposal was accepted, for diagnostics and the benchmark); returns
+        ``(L, u)`` of the accepted ``tau`` for the weight step ``w | tau, lam, latents ~ N(L^-T u, Q^-1)``.
+        """
+        aux = st.aux
+        lam2 = aux["lam2"]
+        tau2 = aux["tau2"]
+        cur, L, u = self._tau_target(P, rhs, lam2, tau2)
+        acc = torch.zeros_like(tau2)
+        shape = tuple(tau2.shape)
+        for i in range(self.tau_steps):
+            e = self.tau_proposal_sd * standard_normal(shape, generator, key=f"{key}/tau-mh{i}")
+            prop = (tau2 * lanewise(torch.exp, 2.0 * e)).clamp(1e-300, 1e300)
+            new, L_new, u_new = self._tau_target(P, rhs, lam2, prop)
+            logu = -_exp_draw(shape, generator, f"{key}/tau-mh{i}-u")  # log U
+            ok = torch.isfinite(new) & (logu < (1.0 - self.dim) * e + new - cur)
+            acc = ok.to(_DTYPE)
+            tau2 = torch.where(ok, prop, tau2)
+            cur = torch.where(ok, new, cur)
+            L = torch.where(ok[..., None, None], L_new, L)
+            u = torch.where(ok[..., None, None], u_new, u)
+        aux["tau2"] = tau2
+        self.last_tau_accept = acc
+        st.v = (lam2 * tau2[..., None]).clamp_min(1e-300)
+        return L, u
+
+    def _rescale_step(self, st: _State, generator: Generator, key: str) -> None:
+        """Move ``tau`` and every ``lam_j`` in opposite directions, their products (the prior sd of
+        each weight) unchanged: ``log tau' = log tau + e``, ``log lam_j' = log lam_j - e``, ``e ~
+        N(0, rescale_sd^2)``, ``tau_steps`` Metropolis-Hastings steps, ``[*b]`` each.
+
+        Given ``w`` the likelihood and ``w``'s prior do not change along this direction, so the
+        log acceptance ratio is that of the half-Cauchy densities of ``tau ~ C+(0, s)`` and ``lam_j
+        ~ C+(0, c_j)`` on the log scale (the auxiliary ``nu`` and ``xi`` integrated out, redrawn
+        after): ``(1 - d) e - sum log(1 + x'^2 / scale^2) + sum log(1 + x^2 / scale^2)`` over ``x in
+        (tau, lam_1 .. lam_d)``. This is the direction the Gibbs steps ``lam | tau`` and ``tau | lam``
+        explore slowly when most weights are shrunk to zero (a small ``tau`` and large ``lam_j`` trade
+        off); a parameter-expansion move in the sense of Liu & Wu (1999) / Yu & Meng (2011), here as a
+        random walk. The proposal sd, ``2.4 / sqrt((d + 1) / 2)``, depends only on ``d`` (a symmetric
+        proposal).
+        """
+        p, aux = self.prior, st.aux
+        tau2, lam2 = aux["tau2"], aux["lam2"]
+        s2, c2 = p.global_scale**2, p.local_scale**2
+        sd = 2.4 / math.sqrt(0.5 * (self.dim + 1))
+
+        def penalty(t2, l2):  # sum of log(1 + x^2 / scale^2), one lane-aligned call
+            return lanewise(torch.log1p, torch.cat([(t2 / s2)[..., None], l2 / c2], -1)).sum(-1)
+
+        cur = penalty(tau2, lam2)
+        shape = tuple(tau2.shape)
+        for i in range(self.tau_steps):
+            e = sd * standard_normal(shape, generator, key=f"{key}/rescale{i}")
+            f = lanewise(torch.exp, 2.0 * e)
+            t2, l2 = (tau2 * f).clamp(1e-300, 1e300), (lam2 / f[..., None]).clamp(1e-300, 1e300)
+            new = penalty(t2, l2)
+            ok = torch.isfinite(new) & (-_exp_draw(shape, generator, f"{key}/rescale{i}-u")
+                                        < (1.0 - self.dim) * e - new + cur)
+            tau2, cur = torch.where(ok, t2, tau2), torch.where(ok, new, cur)
+            lam2 = torch.where(ok[..., None], l2, lam2)
+        aux["tau2"], aux["lam2"] = tau2, lam2
+
     def _scaled_stats(self, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
         if self._scaled is None:
             self._scaled = ((self._xtx * scale, self._xty * scale) if scale != 1.0 else (self._xtx, self._xty))
         return self._scaled
 
-    def _scale_step(self, st: _State, generator: Generator, key: str, normals: torch.Tensor | None = None) -> None:
+    def _scale_step(self, st: _State, generator: Generator, key: str, normals: torch.Tensor | None = None,
+                    inner: bool = False) -> None:
+        """Scales given the weights (Laplace, Student-t: per weight; horseshoe: ``lam``, ``nu``, ``xi`` and,
+        ``tau_scheme="conditional"``, ``tau``), in place on ``st``. ``inner``: a horseshoe inner round
+        of the marginal scheme (``xi``, which that scheme does not use, is drawn once per sweep)."""
         p = self.prior
         if p.kind == "gaussian":
             return
@@ -671,15 +856,21 @@ class GibbsLinearPosterior:
             aux = st.aux
             w2 = r * r
             d = self.dim
+            if self.tau_scheme == "marginal":
+                self._rescale_step(st, generator, key)
+                aux["nu"] = (1.0 / p.local_scale**2 + 1.0 / aux["lam2"]) / _exp_draw(shape, generator, key + "/nu0")
             rate = 1.0 / aux["nu"] + w2 / (2.0 * aux["tau2"][..., None])
             aux["lam2"] = (rate / _exp_draw(shape, generator, key + "/lam")).clamp(1e-300, 1e300)
             rate = 1.0 / p.local_scale**2 + 1.0 / aux["lam2"]
             aux["nu"] = rate / _exp_draw(shape, generator, key + "/nu")
-            rate = 1.0 / aux["xi"] + (w2 / aux["lam2"]).sum(-1) / 2.0
-            conc = torch.full(shape[:-1], 0.5 * (d + 1), dtype=_DTYPE)
-            aux["tau2"] = (rate / _gamma(conc, generator, key + "/tau")).clamp(1e-300, 1e300)
-            rate = 1.0 / p.global_scale**2 + 1.0 / aux["tau2"]
-            aux["xi"] = rate / _exp_draw(shape[:-1], generator, key + "/xi")
+            if self.tau_scheme == "conditional":  # the per-coordinate IG step (kept for comparison)
+                rate = 1.0 / aux["xi"] + (w2 / aux["lam2"]).sum(-1) / 2.0
+                conc = torch.full(shape[:-1], 0.5 * (d + 1), dtype=_DTYPE)
+                aux["tau2"] = (rate / _gamma(conc, generator, key + "/tau")).clamp(1e-300, 1e300)
+            # else tau was drawn with w integrated out before the weight step (_tau_step)
+            if not inner:
+                rate = 1.0 / p.global_scale**2 + 1.0 / aux["tau2"]
+                aux["xi"] = rate / _exp_draw(shape[:-1], generator, key + "/xi")
             st.v = (aux["lam2"] * aux["tau2"][..., None]).clamp_min(1e-300)
 
     def _noise_step(self, st: _State, generator: Generator, key: str) -> None:
