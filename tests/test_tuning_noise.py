@@ -214,24 +214,30 @@ def test_best_point_states_its_probability_of_feasibility_and_the_search_space_b
 
     study, result, out = reported
     best = result["best"]
-    assert 0 <= best["p_feasible"] <= 1
-    pred = best["predicted"]["unsubscribe_change"]
-    assert best["p_feasible"] == pytest.approx(0.5 * math.erfc((pred[0] - 2) / pred[1] / math.sqrt(2)))
-    # the rule: among trials confidently feasible the best predicted objective, else the most likely feasible
+    # the rule: among trials confidently feasible the best predicted objective; when none is, no
+    # recommendation (issue 39: it used to name the trial most likely feasible) and the trials ranked
     model = study.fit_model()
     preds = study.predict([dict(study.experiment.trials[i].arm.parameters) for i in study.observed()], model=model)
     probs = [study.feasibility_probability(p) for p in preds]
-    if best["confident"]:
-        assert best["p_feasible"] >= 0.9
-    else:
-        assert best["p_feasible"] == pytest.approx(max(probs), abs=1e-6)
+    chosen = best if best["confident"] else best["closest_infeasible"][0]
+    assert 0 <= chosen["p_feasible"] <= 1
+    pred = chosen["predicted"]["unsubscribe_change"]
+    assert chosen["p_feasible"] == pytest.approx(0.5 * math.erfc((pred[0] - 2) / pred[1] / math.sqrt(2)))
     assert study.on_bounds({"tolerance_unsubscribe": 0.04}) == ["tolerance_unsubscribe at its upper bound 0.04"]
     assert study.on_bounds({"tolerance_unsubscribe": 0.02}) == []
     stored = json.loads((out / "best.json").read_text())
-    assert stored["trial"] == best["trial"] and stored["p_feasible"] == pytest.approx(best["p_feasible"])
     text = (out / "report.md").read_text()
-    assert f"{100 * best['p_feasible']:.0f} % probability of meeting every outcome constraint" in text
-    assert ("sits on a bound of the search space" in text) == bool(best["on_bounds"])
+    if best["confident"]:
+        assert best["p_feasible"] >= 0.9
+        assert stored["trial"] == best["trial"] and stored["p_feasible"] == pytest.approx(best["p_feasible"])
+        assert f"{100 * best['p_feasible']:.0f} % probability of meeting every outcome constraint" in text
+        assert ("sits on a bound of the search space" in text) == bool(best["on_bounds"])
+    else:
+        assert chosen["p_feasible"] == pytest.approx(max(probs), abs=1e-6)
+        assert "parameters" not in best and "parameters" not in stored and stored["trial"] is None
+        assert stored["recommendation"] == best["recommendation"] == "keep the baseline"
+        assert stored["closest_infeasible"][0]["trial"] == chosen["trial"]
+        assert "**No trial is confidently feasible: keep the baseline.**" in text
 
 
 def test_stored_study_answers_ax_consistently_with_best_json(reported):

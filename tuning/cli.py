@@ -187,7 +187,8 @@ def _study_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sobol", type=positive_int, default=None, help="Sobol initialisation trials (default 2 x parameters)")
     p.add_argument("--parameter", action="append", default=None, metavar="NAME=LOW:HIGH|NAME=A,B",
                    help="declare a tuned parameter (repeat; replaces the default search space); e.g. alpha=0:0.03, "
-                        "or a choice of values, e.g. forgetting=none,0.99,adaptive")
+                        "or a choice of values, e.g. forgetting=none,0.99,adaptive; a constraint's confidence "
+                        "(confidence_METRIC=0.8:0.99 or =0.9,0.99,none) given alone is added to the default space")
     p.add_argument("--objective", default=None, help="Ax objective over the trial's metrics (default: the problem's)")
     p.add_argument("--constraint", action="append", default=None, metavar="EXPR",
                    help="outcome constraint (repeat; default: the problem's); 'none' for no constraint")
@@ -196,9 +197,11 @@ def _study_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--overwrite", action="store_true",
                    help="replace a study already in OUT/study.sqlite (default storage only) instead of failing")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--replicates", type=positive_int, default=DEFAULT_REPLICATES,
-                   help=f"independent A/B tests per trial (default {DEFAULT_REPLICATES}); the trial's SEM is their spread, "
-                        "which covers re-running the learning policy (1: one run's SEM, which understates it)")
+    p.add_argument("--replicates", type=positive_int, default=None,
+                   help=f"independent A/B tests per trial (default {DEFAULT_REPLICATES} for a simulated study, 1 for a study "
+                        "of logs, whose replicates re-estimate the same rows and cannot shrink its SEM); the trial's SEM "
+                        "is their spread, which covers re-running the learning policy (1: one run's SEM, which "
+                        "understates it for a simulated study)")
     p.add_argument("--acq-restarts", type=positive_int, default=None, metavar="N",
                    help="lower the acquisition optimiser's restarts (default: Ax's, 20)")
     p.add_argument("--acq-raw-samples", type=positive_int, default=None, metavar="N",
@@ -449,7 +452,13 @@ def _custom_ab_test(args):
         option = "--max-violations" if str(exc).startswith("max_violations") else "--problem"
         raise ValueError(f"{option}: {exc}") from None
     return ABTest(wrapped, n_users=args.users, batches=args.batches, compare=() if args.no_compare else None,
-                  replicates=args.replicates)
+                  replicates=_replicates(args, DEFAULT_REPLICATES))
+
+
+def _replicates(args, default: int) -> int:
+    """``--replicates``, else ``default``: 4 for a simulated study, 1 for a study of logs (its replicates
+    re-estimate the same rows: ``combine_replicates(shared_rows=True)``)."""
+    return default if getattr(args, "replicates", None) is None else args.replicates
 
 
 def _build_ab_test(args):
@@ -471,7 +480,7 @@ def _build_ab_test(args):
                                       num_draws=args.draws, n_boot=args.boot, max_unsupported=args.max_unsupported)
         except (ValueError, TypeError, FileNotFoundError, LegacyAlphaWarning) as exc:
             raise ValueError(_as_option(" ".join(str(exc).split()), _DECISION_LOG_OPTION_OF)) from None
-        return ABTest(problem, replicates=args.replicates)
+        return ABTest(problem, replicates=_replicates(args, 1))
     if args.tune_command == "logged-data":
         from .ab_test import ABTest
         from .logged import LoggedDataProblem
@@ -490,10 +499,10 @@ def _build_ab_test(args):
                                         max_violation=args.max_violation, epochs=args.epochs, holdout=args.holdout)
         except (ValueError, TypeError, FileNotFoundError) as exc:
             raise ValueError(_as_option(str(exc))) from None
-        return ABTest(problem, replicates=args.replicates)
+        return ABTest(problem, replicates=_replicates(args, 1))
     return default_ab_test(args.tune_command, args.quick, users=args.users, batches=args.batches, warmup=args.warmup,
                            model_epochs=args.model_epochs, compare=not args.no_compare, seed=args.seed,
-                           replicates=args.replicates)
+                           replicates=_replicates(args, DEFAULT_REPLICATES))
 
 
 #: the file store of ``--mlflow`` with no value, inside ``--out``
@@ -651,6 +660,13 @@ def run_tune(args) -> int:
               flush=True)
         if callable(getattr(ab_test.problem, "models_text", None)):
             print(ab_test.problem.models_text().replace("`", ""), flush=True)
+        for row in (study.properties.get("range_pilot") or {}).get("constraints", []):
+            rate = row.get("rate_at_strict_end")
+            print(f"range pilot: {row['parameter']} searched in [{row['range'][0]:.4g}, {row['range'][1]:.4g}] (default "
+                  f"[{row['default'][0]:.4g}, {row['default'][1]:.4g}]); "
+                  + (f"{row['violation']} {rate[0]:.3g} % at the strict end against the limit {row['limit']:g} %"
+                     if rate else f"{row['violation']} not measured")
+                  + ("" if row.get("reached") else ": the limit is NOT reached even there"), flush=True)
         n_sobol = study.properties.get("sobol_trials")
         if n_sobol is not None and n_sobol >= trials:
             print(f"note: all {trials} trials are Sobol (--sobol {n_sobol}); the study never reaches BoTorch "
@@ -699,14 +715,34 @@ def run_tune(args) -> int:
     best = result["best"]
     print(f"done in {time.perf_counter() - start:.0f} s: {summary['trials_completed']} trials this run; Ax "
           f"{summary['ax_seconds_per_trial']:.2f} s per trial, simulation {summary['sim_seconds_per_trial']:.1f} s per trial")
-    if best is not None:
+    if best is not None and "parameters" not in best:
+        # no trial is confidently feasible: no recommendation, the closest trials ranked (Study.best)
+        top = best["closest_infeasible"][0]
+        misses = "; ".join(f"{m['constraint']}: " + ("n/a" if m["shortfall"] is None else
+                                                     f"observed {m['observed']:.4g}, misses by {m['shortfall']:.3g}"
+                                                     if m["shortfall"] > 0 else f"observed {m['observed']:.4g}, inside")
+                           for m in top["misses"])
+        print(f"no trial confidently feasible (P >= {best['confidence']:g}): recommendation: {best['recommendation']}"
+              + (" (" + " ".join(f"{k}={v:.4g}" for k, v in best["served_setting"].items()) + ")"
+                 if best.get("served_setting") else "")
+              + f" | closest (safest first, ranked in best.json under closest_infeasible): trial {top['trial']} "
+              f"({misses}; log10 P(feasible) {top['log_p_feasible'] / math.log(10):.4g})")
+        for u in result.get("unreachable") or []:
+            print(f"limit looks unreachable in the search space: {u['constraint']}: the trial nearest to it ({u['trial']}) "
+                  f"misses it by {u['shortfall']:.3g}" + (f" ({u['shortfall'] / u['se']:.3g} SE)" if u["se"] else "")
+                  + " (see report.md)")
+    elif best is not None:
         obj = study.objective_name
-        label = "best feasible" if best.get("confident") else "no trial confidently feasible; most likely feasible"
+        label = "best feasible"
         chance = (f" | P(feasible) {100 * best['p_feasible']:.0f} %" if study.constraints else "")
         edge = f" | on a bound: {'; '.join(best['on_bounds'])}" if best.get("on_bounds") else ""
         print(f"{label} (model): trial {best['trial']} " + " ".join(f"{k}={v:.4g}" for k, v in best["parameters"].items())
               + f" | {obj} predicted {_value(best['predicted'][obj], obj, se=False)}, observed "
               f"{_value(best['observed'][obj], obj)}{chance}{edge}")
+        for b in best.get("policy_bounds") or []:
+            print(f"  {b['declared']} (declared); the recommended setting's policy bound {b['policy_bound']:.4g}"
+                  + (" x baseline" if b["relative"] else "") + ("" if b["confidence"] is None else
+                                                                f" with P >= {b['confidence']:g}"))
         rerun = result.get("rerun")
         if rerun and obj in rerun["metrics"]:
             print(f"re-run of trial {best['trial']} with fresh seeds ({rerun['replicates']} replicates): {obj} "

@@ -55,6 +55,14 @@
 The default search space is ``problem.search_space`` (dicts or ``Range`` of ``tolerance_*`` names)
 or, when empty, one range per constraint: relative ``[0, 2 |bound - 1|]`` (at least 0.02 wide;
 capped at 0.9 for ``at_least``), absolute ``[-s, s]`` with ``s = |level| / 4`` (0.1 for a level 0).
+With ``max_violations`` a pilot sizes those ranges before the study (``pilot_ranges``): the strict
+end of a limited tolerance is extended until the pilot's violation rate there meets the limit,
+so that a per-unit limit a stricter setting meets can be reached (issue 39).
+
+A constraint's ``confidence`` is a parameter too, ``confidence_<metric>`` (a range in (0, 1) or a
+choice of probabilities and ``"none"``): the policy keeps the constraint as a chance constraint
+with that confidence (``policy_constraints``). The study's outcome constraint is always the
+declared limit (``outcome_constraint`` reads ``Constraint.declared_bound``).
 
 A study of a problem class importable by ``module:Class`` (not ``__main__``, not defined inside
 a function) stores that path and the constructor's parameters (read back from the instance's
@@ -85,13 +93,23 @@ from bayes_safe.envs.problem import (
     expected_table,
     outcome_metrics,
 )
-from bayes_safe.envs.tolerance import _numbered, default_range, policy_constraint, tolerance_name
+from bayes_safe.envs.tolerance import (
+    _numbered,
+    confidence_name,
+    default_range,
+    parse_confidence,
+    policy_constraint,
+    strictest_tolerance,
+    tolerance_name,
+)
 
 __all__ = ["SimulatedProblem", "import_problem", "load_problem_class", "outcome_constraint", "tolerance_name",
            "violation_name"]
 
 #: the arms a trial of a custom problem can run
 ARMS = ("ts-asc", "ts")
+#: pilot runs that may extend a tolerance range toward stricter bounds (``SimulatedProblem.pilot_ranges``)
+PILOT_STEPS = 4
 
 
 # ---------------------------------------------------------------------- importing a problem class
@@ -163,7 +181,9 @@ def violation_name(constraint: Constraint) -> str:
 
 
 def outcome_constraint(constraint: Constraint) -> str:
-    """The study's outcome constraint (an Ax expression on the A/B test's metrics) for a declaration."""
+    """The study's outcome constraint (an Ax expression on the A/B test's metrics) for a declaration:
+    always its declared limit (``Constraint.declared_bound``), never a tuned policy bound."""
+    constraint = constraint.as_declared()
     op = "<=" if constraint.at_most else ">="
     if constraint.versus_baseline:
         return f"{constraint.metric}_change {op} {100 * (constraint.bound - 1):.10g}"
@@ -391,11 +411,23 @@ class SimulatedProblem(ABProblem):
         """``tolerance_<metric>`` per declared constraint (``_2``, ... for a second constraint on one metric)."""
         return _numbered([tolerance_name(c) for c in self.declared])
 
+    def confidence_names(self) -> list[str]:
+        """``confidence_<metric>`` per declared constraint: the policy's confidence of the constraint,
+        tunable like its tolerance (a range in (0, 1), or a choice of probabilities and ``"none"``)."""
+        return _numbered([confidence_name(c) for c in self.declared])
+
     def known_parameters(self) -> tuple[str, ...]:
         # the default models' forgetting factor is tunable; a problem's own models set theirs themselves
-        return (*self.tolerance_names(), *(() if self.own_models else ("forgetting",)))
+        return (*self.tolerance_names(), *self.confidence_names(), *(() if self.own_models else ("forgetting",)))
 
     def check_parameter_values(self, parameters: Mapping) -> None:
+        confidences = set(self.confidence_names())
+        if isinstance(parameters, Mapping) and any(k in confidences and isinstance(v, str) for k, v in parameters.items()):
+            for k, v in parameters.items():
+                if k in confidences:
+                    parse_confidence(v, k)  # a choice's value ("0.95", "none"): checked here, not as a number
+            self._check_names([k for k in parameters if k in confidences], "parameters")
+            parameters = {k: v for k, v in parameters.items() if not (k in confidences and isinstance(v, str))}
         if isinstance(parameters, Mapping) and isinstance(parameters.get("forgetting"), str):
             _forgetting_setting(parameters["forgetting"])  # a choice's value: checked here, not as a number
             parameters = {k: v for k, v in parameters.items() if k != "forgetting"}
@@ -410,6 +442,9 @@ class SimulatedProblem(ABProblem):
             if r.name == "forgetting" and not 0 < r.low < r.high <= 1:
                 raise ValueError(f"parameter 'forgetting': expected bounds within (0, 1] (1: no forgetting), got "
                                  f"[{r.low}, {r.high}]")
+            if r.name in self.confidence_names() and not 0 < r.low < r.high < 1:
+                raise ValueError(f"parameter {r.name!r}: expected bounds within (0, 1) (the posterior probability the "
+                                 f"policy requires of the constraint), got [{r.low}, {r.high}]")
 
     def knows_means(self) -> bool:
         """Whether the problem gives its mean outcomes (``expected`` / ``expected_all``), asked once
@@ -518,11 +553,81 @@ class SimulatedProblem(ABProblem):
         return [own[j] for j in columns] if own is not None else [self.model(j, forgetting) for j in columns]
 
     def policy_constraints(self, parameters: Mapping) -> list[Constraint]:
-        """The constraints TS-ASC keeps for ``parameters`` (a tolerance not given: the declared bound)."""
+        """The constraints TS-ASC keeps for ``parameters``: each declared constraint at its tuned
+        tolerance (not given: the declared bound) and tuned confidence (``confidence_<metric>``;
+        not given: the declared one). Each remembers its declared limit (``Constraint.declared``)."""
         out = []
-        for c, name in zip(self.declared, self.tolerance_names()):
-            out.append(policy_constraint(c, parameters[name]) if name in parameters else c)
+        for c, name, conf in zip(self.declared, self.tolerance_names(), self.confidence_names()):
+            confidence = parameters.get(conf, ...)
+            out.append(policy_constraint(c, parameters.get(name, 0.0 if not c.versus_baseline else
+                                                           (c.bound - 1 if c.at_most else 1 - c.bound)), confidence)
+                       if name in parameters or conf in parameters else c)
         return out
+
+    def pilot_ranges(self, ab_test, seed: int, steps: int = PILOT_STEPS) -> tuple[tuple, dict] | None:
+        """The default search space sized by a pilot so that a per-unit violation limit some setting
+        meets can be reached (``max_violations``); None when there is nothing to size (the problem
+        declares its own ``search_space``, no ``max_violations``, or no known means).
+
+        The rule: start from ``default_range`` of every ``tolerance_<metric>``. Run one A/B test
+        (one replicate, ``ab_test.evaluate_once``) with every tolerance that carries a per-unit limit
+        at the strict (low) end of its range, the others at their centre. A limit whose observed
+        violation rate there is above it gets its range extended toward stricter bounds by the
+        range's width (the width doubles), never past ``strictest_tolerance`` (an absolute cap of
+        0, a relative cap of 0.05 x baseline, a floor twice the declared one), and the pilot runs
+        again; at most ``steps`` times.
+        A limit met at the strict end is ``reached``; one still missed at the strictest bound
+        (or after ``steps`` extensions) is not, and the report says so. The loose (high) end is
+        never moved. Returns ``(parameters, record)``; ``record`` is stored with the study.
+        """
+        if getattr(self.problem, "search_space", None) or not self.max_violations or not self.knows_means():
+            return None
+        ranges = {n: {**default_range(c), "name": n} for c, n in zip(self.declared, self.tolerance_names())}
+        limited = {}
+        for c, tn, vn in zip(self.declared, self.tolerance_names(), self.violation_names):
+            if vn in self.max_violations:
+                limited[tn] = {"parameter": tn, "violation": vn, "limit": 100 * self.max_violations[vn],
+                               "default": [ranges[tn]["low"], ranges[tn]["high"]], "strictest": strictest_tolerance(c),
+                               "reached": None, "rate_at_strict_end": None}
+        if not limited:
+            return None
+        probes = []
+        open_ = set(limited)
+        for step in range(steps + 1):
+            point = {n: (r["low"] if n in limited else 0.5 * (r["low"] + r["high"])) for n, r in ranges.items()}
+            probe_seed = (int(seed) * 100_003 + 99_971 + step) % (2**31 - 1)
+            metrics = ab_test.evaluate_once(point, probe_seed)
+            probes.append({"point": point, "seed": probe_seed,
+                           "rates": {limited[n]["violation"]: (list(metrics[limited[n]["violation"]])
+                                                               if limited[n]["violation"] in metrics else None)
+                                     for n in limited}})
+            for n in sorted(open_):
+                row = limited[n]
+                rate = metrics.get(row["violation"])
+                row["rate_at_strict_end"] = None if rate is None else [float(rate[0]), float(rate[1])]
+                if rate is None:
+                    open_.discard(n)
+                    continue
+                if rate[0] <= row["limit"]:
+                    row["reached"] = True
+                    open_.discard(n)
+                    continue
+                low, high = ranges[n]["low"], ranges[n]["high"]
+                floor = row["strictest"]
+                if low <= floor + 1e-12 or step == steps:
+                    row["reached"] = False
+                    open_.discard(n)
+                    continue
+                new = low - (high - low)
+                ranges[n]["low"] = round(float(max(new, floor)), 10)
+            if not open_:
+                break
+        for row in limited.values():
+            row["range"] = [ranges[row["parameter"]]["low"], ranges[row["parameter"]]["high"]]
+        record = {"rule": "strict end extended by the range's width until the pilot's violation rate there meets "
+                          "the limit (at most the strictest bound)", "constraints": list(limited.values()),
+                  "probes": probes, "replicates": 1, "units_per_arm": ab_test.n_users}
+        return tuple(ranges[n] for n in self.tolerance_names()), record
 
     def make_policy(self, kind: str, parameters: Mapping, env, *, seed: int, refit_every: int):
         from bayes_safe.policies import TSASC, ThompsonSampling

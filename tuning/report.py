@@ -23,7 +23,7 @@ from pathlib import Path
 
 from bayes_safe.io import atomic_output_dir
 
-__all__ = ["trial_rows", "write_report"]
+__all__ = ["recommends", "trial_rows", "write_report"]
 
 
 def _decimals(se=None, bound=None, least: int = 2, most: int = 10) -> int:
@@ -193,6 +193,18 @@ def _noise_text(study, rows) -> list[str]:
     """What a trial's SEM covers: its replicates, and how much of it is the learning's re-run noise."""
     reps = getattr(study.ab_test, "replicates", 1)
     lines = ["## What a trial's standard error covers", ""]
+    if getattr(study.ab_test.problem, "replicates_share_rows", False):  # a study of logs: one set of rows
+        text = ("Each trial is an off-policy estimate from **one** log: its standard error is that estimate's "
+                "(the interval of `bayes_safe.offline.intervals` for a bounded metric), the noise of the logged "
+                "rows. ")
+        if reps > 1:
+            text += (f"Its {reps} replicates re-estimate the same rows with other Thompson draws; they do not shrink "
+                     "the standard error (their spread is added to one estimate's), so `--replicates 1` gives the "
+                     "same honesty in less time.")
+        else:
+            text += ("Replicates would re-estimate the same rows and could not shrink it: one per trial is right "
+                     "for a study of logs.")
+        return lines + [text, ""]
     if reps <= 1:
         return lines + [("Each trial is **one** A/B test: its SEM measures the unit-level noise of that run only, not the "
                          "variability of re-running the learning policy (other units, other Thompson draws, another "
@@ -219,7 +231,7 @@ def _power_text(study) -> list[str]:
     power = study.properties.get("power")
     if not study.constraints:
         return []
-    lines = ["## Power", ""]
+    lines = ["## Power", "", *_range_pilot_text(study)]
     if not isinstance(power, dict):
         return lines + ["No pilot was run for this study (it was made before the power check existed).", ""]
     point = ", ".join(f"{k} = {_param(v)}" for k, v in power["point"].items())
@@ -487,21 +499,226 @@ def _rerun_text(study, best, rerun, sem_check, why: str | None = None) -> list[s
     return lines
 
 
-def _best_json(result) -> dict | None:
-    """``best.json``: the report's best point, and what Ax's ``Client.get_best_parameterization()``
-    answers on the stored study (``ax``), with whether they agree."""
+def _json_safe(value):
+    """``value`` with non-finite floats as None (JSON has no NaN or infinity)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def recommends(best) -> bool:
+    """Whether ``Study.best``'s answer recommends a trial (it has ``parameters``); False when no trial
+    is confidently feasible (then it says what to keep and ranks the trials that miss)."""
+    return isinstance(best, dict) and "parameters" in best
+
+
+def _best_json(result, study=None) -> dict | None:
+    """``best.json``: the report's recommendation, and what Ax's ``Client.get_best_parameterization()``
+    answers on the stored study (``ax``), with whether they agree.
+
+    With a confidently feasible trial: its ``parameters`` (what to deploy), ``policy_bounds`` (the
+    declared limit and the tuned policy bound of each constraint), the re-run and the SEM check.
+    Without one there is no ``parameters`` entry: ``recommendation`` (``"keep the baseline"``, or the
+    served setting for a study of a decision log) and ``closest_infeasible`` (every trial ranked by
+    how far it misses, safest first; ``Study.best``)."""
     best = result["best"]
     ax_best = result.get("ax_best")
     if best is None and not ax_best:
         return None
     out = dict(best) if best is not None else {"trial": None}
-    if best is not None:
+    if study is not None:
+        out["outcome_constraints"] = list(study.properties.get("outcome_constraints") or [])
+        out["unreachable"] = result.get("unreachable") or []
+    if recommends(best):
         out["rerun"] = result.get("rerun")
         out["sem_check"] = result.get("sem_check")
     if ax_best is not None:
         out["ax"] = ax_best
-        out["agrees_with_ax"] = best is not None and ax_best.get("trial") == best["trial"]
+        if recommends(best):
+            out["agrees_with_ax"] = ax_best.get("trial") == best["trial"]
+        else:  # no recommendation: Ax agrees when it names no trial either
+            out["agrees_with_ax"] = best is not None and ax_best.get("trial") is None
     return out
+
+
+#: trial metrics the report shows whenever a trial reports them: the tuned arm's fallback rates
+#: (``fallback_rate``, ``fallback_rate_<metric>``) and chance-constraint calibration (``chance_*``,
+#: ``calibration_*``: the confidence claimed and the share realised safe)
+DIAGNOSTIC_PREFIXES = ("fallback_rate", "chance_", "calibration_")
+
+
+def _diagnostic_metrics(study, rows) -> list[str]:
+    """The tuned arm's diagnostic metrics (``DIAGNOSTIC_PREFIXES``) any of ``rows`` reports, in a
+    stable order; empty when none does (the report then shows nothing of them)."""
+    names = {m for r in rows for m in (r.get("metrics") or {}) if m.startswith(DIAGNOSTIC_PREFIXES)}
+    return sorted(names, key=lambda m: (next(i for i, p in enumerate(DIAGNOSTIC_PREFIXES) if m.startswith(p)), m))
+
+
+def _calibration_text(study, rows) -> list[str]:
+    """Chance-constraint calibration over the completed trials, when they report it: a metric
+    naming ``claimed`` with a partner naming ``realised`` (or ``realized``) in its place reads
+    ``claimed >= 0.95 safe, realised 0.90`` (medians over trials); every other ``chance_*`` /
+    ``calibration_*`` metric its median and range. Nothing when no trial reports one."""
+    done = [r for r in rows if r["status"] == "COMPLETED"]
+    names = [m for m in _diagnostic_metrics(study, done) if not m.startswith("fallback_rate")]
+    if not names:
+        return []
+
+    def median(m):
+        vals = sorted(r["metrics"][m][0] for r in done if m in r["metrics"])
+        return (vals[len(vals) // 2], vals[0], vals[-1], len(vals)) if vals else None
+
+    lines = ["## Chance-constraint calibration", "",
+             "What the policy's chance constraints claimed and what was realised (medians over the completed trials):", ""]
+    used = set()
+    for m in names:
+        if "claimed" not in m:
+            continue
+        partner = next((p for p in names for word in ("realised", "realized") if p == m.replace("claimed", word)), None)
+        c, r = median(m), median(partner) if partner else None
+        if c and r:
+            label = m.replace("_claimed", "").replace("claimed_", "").replace("claimed", "")
+            lines.append(f"- `{label}`: claimed >= {c[0]:.3g} safe, realised {r[0]:.3g} "
+                         f"(range {r[1]:.3g} to {r[2]:.3g}, {r[3]} trials)")
+            used |= {m, partner}
+    for m in names:
+        v = median(m) if m not in used else None
+        if v:
+            lines.append(f"- `{m}`: {v[0]:.3g} (range {v[1]:.3g} to {v[2]:.3g}, {v[3]} trials)")
+    return lines + [""]
+
+
+def _policy_bounds_text(bounds, label: str) -> str:
+    """``hide <= 0.02 (declared); the recommended setting's policy bound 0.0232`` for every constraint."""
+    if not bounds:
+        return ""
+    parts = []
+    for b in bounds:
+        unit = " x baseline" if b.get("relative") else ""
+        conf = "" if b.get("confidence") is None else f", required with P >= {b['confidence']:.3g}"
+        parts.append(f"`{b['declared']}` (declared); {label} {b['policy_bound']:.4g}{unit}{conf}")
+    return ("Declared limits and policy bounds (every trial is judged by the declared limit; the policy enforces "
+            "its tuned bound): " + "; ".join(parts) + ".")
+
+
+def _prob(logp) -> str:
+    """A probability given by its log: ``68 %``, ``3.1e-27``, or ``10^-5861`` below the smallest double."""
+    if logp is None or not math.isfinite(logp):
+        return "n/a"
+    if logp >= math.log(0.01):
+        return f"{100 * math.exp(logp):.0f} %"
+    return f"{math.exp(logp):.2g}" if logp >= -700 else f"10^{_log10(logp)}"
+
+
+def _log10(logp) -> str:
+    if logp is None or not math.isfinite(logp):
+        return "n/a"
+    v = logp / math.log(10)
+    return f"{v:.3g}" if abs(v) < 10 else f"{v:.0f}"
+
+
+def _miss_text(m: dict) -> str:
+    if m.get("shortfall") is None:
+        return "n/a"
+    digits = _decimals(m.get("se"), m.get("bound"))
+    if m["shortfall"] <= 0:
+        return f"inside by {-m['shortfall']:.{digits}f}"
+    return f"misses by {m['shortfall']:.{digits}f} ({m['shortfall_se']:.3g} SE)"
+
+
+def _no_recommendation_text(study, best) -> list[str]:
+    """The best-point section when no trial is confidently feasible: keep what runs now, and the
+    trials ranked by how far they miss, safest first."""
+    ranked = best["closest_infeasible"]
+    top = ranked[0]
+    cons = [m["constraint"] for m in top["misses"]]
+    keep = best["recommendation"]
+    lines = [(f"**No trial is confidently feasible: {keep}.** No completed trial is predicted to meet every outcome "
+              f"constraint ({', '.join(f'`{c}`' for c in cons)}, at the declared limits) with probability "
+              f"{best['confidence']:g}; the highest is trial {top['trial']}'s, {_prob(top['log_p_feasible'])}. "
+              "There is no setting to deploy from this study: `best.json` has no `parameters`; it says "
+              f"`\"recommendation\": \"{keep}\"` and ranks the trials under `closest_infeasible`."), ""]
+    if best.get("served_setting"):
+        lines += ["The served setting: " + ", ".join(f"{k} = {_param(v)}" for k, v in best["served_setting"].items()) + ".", ""]
+    lines += [("The trials, safest first (ranked by the model's log10 probability of meeting every constraint, computed "
+               "in log space so that far misses still rank; then by the trial's own), with how far each trial's "
+               "observed mean misses each declared limit:"), "",
+              "| rank | trial | parameters | log10 P (model) | log10 P (observed) | " + " | ".join(f"`{c}`" for c in cons) + " |",
+              "|---|---|---|---|---|" + "---|" * len(cons)]
+    for k, r in enumerate(ranked[:10]):
+        params = ", ".join(f"{n} = {_param(v)}" for n, v in r["parameters_tried"].items())
+        lines.append(f"| {k + 1} | {r['trial']} | {params} | {_log10(r['log_p_feasible'])} | "
+                     f"{_log10(r['log_p_feasible_observed'])} | " + " | ".join(_miss_text(m) for m in r["misses"]) + " |")
+    if len(ranked) > 10:
+        lines.append(f"| ... | {len(ranked) - 10} more in `best.json` | | | |" + " |" * len(cons))
+    lines += ["", ("Ranked by the observed margins alone (how far each trial's own means lie beyond the limits, each "
+                   "relative to its limit, SEs ignored): trials ")
+              + ", ".join(str(t) for t in best["ranked_by_observed"]) + ".", ""]
+    bounds = _policy_bounds_text(top.get("policy_bounds"), f"trial {top['trial']}'s policy bound")
+    if bounds:
+        lines += [bounds, ""]
+    return lines
+
+
+def _unreachable_text(study, unreachable) -> list[str]:
+    """The outcome constraints no trial came within one SE of, and what to change."""
+    if not unreachable:
+        return []
+    problem = study.ab_test.problem
+    pilot = {row["violation"]: row for row in (study.properties.get("range_pilot") or {}).get("constraints", [])}
+    violations = list(getattr(problem, "violation_names", ()) or ())
+    tolerances = getattr(problem, "tolerance_names", None)
+    confidences = getattr(problem, "confidence_names", None)
+    names = dict(zip(violations, tolerances())) if callable(tolerances) else {}
+    confs = dict(zip(violations, confidences())) if callable(confidences) else {}
+    lines = ["### Limits that look unreachable in this search space", ""]
+    for u in unreachable:
+        metric = u["constraint"].split()[0]
+        params = ", ".join(f"{n} = {_param(v)}" for n, v in u["parameters"].items())
+        text = (f"- `{u['constraint']}`: the trial nearest to it in SEs ({u['trial']}: {params}) still misses it by "
+                f"{u['shortfall']:.3g}")
+        if u.get("se"):
+            text += f" ({u['shortfall'] / u['se']:.3g} SE)"
+        if metric in pilot:
+            row = pilot[metric]
+            rate = row.get("rate_at_strict_end")
+            text += (f"; the range pilot searched `{row['parameter']}` in [{_param(row['range'][0])}, {_param(row['range'][1])}]"
+                     + (f" and measured {rate[0]:.3g} ± {rate[1]:.2g} % of units at its strict end" if rate else "")
+                     + ("" if row.get("reached") else " (the limit was not reached there either)"))
+        if metric in names:
+            text += (f". A setting beyond the range may meet it: widen `{names[metric]}` toward stricter (lower) values "
+                     f"(`--parameter {names[metric]}=LOW:HIGH`)"
+                     + (f", or tune the constraint's confidence (`--parameter {confs[metric]}=0.8:0.99`)" if metric in confs else "")
+                     + "; if even the strictest setting misses it, the limit is below what the policy (and what it "
+                       "falls back to) can do")
+        lines.append(text + ".")
+    return lines + [""]
+
+
+def _range_pilot_text(study) -> list[str]:
+    """How the pilot sized the default tolerance ranges (``SimulatedProblem.pilot_ranges``), if it did."""
+    record = study.properties.get("range_pilot")
+    if not isinstance(record, dict) or not record.get("constraints"):
+        return []
+    lines = [("The default search range of each tolerance with a per-unit violation limit was sized by a pilot before "
+              f"the study ({len(record.get('probes', []))} A/B test(s) of {record.get('units_per_arm') or '?'} units per "
+              "arm, one replicate each): the range's strict (low) end is extended by the range's width until the "
+              "pilot's violation rate there meets the limit, never past the strictest bound (an absolute cap of 0, a "
+              "relative cap of 0.05 x baseline, a floor twice the declared one); the loose end stays the default's."), ""]
+    for row in record["constraints"]:
+        rate = row.get("rate_at_strict_end")
+        moved = row["range"] != row["default"]
+        lines.append(f"- `{row['parameter']}`: default [{_param(row['default'][0])}, {_param(row['default'][1])}]"
+                     + (f", searched in [{_param(row['range'][0])}, {_param(row['range'][1])}]" if moved else ", kept")
+                     + (f"; `{row['violation']}` at the strict end {rate[0]:.3g} ± {rate[1]:.2g} % of units against the "
+                        f"limit {row['limit']:g} %" if rate else "")
+                     + (": reached." if row.get("reached") else
+                        ": **not reached** even at the strict end." if row.get("reached") is False else "."))
+    return lines + [""]
 
 
 def _cv_figure(study, cv: dict, out: Path) -> str:
@@ -562,7 +779,7 @@ def write_report(study, out, *, grid: int = 30, title: str | None = None, export
                 except Exception as exc:  # noqa: BLE001
                     result["notes"].append(f"Cross-validation failed: {type(exc).__name__}: {exc}")
             result["ax_best"] = study.ax_best()
-            if result["best"] is not None:
+            if recommends(result["best"]):
                 result["sem_check"] = study.sem_ratio(result["best"]["trial"])
                 result["rerun_note"] = None if rerun else "not asked: `rerun=False`, `--no-rerun`"
                 if not rerun:  # a re-run stored by an earlier report of the same best trial is still shown
@@ -578,9 +795,12 @@ def write_report(study, out, *, grid: int = 30, title: str | None = None, export
                                                "its estimate is the trial's own.")
         else:
             result["notes"].append("Fewer than two completed trials: no model, no response surfaces.")
+        result["unreachable"] = study.unreachable_constraints() if study.constraints else []
         center = None
-        if result["best"] is not None:
+        if recommends(result["best"]):
             center = result["best"]["parameters"]
+        elif result["best"] is not None and result["best"].get("closest_infeasible"):
+            center = result["best"]["closest_infeasible"][0]["parameters_tried"]
         else:
             best_obs = study.best_observed()
             if best_obs is not None:
@@ -609,7 +829,7 @@ def write_report(study, out, *, grid: int = 30, title: str | None = None, export
             except Exception as exc:  # noqa: BLE001
                 result["notes"].append(f"Cross-validation figure failed: {type(exc).__name__}: {exc}")
         (tmp / "trials.csv").write_text(_csv(study, rows))
-        (tmp / "best.json").write_text(json.dumps(_best_json(result), indent=2, default=float) + "\n")
+        (tmp / "best.json").write_text(json.dumps(_json_safe(_best_json(result, study)), indent=2, default=float) + "\n")
         if export:
             study.export_json(tmp / "study.json")
         (tmp / "report.md").write_text(_markdown(study, rows, result, title, export, note))
@@ -625,8 +845,10 @@ def _markdown(study, rows, result, title, export=True, note=None) -> str:
     problem = ab.problem
     space = ", ".join(f"{n} in [{_param(p.lower)}, {_param(p.upper)}]" if hasattr(p, "lower") else f"{n} in {p.values}"
                       for n, p in study.experiment.search_space.parameters.items())
+    notes = problem.report_notes() if callable(getattr(problem, "report_notes", None)) else ""
     lines = [
-        f"# {title or 'Tuning study ' + repr(study.name)}", "", _intro(problem), "", *([note, ""] if note else []), "## Set-up", "",
+        f"# {title or 'Tuning study ' + repr(study.name)}", "", _intro(problem), "", *([note, ""] if note else []),
+        *([notes, ""] if notes else []), "## Set-up", "",
         f"- Problem: `{problem.name}`; {problem.trial_noun}: {problem.describe(ab)}.",
         f"- Search space: {space}.",
         f"- Objective: {'minimise' if study.minimize else 'maximise'} `{obj}`.",
@@ -641,6 +863,7 @@ def _markdown(study, rows, result, title, export=True, note=None) -> str:
     lines += _noise_text(study, rows)
     lines += _power_text(study)
     lines += _finding_text(result["tradeoff"]) if _paper_finding(problem) else _summary_text(study, rows)
+    lines += _calibration_text(study, rows)
     lines += _cv_text(result.get("cv") or {})
     lines += ["## Best parameterization", ""]
     best = result["best"]
@@ -650,6 +873,8 @@ def _markdown(study, rows, result, title, export=True, note=None) -> str:
         if bo is not None:
             lines += [(f"Best observed feasible trial: {bo[0]} (`{obj}` {_fmt_metric(study, obj, bo[1][obj])}"
                        f"{' %' if _is_change(obj) else ''})."), ""]
+    elif not recommends(best):
+        lines += _no_recommendation_text(study, best)
     else:
         params = ", ".join(f"{k} = {_param(v)}" for k, v in best["parameters"].items())
         rule = f"Chosen by the model's posterior: {best['rule']}."
@@ -664,7 +889,9 @@ def _markdown(study, rows, result, title, export=True, note=None) -> str:
         rerun = result.get("rerun")
         rerun_metrics = (rerun or {}).get("metrics") or {}
         rerun_head = (f" re-run ({rerun['replicates']} fresh replicates) |" if rerun else "")
+        bounds = _policy_bounds_text(best.get("policy_bounds"), "the recommended setting's policy bound")
         lines += [f"Trial {best['trial']}: {params}.", "", rule, "", *([how, ""] if how else []), edge, "",
+                  *([bounds, ""] if bounds else []),
                   *_rerun_text(study, best, rerun, result.get("sem_check"), result.get("rerun_note")),
                   f"| metric | predicted (model mean ± sd) | observed ({problem.observed_label} ± SE) |{rerun_head}",
                   "|---|---|---|" + ("---|" if rerun else "")]
@@ -684,10 +911,15 @@ def _markdown(study, rows, result, title, export=True, note=None) -> str:
         extra = [m for m in sorted(best["observed"]) if m.endswith("_change") and m not in best["predicted"]
                  and not any(m.startswith(c.replace('-', '_') + '_') for c in ab.compare)]
         extra += [m for v in violations for m in (v, f"baseline_{v}") if m in best["observed"] and m not in modelled]
+        extra += [m for m in _diagnostic_metrics(study, [{"metrics": best["observed"]}]) if m not in modelled]
         for m in extra:
             lines.append(row(m, False))
         lines.append("")
+    lines += _unreachable_text(study, result.get("unreachable") or [])
     ax_best = result.get("ax_best")
+    if ax_best and ax_best.get("no_feasible") and best is not None and not recommends(best):
+        lines += [("Ax's `Client.get_best_parameterization()` on the stored study finds no trial that meets every "
+                   "outcome constraint either."), ""]
     if ax_best and "trial" in ax_best:
         if best is not None and ax_best["trial"] == best["trial"]:
             lines += [f"Ax's `Client.get_best_parameterization()` on the stored study answers the same trial ({ax_best['trial']}).", ""]
@@ -717,8 +949,9 @@ def _markdown(study, rows, result, title, export=True, note=None) -> str:
         return f"{m} %" if _is_change(m) else m
 
     rates = [v for v in _violation_metrics(study) if v not in cons]
+    diagnostics = [m for m in _diagnostic_metrics(study, rows) if m not in cons]
     header = ["trial", "node", "status", *study.parameter_names, pct(obj), *[pct(c) for c in cons],
-              *[f"{v} (% of units)" for v in rates]]
+              *[f"{v} (% of units)" for v in rates], *diagnostics]
     if has_ts:
         header += [f"vanilla TS {obj} %", "vanilla TS " + "/".join(cons) + " %"]
     header.append("sim s")
@@ -730,6 +963,7 @@ def _markdown(study, rows, result, title, export=True, note=None) -> str:
                  _fmt_metric(study, obj, m[obj]) if obj in m else ""]
         cells += [_fmt_metric(study, c, m[c]) if c in m else "" for c in cons]
         cells += [_fmt_metric(study, v, m[v]) if v in m else "" for v in rates]
+        cells += [_fmt_metric(study, v, m[v]) if v in m else "" for v in diagnostics]
         if has_ts:
             cells.append(_fmt_metric(study, obj, m["ts_" + obj]) if "ts_" + obj in m else "")
             cells.append(" / ".join(_fmt_metric(study, c, m["ts_" + c]) for c in cons if "ts_" + c in m))

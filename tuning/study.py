@@ -125,8 +125,65 @@ def _normal_cdf(z: float) -> float:
     return 0.5 * math.erfc(-z / math.sqrt(2.0))
 
 
+def _log_ndtr(z: float) -> float:
+    """``log Phi(z)``, accurate far in the lower tail (``torch.special.log_ndtr``: no underflow to
+    ``log 0`` where ``Phi`` itself is below the smallest double)."""
+    import torch
+
+    return float(torch.special.log_ndtr(torch.tensor(float(z), dtype=torch.float64)))
+
+
+def _standardised_margin(value: float, sd: float, op: str, bound: float) -> float:
+    """How many SDs ``value`` lies inside its bound (negative: outside). An SD of 0 is floored at a
+    billionth of the numbers' scale, so the margin stays finite (and hugely negative when outside)."""
+    sd = max(float(sd), 1e-9 * max(1.0, abs(bound), abs(value)))
+    z = (value - bound) / sd
+    return z if op == ">=" else -z
+
+
+def log_feasibility(constraints, metrics: Mapping[str, tuple[float, float]]) -> float:
+    """``log P(every constraint holds)`` from ``{metric: (mean, sd)}`` (a model's prediction or a
+    trial's mean and SEM), the constraints treated as independent: the sum over constraints of
+    ``log Phi(standardised margin)`` (``_log_ndtr``). Finite however far a trial misses (where
+    ``P`` underflows to 0 and every trial would tie); NaN when a metric is missing.
+    ``constraints``: ``Study.constraints`` (``[(weights, op, bound)]``)."""
+    total = 0.0
+    for weights, op, bound in constraints:
+        if any(m not in metrics for m in weights):
+            return float("nan")
+        mean = sum(w * metrics[m][0] for m, w in weights.items())
+        sd = math.sqrt(sum((w * metrics[m][1]) ** 2 for m, w in weights.items()))
+        total += _log_ndtr(_standardised_margin(mean, sd, op, bound))
+    return total
+
+
+@contextlib.contextmanager
+def _quiet_best_point():
+    """Ax's best-point utility (``ax.service.utils.best_point``) logs ERROR "Encountered error while
+    trying to identify the best point" when no trial is feasible: a normal outcome of a study, which
+    the report states in its own words. That one logger is silenced for the call, then restored."""
+    log = logging.getLogger("ax.service.utils.best_point")
+    previous = log.level
+    log.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        log.setLevel(previous)
+
+
 def _num(v) -> str:
     return f"{float(v):.4g}"
+
+
+def _prob_text(logp: float) -> str:
+    """A probability given by its log, readable however small: ``12 %``, ``3.1e-27``, ``10^-412.3``."""
+    if logp is None or math.isnan(logp):
+        return "n/a"
+    if logp >= math.log(0.01):
+        return f"{100 * math.exp(logp):.0f} %"
+    if logp >= -700:
+        return f"{math.exp(logp):.2g}"
+    return f"10^{logp / math.log(10):.0f}"
 
 
 def _spearman(x, y) -> float:
@@ -428,7 +485,9 @@ class Study:
             (``{"name", "low", "high"}``), ``"name=low:high"`` strings or Ax
             ``RangeParameterConfig`` / ``ChoiceParameterConfig``; default: the problem's
             (the paper's alpha in [0, 0.06], omega_480 in (0, 0.05], omega_720 in (0, 0.04],
-            omega_1080 in (0, 0.03]).
+            omega_1080 in (0, 0.03]). For a problem with ``pilot_ranges`` (your own problem with
+            ``max_violations``) the default space is sized by a range pilot first (stored as
+            ``range_pilot``); ``confidence_<metric>`` parameters given alone join the default space.
         objective: an Ax objective string over the A/B test's metrics (``"q_1080p_change"``
             maximises it, ``"-m"`` minimises ``m``); default: the problem's.
         outcome_constraints: Ax constraint strings (``"reliability_change >= 0"``); default: the
@@ -472,7 +531,14 @@ class Study:
             raise ValueError(f"seed: expected a non-negative int, got {seed!r}")
         _acqf_class(acquisition)
         # -- search space
-        params = list(problem.parameters if parameters is None else parameters)
+        added: list = []
+        confidence_names = getattr(problem, "confidence_names", None)
+        if parameters is not None and callable(confidence_names) and list(parameters):
+            given = [_to_ax_parameter(p) for p in parameters]
+            if all(p.name in set(confidence_names()) for p in given):
+                # only confidences given: they join the default search space (tolerances included)
+                added, parameters = given, None
+        params = list(problem.parameters if parameters is None else parameters) + added
         if not params:
             raise ValueError("parameters: expected at least one parameter to tune")
         ax_params = [_to_ax_parameter(p) for p in params]
@@ -518,6 +584,15 @@ class Study:
             if name in _storage.experiment_names(url):
                 raise ValueError(f"name: a study named {name!r} already exists in {_storage.display_url(url)}; "
                                  "resume it (Study.load / `bayes-safe tune resume`) or choose another name")
+        # -- the default tolerance ranges sized by a pilot, so that a per-unit violation limit some
+        # setting meets can be reached (SimulatedProblem.pilot_ranges; only for the default space)
+        range_pilot = None
+        sizer = getattr(problem, "pilot_ranges", None)
+        if parameters is None and callable(sizer):
+            sized = sizer(ab_test, seed)
+            if sized is not None:
+                sized_params, range_pilot = sized
+                ax_params = [_to_ax_parameter(p) for p in sized_params] + added
         from ax.api.client import Client
 
         with _ax_context(url, verbose):
@@ -528,7 +603,7 @@ class Study:
                 "version": 1, "seed": seed, "ab_test": ab_test.config(), "sobol_trials": sobol_trials,
                 "acquisition": acquisition, "optimizer": optimizer, "objective": objective, "outcome_constraints": constraints,
                 "surface": list(problem.surface) if problem.surface else None, "target_trials": None, "sessions": [],
-                "uid": uuid.uuid4().hex,
+                "uid": uuid.uuid4().hex, **({"range_pilot": range_pilot} if range_pilot is not None else {}),
             }
             client.configure_optimization(objective=objective, outcome_constraints=constraints or None)
             client.set_generation_strategy(make_generation_strategy(sobol_trials, seed, acquisition, optimizer))
@@ -1201,16 +1276,96 @@ class Study:
 
     def feasibility_probability(self, predicted: Mapping[str, tuple[float, float]]) -> float:
         """The model's posterior probability that every outcome constraint holds at a point
-        (``predicted``: ``{metric: (mean, sd)}``; constraints treated as independent)."""
-        prob = 1.0
+        (``predicted``: ``{metric: (mean, sd)}``; constraints treated as independent):
+        ``exp(log_feasibility_probability)``, which may underflow to 0 for a point far outside."""
+        return math.exp(self.log_feasibility_probability(predicted))
+
+    def log_feasibility_probability(self, predicted: Mapping[str, tuple[float, float]]) -> float:
+        """``log`` of ``feasibility_probability``, computed in log space (``log_feasibility``):
+        finite and comparable however far a point misses its constraints."""
+        return log_feasibility(self.constraints, predicted)
+
+    def constraint_margins(self, metrics: Mapping[str, tuple[float, float]], predicted=None) -> list[dict]:
+        """How a trial stands against each outcome constraint (at its declared limit):
+        ``[{"constraint", "metric", "op", "bound", "observed", "se", "shortfall", "shortfall_se",
+        "predicted_z"}]``. ``shortfall`` is how far the observed mean misses the bound in the metric's
+        units (positive: misses, negative: inside by that much), ``shortfall_se`` the same in SEs;
+        ``predicted_z`` the model's standardised margin (negative: predicted outside)."""
+        out = []
         for weights, op, bound in self.constraints:
-            if any(m not in predicted for m in weights):
-                return float("nan")
-            mean = sum(w * predicted[m][0] for m, w in weights.items())
-            sd = math.sqrt(sum((w * predicted[m][1]) ** 2 for m, w in weights.items()))
-            z = (mean - bound) / sd if sd > 0 else (math.inf if mean >= bound else -math.inf)
-            prob *= _normal_cdf(z if op == ">=" else -z)
-        return prob
+            lhs = " + ".join(m if w == 1 else f"{w:g} {m}" for m, w in weights.items())
+            row = {"constraint": f"{lhs} {op} {bound:g}", "metric": lhs, "op": op, "bound": bound, "observed": None,
+                   "se": None, "shortfall": None, "shortfall_se": None, "predicted_z": None}
+            if all(m in metrics for m in weights):
+                value = sum(w * metrics[m][0] for m, w in weights.items())
+                se = math.sqrt(sum((w * metrics[m][1]) ** 2 for m, w in weights.items()))
+                short = (bound - value) if op == ">=" else (value - bound)
+                row.update(observed=value, se=se, shortfall=short,
+                           shortfall_se=-_standardised_margin(value, se, op, bound))
+            if predicted is not None and all(m in predicted for m in weights):
+                mean = sum(w * predicted[m][0] for m, w in weights.items())
+                sd = math.sqrt(sum((w * predicted[m][1]) ** 2 for m, w in weights.items()))
+                row["predicted_z"] = _standardised_margin(mean, sd, op, bound)
+            out.append(row)
+        return out
+
+    def unreachable_constraints(self) -> list[dict]:
+        """The outcome constraints no completed trial comes near: the trial closest to each bound
+        (smallest observed shortfall in SEs) still misses it by more than its SE. Such a limit
+        looks unreachable in this search space (widen the tolerance toward stricter bounds, or tune
+        the constraint's confidence). ``[{"constraint", "trial", "shortfall", "se", "parameters"}]``."""
+        observed = self.observed()
+        rows: dict[str, dict] = {}
+        for i, metrics in observed.items():
+            for m in self.constraint_margins(metrics):
+                if m["shortfall_se"] is None:
+                    continue
+                kept = rows.get(m["constraint"])
+                if kept is None or m["shortfall_se"] < kept["shortfall_se"]:
+                    rows[m["constraint"]] = {**m, "trial": i, "parameters": dict(self.experiment.trials[i].arm.parameters)}
+        return [{"constraint": r["constraint"], "trial": r["trial"], "shortfall": r["shortfall"], "se": r["se"],
+                 "parameters": r["parameters"]}
+                for r in rows.values() if r["shortfall"] > 0 and r["shortfall_se"] > 1]
+
+    def keep_setting(self) -> tuple[str, dict | None]:
+        """What to deploy when no trial is confidently feasible: ``("keep the baseline", None)``; for a
+        study of a served policy's decision log ``("keep the served setting", {its parameters})``; for
+        one of logged data ``("keep the logging policy", None)``."""
+        problem = self.ab_test.problem
+        if getattr(problem, "state_path", None) is not None and hasattr(problem, "policy"):
+            served = None
+            if getattr(problem, "tune", None) == "constraints" and callable(getattr(problem, "_served_tolerances", None)):
+                served = {k: float(v) for k, v in problem._served_tolerances().items()}
+            elif getattr(problem, "tune", None) == "alpha" and getattr(problem.policy, "alpha", None) is not None:
+                served = {"alpha": float(problem.policy.alpha)}
+            return "keep the served setting", served
+        if getattr(problem, "offline", False):
+            return "keep the logging policy", None
+        return "keep the baseline", None
+
+    def policy_bounds(self, parameters: Mapping) -> list[dict] | None:
+        """The declared limit and the policy's bound of every declared constraint at ``parameters``
+        (a problem with ``policy_constraints``, e.g. ``SimulatedProblem``): ``[{"metric", "declared",
+        "declared_bound", "policy_bound", "confidence", "text"}]``; None for a problem without them."""
+        problem = self.ab_test.problem
+        make = getattr(problem, "policy_constraints", None)
+        if not callable(make):
+            return None
+        try:
+            cons = make(dict(parameters))
+        except Exception:  # noqa: BLE001 - a description only
+            return None
+        declared = list(getattr(problem, "declared", None) or ())
+        out = []
+        for k, c in enumerate(cons):
+            limit = declared[k] if len(declared) == len(cons) else c.as_declared()
+            unit = " x baseline" if c.versus_baseline else ""
+            text = (f"{limit.describe()} (declared); the policy keeps {c.metric} {'<=' if c.at_most else '>='} "
+                    f"{c.bound:.4g}{unit}" + ("" if c.confidence is None else f" with P >= {c.confidence:g}"))
+            out.append({"metric": c.metric, "declared": limit.describe(), "declared_bound": float(c.declared_bound),
+                        "policy_bound": float(c.bound), "relative": bool(c.versus_baseline), "at_most": bool(c.at_most),
+                        "confidence": c.confidence, "text": text})
+        return out
 
     def on_bounds(self, parameters: Mapping, tolerance: float = 0.02) -> list[str]:
         """The range parameters of ``parameters`` within ``tolerance`` of the range's width (on its
@@ -1231,14 +1386,28 @@ class Study:
         return out
 
     def best(self, model=None, confidence: float = 0.9) -> dict | None:
-        """The best parameterization among completed trials, chosen with the model's posterior.
+        """The recommended parameterization among completed trials, chosen with the model's posterior;
+        or, when no trial is confidently feasible, the advice to keep what runs now.
 
         Each completed trial's arm gets the model's posterior probability of meeting every outcome
-        constraint (``feasibility_probability``). The best is the highest model mean of the
-        objective among arms feasible with probability at least ``confidence``; when none is,
-        the arm most likely feasible (``"confident": False``). Returns the trial, parameters,
-        predicted and observed metrics, ``p_feasible``, ``confident``, ``on_bounds`` (the
-        parameters at a bound of the search space) and ``rule``; ``None`` without completed trials.
+        constraint at its declared limit, computed in log space (``log_feasibility_probability``).
+        The best is the highest model mean of the objective among arms feasible with probability
+        at least ``confidence``; it comes with ``parameters``, ``predicted`` and ``observed``
+        metrics, ``p_feasible``, ``log_p_feasible``, ``confident: True``, ``on_bounds`` (parameters
+        at a bound of the search space), ``policy_bounds`` (declared limit and tuned policy bound of
+        every constraint, ``policy_bounds``) and ``rule``.
+
+        When no arm is feasible with that probability there is **no recommendation**: the result
+        has no ``parameters``; ``trial`` is None, ``confident`` False, ``recommendation`` says what to
+        keep (``keep_setting``: the baseline; the served setting for a study of a decision log,
+        with its parameters as ``served_setting``) and ``closest_infeasible`` ranks every completed
+        trial safest first: by the model's ``log_p_feasible`` (ties: the observed one), each with
+        its ``misses`` against every constraint (``constraint_margins``: observed shortfall in the
+        metric's units and in SEs, the model's standardised margin), ``log_p_feasible_observed``
+        (from the trial's own means and SEMs) and ``relative_miss`` (the sum over constraints of
+        the observed shortfall beyond the limit divided by the limit, ``|bound|``, 1 for a bound of
+        0; SEs ignored); ``ranked_by_observed`` orders the same trials by the observed margins alone
+        (``relative_miss``, ties by ``log_p_feasible_observed``). ``None`` without completed trials.
         """
         observed = self.observed()
         if not observed:
@@ -1252,22 +1421,57 @@ class Study:
         for i, p, pred in zip(indices, params, preds):
             if self.objective_name not in pred:
                 continue
-            prob = self.feasibility_probability(pred) if self.constraints else 1.0
-            if math.isnan(prob):
+            logp = self.log_feasibility_probability(pred) if self.constraints else 0.0
+            if math.isnan(logp):
                 continue
-            cands.append((i, p, pred, prob))
+            cands.append((i, p, pred, logp))
         if not cands:
             return None
-        confident = [c for c in cands if c[3] >= confidence]
-        if confident:
-            i, p, pred, prob = max(confident, key=lambda c: sign * c[2][self.objective_name][0])
-        else:
-            i, p, pred, prob = max(cands, key=lambda c: (c[3], sign * c[2][self.objective_name][0]))
+        threshold = math.log(confidence) if confidence > 0 else -math.inf
+        confident = [c for c in cands if c[3] >= threshold]
+        if not confident:
+            return self._no_recommendation(cands, observed, confidence)
+        i, p, pred, logp = max(confident, key=lambda c: sign * c[2][self.objective_name][0])
         rule = (f"the completed trial with the best model-predicted {self.objective_name} among those the model "
-                f"predicts feasible with probability at least {confidence:g}" if confident else
-                f"no completed trial is predicted feasible with probability {confidence:g}: the trial most likely feasible")
-        return {"trial": i, "parameters": p, "predicted": pred, "observed": observed[i], "p_feasible": prob,
-                "confident": bool(confident), "confidence": confidence, "on_bounds": self.on_bounds(p), "rule": rule}
+                f"predicts feasible with probability at least {confidence:g}")
+        return {"trial": i, "parameters": p, "predicted": pred, "observed": observed[i], "p_feasible": math.exp(logp),
+                "log_p_feasible": logp, "confident": True, "confidence": confidence, "on_bounds": self.on_bounds(p),
+                "policy_bounds": self.policy_bounds(p), "rule": rule, "recommendation": f"deploy trial {i}'s parameters"}
+
+    def _no_recommendation(self, cands: list, observed: dict, confidence: float) -> dict:
+        """``best`` when no trial is confidently feasible: keep what runs now; the trials ranked by how
+        far they miss (safest first)."""
+        keep, served = self.keep_setting()
+        ranked = []
+        for i, p, pred, logp in cands:
+            obs = observed[i]
+            logp_obs = log_feasibility(self.constraints, obs)
+            ranked.append({"trial": i, "parameters_tried": p, "predicted": pred, "observed": obs,
+                           "log_p_feasible": logp, "p_feasible": math.exp(logp),
+                           "log_p_feasible_observed": None if math.isnan(logp_obs) else logp_obs,
+                           "misses": self.constraint_margins(obs, pred), "on_bounds": self.on_bounds(p),
+                           "policy_bounds": self.policy_bounds(p)})
+
+        def observed_key(r):
+            v = r["log_p_feasible_observed"]
+            return -math.inf if v is None else v
+
+        for r in ranked:
+            # how far the trial's own means lie beyond the limits, each relative to its limit (SEs ignored)
+            r["relative_miss"] = sum(max(0.0, m["shortfall"]) / (abs(m["bound"]) or 1.0) if m["shortfall"] is not None
+                                     else math.inf for m in r["misses"])
+        ranked.sort(key=lambda r: (-r["log_p_feasible"], -observed_key(r), r["trial"]))
+        by_observed = [r["trial"] for r in sorted(ranked, key=lambda r: (r["relative_miss"], -observed_key(r), r["trial"]))]
+        top = ranked[0]
+        rule = (f"no completed trial is predicted feasible with probability {confidence:g} (the highest is "
+                f"{_prob_text(top['log_p_feasible'])}, trial {top['trial']}): there is no recommendation; "
+                f"{keep}. The trials are ranked by how likely they are to meet every outcome constraint, "
+                "safest first (log-probabilities, so a far miss still ranks)")
+        out = {"trial": None, "confident": False, "confidence": confidence, "recommendation": keep,
+               "rule": rule, "closest_infeasible": ranked, "ranked_by_observed": by_observed}
+        if served is not None:
+            out["served_setting"] = served
+        return out
 
     def rerun_seed(self, index: int) -> int:
         """The seed of the confirmation re-run of trial ``index``: fresh, never a trial's
@@ -1305,7 +1509,9 @@ class Study:
         params = dict(trial.arm.parameters)
         seed = self.rerun_seed(int(index))
         start = time.perf_counter()
-        metrics, _ = combine_replicates(self.ab_test.evaluate_replicates(params, seed, replicates=replicates))
+        shared = bool(getattr(self.ab_test.problem, "replicates_share_rows", False))  # a study of logs
+        metrics, _ = combine_replicates(self.ab_test.evaluate_replicates(params, seed, replicates=replicates),
+                                        shared_rows=shared)
         out = {"trial": int(index), "parameters": params, "seed": seed, "replicates": replicates,
                "metrics": {k: [float(m), float(se)] for k, (m, se) in metrics.items()},
                "feasible": self.is_feasible(metrics) if self.constraints else None,
@@ -1373,10 +1579,14 @@ class Study:
     def ax_best(self) -> dict | None:
         """What Ax answers on this study: ``Client.get_best_parameterization()`` (its own rule: the
         model's best point when the model fits the objective, else the best raw observation)."""
-        with _ax_context(verbose=self.verbose):
+        with _ax_context(verbose=self.verbose), _quiet_best_point():
             try:
                 params, prediction, trial, arm = self.client.get_best_parameterization()
             except Exception as exc:  # noqa: BLE001 - e.g. no completed trial
+                if isinstance(exc, AssertionError) and "None" in str(exc) and self.constraints:
+                    # Ax's best-point utility found no trial within its outcome constraints (and returned None)
+                    return {"error": "Ax finds no trial whose observations meet every outcome constraint (its own "
+                                     "rule: within their 95 % intervals)", "no_feasible": True}
                 return {"error": f"{type(exc).__name__}: {exc}"}
         return {"trial": int(trial), "arm": arm, "parameters": dict(params),
                 "prediction": {k: [float(v) if v is not None else None for v in (val if isinstance(val, tuple) else (val,))]

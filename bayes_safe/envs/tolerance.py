@@ -10,13 +10,23 @@ this way), for an absolute one the margin added to the level in the metric's uni
 itself stays the study's outcome constraint; a chance constraint keeps its confidence. The
 constraint the policy keeps remembers the declared limit (``Constraint.declared``): counters,
 reports and ``/metrics`` read the declared limit, the policy enforces the tuned bound.
+
+A study may also tune a constraint's ``confidence`` (``confidence_<metric>``, ``confidence_name``):
+a number in (0, 1) makes the policy's constraint a chance constraint required with that posterior
+probability, ``"none"`` the single-draw test (``with_confidence``).
+
+Lower ``t`` is stricter in every form (``at_most``: a lower cap or factor; ``at_least``: a higher
+floor or factor). ``strictest_tolerance`` is how far a study may push it: the tolerance that
+makes an absolute cap 0 (``-level``) or a relative cap's factor 0.05 (``t = -0.95``); a floor,
+which has no natural end, at most twice its declared limit.
 """
 
 from __future__ import annotations
 
 from .problem import Constraint
 
-__all__ = ["default_range", "policy_constraint", "tolerance_name"]
+__all__ = ["confidence_name", "default_range", "parse_confidence", "policy_constraint", "strictest_tolerance",
+           "tolerance_name", "with_confidence"]
 
 
 def tolerance_name(constraint: Constraint) -> str:
@@ -24,8 +34,51 @@ def tolerance_name(constraint: Constraint) -> str:
     return "tolerance_" + "".join(ch if ch.isalnum() or ch == "_" else "_" for ch in constraint.metric)
 
 
-def policy_constraint(constraint: Constraint, tolerance: float) -> Constraint:
-    """The bound TS-ASC keeps for ``constraint`` with tolerance ``t`` (see the module docstring)."""
+def confidence_name(constraint: Constraint) -> str:
+    """``confidence_<metric>``: the tuned parameter that sets the confidence of ``constraint`` in the policy."""
+    return "confidence_" + tolerance_name(constraint).removeprefix("tolerance_")
+
+
+def parse_confidence(value, name: str = "confidence"):
+    """A tuned confidence: a probability in (0, 1) (a number, or a choice's string ``"0.95"``), or
+    ``None`` for ``"none"`` / None (the single-draw test). Anything else is a ``ValueError`` naming ``name``."""
+    if value is None or (isinstance(value, str) and value.strip().lower() == "none"):
+        return None
+    try:
+        q = float(value)
+    except (TypeError, ValueError):
+        q = float("nan")
+    if isinstance(value, bool) or not 0 < q < 1:
+        raise ValueError(f"parameters: {name!r} expected a probability in (0, 1) (e.g. 0.95) or 'none' (the "
+                         f"single-draw test), got {value!r}")
+    return q
+
+
+def with_confidence(constraint: Constraint, confidence) -> Constraint:
+    """``constraint`` with its policy ``confidence`` replaced (``parse_confidence``); bound and
+    declared limit unchanged."""
+    q = parse_confidence(confidence, confidence_name(constraint))
+    return Constraint(constraint.metric, constraint.bound, constraint.at_most, constraint.versus_baseline, q,
+                      constraint.declared)
+
+
+def strictest_tolerance(constraint: Constraint) -> float:
+    """The lowest (strictest) tolerance worth searching for ``constraint``: for a cap, ``-level``
+    (absolute: the policy's cap reaches 0) or ``-0.95`` (relative: a factor of 0.05 of the
+    baseline); for a floor, which has no natural end, twice the declared limit: ``-|level|``
+    (absolute: a floor of ``2 x level``) or ``-1`` (relative: twice the baseline)."""
+    c = constraint.as_declared()
+    if c.versus_baseline:
+        return -0.95 if c.at_most else -1.0
+    return -abs(float(c.bound))
+
+
+def policy_constraint(constraint: Constraint, tolerance: float, confidence=...) -> Constraint:
+    """The bound TS-ASC keeps for ``constraint`` with tolerance ``t`` (see the module docstring);
+    ``confidence`` (when given: a probability, or None / ``"none"`` for the single-draw test)
+    replaces the constraint's own."""
+    if confidence is not ...:
+        constraint = with_confidence(constraint, confidence)
     t = float(tolerance)
     declared = constraint.declared_bound
     constraint = constraint.as_declared()  # a tolerance is always around the declared limit
