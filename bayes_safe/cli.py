@@ -296,6 +296,8 @@ def _violation_lines(info: dict) -> list[str]:
         share = entry.get("baseline_share")
         own = entry.get("baseline_violation_rate_when_played")
         text = f"violations of {entry['constraint']}: {100 * rate:.1f} % of plays"
+        if entry.get("violations_fallback"):  # how many of them the fallback played (issue 39)
+            text += f" ({entry['violations_fallback']} of {entry['violations']} fallback plays)"
         if entry.get("form") == "relative":  # the baseline's plays cannot break a bound relative to themselves
             lines.append(text)
             continue
@@ -305,6 +307,32 @@ def _violation_lines(info: dict) -> list[str]:
             text += f" (the baseline broke it in {100 * own:.1f} % of its plays)"
         lines.append(text)
     return lines
+
+
+def _fallback_lines(info: dict) -> list[str]:
+    """The fallback's share of the plays (summary's ``fallback``): overall and in the last quarter,
+    then per guard the share of plays it bound; nothing when the policy cannot fall back."""
+    fb = info.get("fallback")
+    if not fb:
+        return []
+    lines = [(f"fallback played in {100 * fb['fallback_rate']:.1f} % of plays ({fb['fallbacks']}; last quarter "
+              f"{100 * fb['fallback_rate_late']:.1f} %): no action was allowed")]
+    for g in fb["guards"]:
+        lines.append(f"  bound by {g['constraint']}: {100 * g['fallback_rate']:.1f} % of plays "
+                     f"(last quarter {100 * g['fallback_rate_late']:.1f} %)")
+    return lines
+
+
+def _chance_summary(trace) -> dict:
+    """summary.json's ``chance_calibration`` (``bayes_safe.diagnostics.chance_calibration``, reliability
+    tables included) and the printed lines (``adverse_event <= 0.05 with P >= 0.95: claimed >= 0.95 safe
+    (mean 0.98), realised 0.90 [0.88, 0.92] ...``); empty without chance constraints or without means."""
+    if getattr(trace, "chance_claims", None) is None or not trace.chance_claims.get("truth_available", True):
+        return {}
+    from .diagnostics.chance import chance_calibration, format_chance_calibration
+
+    rows = chance_calibration(trace)
+    return {"chance_calibration": rows, "chance_calibration_lines": format_chance_calibration(rows)}
 
 
 def _simulate(args) -> int:
@@ -361,15 +389,22 @@ def _simulate(args) -> int:
         if trace.constraint_violation is not None and trace.constraint_violation.shape[-1] > 1:
             for j, label in enumerate(trace.constraint_labels()):  # one column per constraint
                 steps[f"violation_rate[{label}]"] = trace.constraint_violation[..., j].double().mean(1).numpy()
+        if trace.fallback is not None:  # the share of replications that played the fallback, per step
+            steps["fallback_rate"] = trace.fallback.double().mean(1).numpy()
         pd.DataFrame(steps).to_csv(tmp / "steps.csv", index=False)
         info = summary(trace)
         info.update({"problem": args.problem, "policy": args.policy, "seed": args.seed,
                      "models_source": source, "models": models, "wall_seconds": time.perf_counter() - start})
+        info.update(_chance_summary(trace))  # issue 39: chance constraints' calibration, when there are any
         atomic_write_json(tmp / "summary.json", info)
         plots.plot_simulation({args.policy: trace}, tmp / "regret.png", title=f"{args.policy} on {args.problem}")
         save_models(policy, tmp / "models")
     print(json.dumps({k: info[k] for k in ("final_cumulative_regret_mean", "violation_rate", "decisions_per_second")}, indent=2))
     for line in _violation_lines(info):
+        print(line)
+    for line in _fallback_lines(info):
+        print(line)
+    for line in info.get("chance_calibration_lines", ()):
         print(line)
     print(_models_line(source, models, env))
     print(f"wrote {args.out}/trace.nc, steps.csv, summary.json, regret.png, models/")
@@ -567,8 +602,15 @@ def _run(args) -> int:
     if args.command == "diagnose":
         from .diagnostics import diagnose_run
 
+        lines: list[str] = []
         with _writing(args.run_dir / "diagnostics", option="run_dir", errnos=_DISK_ERRNOS):
-            report = diagnose_run(args.run_dir, num_draws=args.draws, allow_imports=args.allow_imports)
+            report = diagnose_run(args.run_dir, num_draws=args.draws, allow_imports=args.allow_imports,
+                                  on_warning=lines.append)
+        for line in lines:  # r-hat > 1.01 or ESS < 100: one line per variable (the report has them too)
+            print(line)
+        if not lines:
+            print("mixing: no chain's variable has r-hat > 1.01 or bulk/tail ESS < 100 (independent draws: conjugate, "
+                  "SVI and probit GP, have no chain to check)")
         print(f"wrote {report} and one NetCDF per model")
         return 0
     if args.command == "serve":

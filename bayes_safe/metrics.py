@@ -9,6 +9,7 @@ from .trace import Trace
 __all__ = [
     "cumulative_constraint_satisfied",
     "cumulative_regret",
+    "fallback_breakdown",
     "mean_and_sem",
     "moving_average",
     "normalized_constraint",
@@ -91,7 +92,15 @@ def violation_breakdown(trace: Trace) -> list[dict]:
       (None when the baseline was never played);
     * ``baseline_violation_rate``: the share of all units whose baseline action breaks it,
       played or not (from ``baseline_expected``; 0 for a relative constraint, which the
-      baseline action cannot break).
+      baseline action cannot break);
+    * the fallback's part (``Trace.fallback``; all None when the policy cannot fall back):
+      ``fallbacks`` / ``fallback_rate``: the fallback plays this constraint bound (the policy's
+      guard declared as this constraint, ``Trace.fallback_by``; None when the policy has no such
+      guard) and their share of all plays; ``violations_fallback`` / ``violations_allowed``: the
+      violations of this constraint in fallback plays (any guard bound) and in the plays of an
+      allowed action; ``fallback_violation_share``: the first over all violations (None when
+      there were none); ``violation_rate_when_fallback`` / ``violation_rate_when_allowed``: the
+      share of fallback plays, and of allowed plays, that broke it (None when there were none).
 
     Every rate is None when the problem gave no means (``trace.regret_available`` False). An
     empty list when the trace has no ``constraint_violation`` (not recorded, or an older file
@@ -103,6 +112,7 @@ def violation_breakdown(trace: Trace) -> list[dict]:
     constraints = trace.constraints()
     labels = trace.constraint_labels()
     played = trace.baseline_played
+    guard_of = _guards_of_constraints(trace, constraints) if len(constraints) == broken.shape[-1] else {}
     names = list(trace.metric_names)
     out = []
     for j, label in enumerate(labels):
@@ -113,6 +123,12 @@ def violation_breakdown(trace: Trace) -> list[dict]:
         keys = ("violations", "violation_rate", "violation_rate_sem", "baseline_share",
                 "baseline_violation_rate_when_played", "baseline_violation_rate")
         entry.update(dict.fromkeys(keys))
+        entry.update(dict.fromkeys(_FALLBACK_KEYS))
+        if trace.fallback is not None:
+            g = guard_of.get(j)
+            if g is not None:
+                bound = trace.fallback_by[..., g]
+                entry.update(fallbacks=int(bound.sum()), fallback_rate=float(bound.double().mean()))
         if trace.regret_available:
             b = broken[..., j]
             _, s = mean_and_sem(b.double().mean(0))
@@ -125,7 +141,70 @@ def violation_breakdown(trace: Trace) -> list[dict]:
                 entry["baseline_violation_rate"] = float((~c.satisfied(value[..., None], value)[..., 0]).double().mean())
             elif c is not None and c.versus_baseline:
                 entry["baseline_violation_rate"] = 0.0
+            if trace.fallback is not None:
+                fell = trace.fallback
+                in_fallback, in_allowed = int((b & fell).sum()), int((b & ~fell).sum())
+                entry.update(violations_fallback=in_fallback, violations_allowed=in_allowed,
+                             fallback_violation_share=_share(b & fell, b),
+                             violation_rate_when_fallback=_share(b & fell, fell),
+                             violation_rate_when_allowed=_share(b & ~fell, ~fell))
         out.append(entry)
+    return out
+
+
+#: violation_breakdown's fallback entries (None when the policy cannot fall back)
+_FALLBACK_KEYS = ("fallbacks", "fallback_rate", "violations_fallback", "violations_allowed", "fallback_violation_share",
+                  "violation_rate_when_fallback", "violation_rate_when_allowed")
+
+
+def _guards_of_constraints(trace: Trace, constraints: list) -> dict[int, int]:
+    """``{problem constraint j: the policy's guard g declared the same}`` (``Trace.fallback_by``'s
+    column), the first such guard; constraints no guard matches are left out. When no guard is
+    declared exactly the same but the policy has one guard per constraint, in order, on the same
+    metrics, forms and directions (a tuned bound or confidence), they are matched in order."""
+    guards = trace.attrs.get("fallback_constraints", ()) or ()
+    out = {}
+    for j, c in enumerate(constraints):
+        for g, d in enumerate(guards):
+            if isinstance(d, dict) and d == c.to_dict():
+                out[j] = g
+                break
+    if not out and len(guards) == len(constraints):
+        def shape(d):
+            return (d.get("metric"), d.get("at_most"), d.get("versus_baseline")) if isinstance(d, dict) else None
+
+        if all(shape(d) == shape(c.to_dict()) for d, c in zip(guards, constraints)):
+            out = {j: j for j in range(len(constraints))}
+    return out
+
+
+def _late(x: torch.Tensor) -> torch.Tensor:
+    """The last quarter of the steps of ``x [T, ...]`` (at least one step)."""
+    T = x.shape[0]
+    return x[T - max(1, T // 4):]
+
+
+def fallback_breakdown(trace: Trace) -> dict | None:
+    """How often the policy played its fallback (``Trace.fallback``): None when it cannot fall back.
+
+    ``fallbacks`` (plays), ``fallback_rate`` (share of all ``T x R`` plays) with
+    ``fallback_rate_sem`` over replications, ``fallback_rate_late`` (the last quarter of the
+    steps), and ``guards``: per guard of the policy (``Trace.fallback_labels``), ``constraint``,
+    ``fallbacks``, ``fallback_rate`` and ``fallback_rate_late`` of the fallback plays that guard
+    bound (its verdict did not judge the played action to meet it). A fallback can be bound by
+    several guards, so the guards' counts may add to more than ``fallbacks``.
+    """
+    fell = trace.fallback
+    if fell is None:
+        return None
+    _, sem = mean_and_sem(fell.double().mean(0))
+    out = {"fallbacks": int(fell.sum()), "fallback_rate": float(fell.double().mean()), "fallback_rate_sem": float(sem),
+           "fallback_rate_late": float(_late(fell).double().mean()), "guards": []}
+    for g, label in enumerate(trace.fallback_labels()):
+        bound = trace.fallback_by[..., g]
+        out["guards"].append({"constraint": label, "fallbacks": int(bound.sum()),
+                              "fallback_rate": float(bound.double().mean()),
+                              "fallback_rate_late": float(_late(bound).double().mean())})
     return out
 
 
@@ -149,6 +228,7 @@ def _violation_entries(trace: Trace, out: dict) -> None:
                                        if available and played is not None and any_broken is not None else None)
     if trace.constraint_violation is not None:
         out["constraints"] = violation_breakdown(trace)
+    out["fallback"] = fallback_breakdown(trace)
 
 
 def summary(trace: Trace) -> dict:
@@ -157,7 +237,9 @@ def summary(trace: Trace) -> dict:
     ``violation_rate``: the share of plays that broke any declared constraint in expectation
     (the baseline's plays included); ``violation_baseline_share``: the share of those violating
     plays that were plays of the baseline action; ``baseline_play_rate``: the share of all plays
-    that were; ``constraints``: one entry per declared constraint (``violation_breakdown``).
+    that were; ``constraints``: one entry per declared constraint (``violation_breakdown``);
+    ``fallback``: how often the policy played its fallback, overall, late and per guard
+    (``fallback_breakdown``; None when the policy cannot fall back).
     ``normalized_constraint_last100_*`` (metric 1 over the baseline's, last 100 steps; Daulton
     et al. 2019 Figure 2b) only when it means something for the declarations: not when metric 1
     is guarded by absolute constraints only (a cap is a level, not a ratio to the baseline).

@@ -99,10 +99,20 @@ def simulate(policy, env, horizon: int, seed: int | Sequence[int] = 0, *, progre
             all of them. Fields not asked for are not computed and are ``None`` in the trace
             (``trace.recorded`` lists the others). An unknown name raises ``ValueError``.
 
+    Fallbacks: for a policy that can play a fallback when no action is allowed
+    (``policy.fallback_constraints`` not None: TS-ASC under an absolute or chance constraint), the
+    trace also holds ``fallback [T, R]`` and ``fallback_by [T, R, G]`` (``policy.last_fallback`` and
+    ``last_fallback_by`` after each step's ``select``), whatever ``record`` asks, and
+    ``attrs["fallback_constraints"]``; None otherwise (``bayes_safe.metrics.fallback_breakdown``).
+
     Recording: each field is written into one preallocated ``[T, R, ...]`` tensor, a chunk of
     steps at a time (the steps' tensors are kept by reference until their chunk is written, so
     a step costs a few list appends), and the trace returns those tensors without copying:
-    the run's extra memory is the trace itself plus a chunk of steps.
+    the run's extra memory is the trace itself plus a chunk of steps. A policy with chance
+    constraints (TS-ASC with ``Constraint(..., confidence=q)``) also fills
+    ``trace.chance_claims``: per step the probability it claimed for the played action and
+    whether the truth meets it (``bayes_safe.diagnostics.chance_calibration`` reads it); no
+    other policy does any work for it.
 
     Returns:
         A ``Trace`` of shape ``[T, R]``.
@@ -299,6 +309,8 @@ def _run(policy, problem, T: int, seed, *, progress: bool | str, callback, gener
     rec = _Recorder(record, T, R, M, declared, index, rows, trusted_baseline=not checked)
     timed = _draw_takes_step(problem)
     lean = _lean_thompson(policy)
+    falls = _FallbackRecord.of(policy, T, R) if lean is None else None
+    chance = _ChanceRecord.of(policy, names, columns, T, R) if lean is None else None
     if lean is not None:
         from .models.linear import _ThompsonStep
 
@@ -337,6 +349,8 @@ def _run(policy, problem, T: int, seed, *, progress: bool | str, callback, gener
                     raise
                 raise ValueError(f"problem.draw returned features of shape {list(units.features.shape)} at step {t} "
                                  f"that the policy does not accept: {exc}") from exc
+            if falls is not None:
+                falls.step(t, policy)
             with user():
                 obs = outcome_metrics(problem.outcomes(raw, a.clone() if checked else a))
                 if checked:
@@ -349,6 +363,8 @@ def _run(policy, problem, T: int, seed, *, progress: bool | str, callback, gener
                     available = False
                 elif means is not None and checked:
                     means = _as_float64(means, "problem.expected", t, (R, K, M), names)
+            if chance is not None:
+                chance.step(t, policy, a, units, means, rows)
             chosen = chosen_rows(units.features, rows, a)
             if lean is not None:
                 lean_step.update(chosen, obs[:, 0])
@@ -373,7 +389,105 @@ def _run(policy, problem, T: int, seed, *, progress: bool | str, callback, gener
     if record != TRACE_FIELDS:
         attrs["recorded"] = list(record)
         attrs["shape"] = [T, R]
+    if chance is not None:
+        fields["chance_claims"] = chance.finish(available)
+    if falls is not None:
+        fields.update(fallback=falls.fallback, fallback_by=falls.by)
+        attrs["fallback_constraints"] = falls.guards
     return Trace(**fields, metric_names=names, alpha=alpha, seeds=seeds, attrs=attrs)
+
+
+class _FallbackRecord:
+    """The trace's ``fallback [T, R]`` and ``fallback_by [T, R, G]`` (issue 39): the policy's
+    ``last_fallback`` / ``last_fallback_by`` after each ``select``, copied in (two small copies per
+    step, only for a policy that can fall back: ``Policy.fallback_constraints`` not None)."""
+
+    def __init__(self, policy, guards, T: int, R: int):
+        self.guards = [c.to_dict() if callable(getattr(c, "to_dict", None)) else str(c) for c in guards]
+        self.name = type(policy).__name__
+        # made outside inference mode: the trace's tensors are ordinary tensors
+        self.fallback = torch.zeros(T, R, dtype=torch.bool)
+        self.by = torch.zeros(T, R, len(self.guards), dtype=torch.bool)
+
+    @classmethod
+    def of(cls, policy, T: int, R: int):
+        guards = getattr(policy, "fallback_constraints", None)
+        return None if guards is None else cls(policy, tuple(guards), T, R)
+
+    def step(self, t: int, policy) -> None:
+        fell, by = policy.last_fallback, policy.last_fallback_by
+        if fell is None or by is None:
+            raise ValueError(f"policy: {self.name} declares fallback_constraints but its select set no last_fallback "
+                             "/ last_fallback_by (bool [R] and [G, R]; bayes_safe.policies.base.Policy)")
+        self.fallback[t] = fell
+        self.by[t] = by.mT
+
+
+class _ChanceRecord:
+    """The trace's ``chance_claims`` (issue 39): per step, the posterior probability a policy with
+    chance constraints (``chance_guards``, ``last_chance_claims``: TS-ASC) gave the played action per
+    chance constraint, whether the problem's true means meet it, and, summed over replications, the
+    reliability bins of every candidate action (allowed or not). Vectorised over replications: a
+    gather and three ``scatter_add`` per step; made only for a policy with chance constraints."""
+
+    #: inner edges of the reliability bins of claimed probability (``bucketize``, right-closed: the
+    #: last bin holds exactly 1, all S draws safe)
+    EDGES = (0.5, 0.8, 0.9, 0.95, 0.975, 0.99, 1.0)
+
+    def __init__(self, guards, names: list[str], columns, T: int, R: int):
+        index = {n: m for m, n in enumerate(names)}
+        learned = [0, *(list(range(1, len(names))) if columns is None else
+                        (list(range(len(names)))[columns] if isinstance(columns, slice) else list(columns)))]
+        self.guards = [c for _, c in guards]
+        # the problem's metric column each chance constraint is judged on
+        self.cols = [index.get(c.metric, learned[m] if m < len(learned) else m) for m, c in guards]
+        G, B = len(self.guards), len(self.EDGES) + 1
+        self.G, self.B = G, B
+        self.edges = torch.tensor(self.EDGES, dtype=torch.float64)
+        # made outside inference mode: the trace's tensors are ordinary tensors
+        self.claimed = torch.full((T, R, G), float("nan"), dtype=torch.float64)
+        self.met = torch.zeros(T, R, G, dtype=torch.bool)
+        self.allowed = torch.zeros(T, R, dtype=torch.bool)
+        self.count = torch.zeros(T, G, 2 * B, dtype=torch.float64)
+        self.met_count = torch.zeros(T, G, 2 * B, dtype=torch.float64)
+        self.claimed_sum = torch.zeros(T, G, 2 * B, dtype=torch.float64)
+
+    @classmethod
+    def of(cls, policy, names, columns, T: int, R: int):
+        guards = tuple(getattr(policy, "chance_guards", ()) or ())
+        return cls(guards, names, columns, T, R) if guards else None
+
+    def step(self, t: int, policy, a: torch.Tensor, units, means, rows) -> None:
+        claims = getattr(policy, "last_chance_claims", None)
+        if claims is None:
+            raise ValueError(f"policy: {type(policy).__name__} declares chance_guards but its select set no "
+                             "last_chance_claims ((probabilities [G, R, K], allowed [R, K]))")
+        probs, allowed = claims
+        self.claimed[t] = probs[:, rows, a].mT
+        self.allowed[t] = allowed[rows, a]
+        if means is None:
+            return
+        base = units.baseline
+        met = torch.stack([c.satisfied(means[..., col], means[rows, base, col])
+                           for c, col in zip(self.guards, self.cols)])  # [G, R, K]
+        for j, c in enumerate(self.guards):
+            if c.versus_baseline:
+                met[j, rows, base] = True  # the baseline meets a bound relative to itself (simulate's rule)
+        self.met[t] = met[:, rows, a].mT
+        G = self.G
+        flat = (torch.bucketize(probs, self.edges, right=True) + self.B * allowed.long()).reshape(G, -1)
+        self.count[t].scatter_add_(1, flat, torch.ones(flat.shape, dtype=torch.float64))
+        self.met_count[t].scatter_add_(1, flat, met.reshape(G, -1).to(torch.float64))
+        self.claimed_sum[t].scatter_add_(1, flat, probs.reshape(G, -1).to(torch.float64))
+
+    def finish(self, available: bool) -> dict:
+        T, G, B = self.count.shape[0], self.G, self.B
+        shape = (T, G, 2, B)
+        return {"labels": [c.describe() for c in self.guards], "confidence": [float(c.confidence) for c in self.guards],
+                "constraints": [c.to_dict() for c in self.guards], "edges": list(self.EDGES),
+                "claimed": self.claimed, "met": self.met, "allowed": self.allowed, "truth_available": bool(available),
+                "count": self.count.view(shape), "met_count": self.met_count.view(shape),
+                "claimed_sum": self.claimed_sum.view(shape)}
 
 
 def _draw_takes_step(problem) -> bool:

@@ -46,6 +46,28 @@ class Trace:
             run that recorded a subset of the fields (``simulate(..., record=...)``) adds
             ``recorded`` (the names) and ``shape`` (``[T, R]``).
 
+        fallback: ``[T, R]`` bool: the policy allowed no action and played its fallback
+            (``Policy.last_fallback``; TS-ASC's ``fallback="safest"`` or ``"baseline"``). None
+            when the policy cannot fall back (TS-ASC on the paper's path, plain TS, CLUCB,
+            whose conservative play of the baseline is its rule, not a fallback).
+        fallback_by: ``[T, R, G]`` bool, one column per guard of the policy
+            (``attrs["fallback_constraints"]``, ``fallback_labels()``): the fallback plays whose
+            played action the policy's own verdict at that step did not judge to meet that
+            guard (the guards that bound; every fallback names at least one). None with
+            ``fallback``.
+
+        chance_claims: the calibration record of a policy with chance constraints (TS-ASC's
+            ``Constraint(..., confidence=q)``; ``bayes_safe.diagnostics.chance_calibration`` reads
+            it), else None. A dict: ``labels`` and ``confidence`` (one per chance constraint,
+            ``G``), ``claimed [T, R, G]`` (the posterior probability the policy gave the played
+            action), ``met [T, R, G]`` bool (the played action's true means meet the
+            constraint), ``allowed [T, R]`` bool (the played action was allowed, not a
+            fallback), ``edges`` (the reliability bins' inner edges of claimed probability), and
+            per step, summed over replications, ``count``, ``met_count`` and ``claimed_sum``
+            ``[T, G, 2, B]`` (every candidate action, not allowed / allowed, by bin).
+            ``truth_available`` is False when the problem gave no means. Kept in memory only
+            (not written by ``to_netcdf``).
+
     Who caused the violations: ``baseline_played`` marks the plays of the baseline action;
     ``bayes_safe.metrics.violation_breakdown`` gives, per constraint, the violation rate, the
     share of violating plays that were baseline plays and the baseline's own rate.
@@ -67,6 +89,9 @@ class Trace:
     seeds: list[int] = field(default_factory=list)
     attrs: dict = field(default_factory=dict)
     constraint_violation: torch.Tensor | None = None
+    fallback: torch.Tensor | None = None
+    fallback_by: torch.Tensor | None = None
+    chance_claims: dict | None = None
 
     def __repr__(self) -> str:
         T, R = self.shape
@@ -121,6 +146,21 @@ class Trace:
             return [f"constraint{j}" for j in range(count)]
         return [f"{d} #{j}" if described.count(d) > 1 else d for j, d in enumerate(described)]
 
+    def fallback_constraints(self) -> list:
+        """The policy's guards (``bayes_safe.envs.Constraint``) that ``fallback_by``'s columns
+        refer to (``attrs["fallback_constraints"]``; empty when the policy cannot fall back)."""
+        from .envs.problem import Constraint
+
+        return [Constraint.from_dict(c) for c in self.attrs.get("fallback_constraints", ()) or ()]
+
+    def fallback_labels(self) -> list[str]:
+        """One distinct label per column of ``fallback_by`` (as ``constraint_labels``)."""
+        described = [c.describe() for c in self.fallback_constraints()]
+        count = self.fallback_by.shape[-1] if self.fallback_by is not None else len(described)
+        if len(described) != count:
+            return [f"guard{j}" for j in range(count)]
+        return [f"{d} #{j}" if described.count(d) > 1 else d for j, d in enumerate(described)]
+
     @property
     def horizon(self) -> int:
         return self.shape[0]
@@ -136,6 +176,12 @@ class Trace:
         attrs = dict(self.attrs)
         if "shape" in attrs:
             attrs["shape"] = [self.horizon, 1]
+        for f in _FALLBACK_FIELDS:
+            part[f] = None if getattr(self, f) is None else getattr(self, f)[:, sl]
+        if self.chance_claims is not None:  # the per-replication tensors; the summed bins are dropped
+            part["chance_claims"] = {k: (v[:, sl] if k in ("claimed", "met", "allowed") else v)
+                                     for k, v in self.chance_claims.items()
+                                     if k not in ("count", "met_count", "claimed_sum")}
         return Trace(**part, metric_names=list(self.metric_names), alpha=self.alpha, seeds=self.seeds[sl], attrs=attrs)
 
     def _constraint_column(self, label: str) -> str:
@@ -159,6 +205,11 @@ class Trace:
         if self.constraint_violation is not None:
             for j, label in enumerate(self.constraint_labels()):
                 data[self._constraint_column(label)] = self.constraint_violation[..., j].reshape(-1).numpy()
+        if self.fallback is not None:  # fallback, fallback_<label> per guard (fallback_adverse_event_le_0.05)
+            data["fallback"] = self.fallback.reshape(-1).numpy()
+            for j, label in enumerate(self.fallback_labels()):
+                data["fallback_" + self._constraint_column(label)[len("violation_"):]] = (
+                    self.fallback_by[..., j].reshape(-1).numpy())
         for m, name in enumerate(self.metric_names):
             for f, column in (("expected", "expected"), ("baseline_expected", "baseline"), ("observed", "observed")):
                 if getattr(self, f) is not None:
@@ -184,6 +235,11 @@ class Trace:
                 continue
             variables[_VARIABLES.get(f, f)] = (dims3 if value.ndim == 3 else dims2,
                                               value.astype(np.int8) if f == "violation" else value)
+        if self.fallback is not None:
+            variables["fallback"] = (dims2, self.fallback.numpy().astype(np.int8))
+            if self.fallback_by is not None and self.fallback_by.shape[-1] > 0:
+                variables["fallback_by"] = (("step", "replication", "guard"), self.fallback_by.numpy().astype(np.int8))
+                coords["guard"] = self.fallback_labels()
         ds = xr.Dataset(variables, coords=coords)
         for k, v in self.attrs.items():
             if isinstance(v, bool):  # netCDF attributes have no bool: 0/1 (read back as bool)
@@ -192,6 +248,8 @@ class Trace:
                 ds.attrs[k] = v
             elif k == "constraints":  # the problem's Constraint declarations, as JSON
                 ds.attrs["constraints_json"] = json.dumps(list(v))
+            elif k == "fallback_constraints":  # the policy's guards (fallback_by's columns)
+                ds.attrs["fallback_constraints_json"] = json.dumps(list(v))
         if self.alpha is not None:
             ds.attrs["alpha"] = float(self.alpha)
         return ds
@@ -234,6 +292,11 @@ class Trace:
         if any(fields[f] is None for f in FIELDS if f != "constraint_violation"):  # some fields only (record=)
             attrs.setdefault("recorded", [f for f in FIELDS if fields[f] is not None])
             attrs.setdefault("shape", [int(ds.sizes["step"]), int(ds.sizes["replication"])])
+        if "fallback" in ds:
+            fields["fallback"] = torch.as_tensor(ds["fallback"].values).to(torch.bool)
+            guards = len(attrs.get("fallback_constraints", ()) or ())
+            fields["fallback_by"] = (torch.as_tensor(ds["fallback_by"].values).to(torch.bool) if "fallback_by" in ds
+                                     else torch.zeros(*fields["fallback"].shape, guards, dtype=torch.bool))
         return cls(**fields, metric_names=[str(m) for m in ds["metric"].values], alpha=ds.attrs.get("alpha"),
                    seeds=[int(s) for s in ds["seed"].values], attrs=attrs)
 
@@ -246,6 +309,8 @@ def _read_attrs(attrs) -> dict:
             continue
         if k == "constraints_json":
             out["constraints"] = json.loads(v)
+        elif k == "fallback_constraints_json":
+            out["fallback_constraints"] = json.loads(v)
         elif k in _BOOL_ATTRS:
             out[k] = bool(v)
         else:
@@ -259,6 +324,9 @@ _BOOL_ATTRS = ("regret_available",)
 #: the trace's fields, in order
 FIELDS = ("actions", "baseline", "expected", "baseline_expected", "observed", "optimal_reward", "regret", "violation",
           "constraint_violation")
+
+#: the fallback record (issue 39): recorded whenever the policy can fall back, whatever ``record=`` asks
+_FALLBACK_FIELDS = ("fallback", "fallback_by")
 
 #: NetCDF variable names that differ from the field names
 _VARIABLES = {"actions": "action"}

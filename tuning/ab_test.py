@@ -113,7 +113,8 @@ def replicate_seed(seed: int, replicate: int) -> int:
     return int(state[0]) & 0x7FFFFFFF
 
 
-def combine_replicates(results: list[Mapping]) -> tuple[dict[str, tuple[float, float]], dict[str, dict]]:
+def combine_replicates(results: list[Mapping], *, shared_rows: bool = False
+                       ) -> tuple[dict[str, tuple[float, float]], dict[str, dict]]:
     """One trial's ``{metric: (mean, sem)}`` from its replicates' ``{metric: (mean, within-run sem)}``.
 
     The mean is the replicates' average. Its SEM must cover two sources of noise: the units
@@ -124,6 +125,11 @@ def combine_replicates(results: list[Mapping]) -> tuple[dict[str, tuple[float, f
     cannot be smaller than the unit noise alone, ``within = sqrt(mean(sem_r^2) / R)``, in
     expectation: the SEM reported is ``max(between, within)``. A metric reported by a single
     replicate keeps that replicate's SEM.
+
+    ``shared_rows``: the replicates re-estimate the same logged rows (an offline problem whose
+    ``replicates_share_rows`` is true: only the Thompson draws or the split differ), so their unit
+    noise is one and the same and does not average out: the SEM is ``sqrt(mean(sem_r^2) +
+    between^2)``, never below one estimate's (issue 39).
 
     Returns ``(metrics, noise)``, ``noise[metric] = {"within": ..., "between": ..., "n": R}``
     (empty for a single replicate).
@@ -141,12 +147,12 @@ def combine_replicates(results: list[Mapping]) -> tuple[dict[str, tuple[float, f
         sems = np.array([float(s) for _, s in pairs])
         n = len(pairs)
         mean = float(means.mean())
-        within = float(math.sqrt(np.mean(sems**2) / n))
+        within = float(math.sqrt(np.mean(sems**2) / (1 if shared_rows else n)))
         if n < 2:
             metrics[name] = (mean, within)
             continue
         between = float(means.std(ddof=1) / math.sqrt(n))
-        metrics[name] = (mean, max(between, within))
+        metrics[name] = (mean, math.hypot(within, between) if shared_rows else max(between, within))
         noise[name] = {"within": within, "between": between, "n": n}
     return metrics, noise
 
@@ -160,6 +166,15 @@ def _violation_names(problem) -> tuple[str, ...]:
     """The per-unit violation rates ``problem`` reports (its optional ``violation_metric_names()``)."""
     names = getattr(problem, "violation_metric_names", None)
     return tuple(names()) if callable(names) else ()
+
+
+def fallback_names(guards) -> list[str]:
+    """``fallback_rate_<metric>`` per guard (``Policy.fallback_constraints``), made distinct with
+    ``_2``, ... (two guards on one metric): the A/B test's per-guard fallback rates."""
+    from bayes_safe.envs.tolerance import _numbered
+
+    return _numbered(["fallback_rate_" + "".join(ch if ch.isalnum() or ch == "_" else "_" for ch in str(c.metric))
+                      for c in guards])
 
 
 def _share_se(flags: torch.Tensor) -> tuple[float, float]:
@@ -221,6 +236,14 @@ class ABTest:
     that knows its means) gets, per name ``v``, the share of units (in %) whose played action
     violates: ``v`` for the tuned arm, ``baseline_v`` for the baseline's own plays and ``c_v`` for
     each compared arm, with the binomial SE of one run (``_share_se``; then combined over replicates).
+
+    Fallbacks (an arm whose policy can play one, ``Policy.fallback_constraints``: TS-ASC under an
+    absolute or chance constraint): ``fallback_rate`` (% of units that played the fallback),
+    ``fallback_rate_<metric>`` per guard (``_2``, ... for a second guard on one metric: the units
+    whose fallback that guard bound; ``fallback_names``) and, with per-unit violation rates,
+    ``v_fallback`` (% of units whose fallback play broke it; ``v - v_fallback`` came from allowed
+    plays); a compared arm's with its prefix. Not in ``metric_names()`` (they exist only for arms
+    that can fall back): recorded with every trial, not for Ax to model.
     """
 
     problem: ABProblem = field(default_factory=VideoUploadProblem)
@@ -312,7 +335,8 @@ class ABTest:
     def evaluate_with_noise(self, parameters: Mapping, seed: int = 0) -> tuple[dict, dict]:
         """``evaluate`` and, per metric, its noise components ``{"within": se, "between": se}``
         (``combine_replicates``; empty for a single replicate)."""
-        return combine_replicates(self.evaluate_replicates(parameters, seed))
+        return combine_replicates(self.evaluate_replicates(parameters, seed),
+                                  shared_rows=bool(getattr(self.problem, "replicates_share_rows", False)))
 
     def evaluate_replicates(self, parameters: Mapping, seed: int = 0, replicates: int | None = None) -> list[dict]:
         """The trial's independent A/B tests (``replicates`` of them, default ``self.replicates``), each
@@ -347,6 +371,7 @@ class ABTest:
             stream = torch.Generator().manual_seed(int(seeds[0]))
             records: dict[str, list] = {"units": [], "baseline": [], **{kind: [] for kind in arms}}
             actions: dict[str, list] = {kind: [] for kind in arms}
+            falls: dict[str, list] = {kind: [] for kind in arms}  # (fell [n], by [G, n]) of arms that can fall back
             for b, n in enumerate(sizes):
                 units = env.draw(n, stream)
                 records["units"].append(units)
@@ -354,6 +379,8 @@ class ABTest:
                 rows = torch.arange(n)
                 for kind, policy in arms.items():
                     a = policy.select(units.features, units.baseline, generator=gens[kind], valid=units.valid)
+                    if getattr(policy, "fallback_constraints", None) is not None:
+                        falls[kind].append((policy.last_fallback.clone(), policy.last_fallback_by.clone()))
                     out = env.outcomes(units, a)
                     records[kind].append(out)
                     actions[kind].append(a)
@@ -361,18 +388,78 @@ class ABTest:
                         reward, constraints = self.problem.feedback(env, units, out)
                         policy.update(units.features[rows, a], reward, constraints, actions=a)
             result = self._summarize(env, records, parameters)
-            result.update(self._violations(env, records["units"], actions))
+            result.update(self._violations(env, records["units"], actions, falls))
+            result.update(self._fallbacks(arms, falls))
+            result.update(self._chance_calibration(env, arms, records["units"], actions, falls))
             return result
 
-    def _violations(self, env, units: list, actions: dict) -> dict[str, tuple[float, float]]:
+    def _chance_calibration(self, env, arms: dict, units: list, actions: dict, falls: dict) -> dict:
+        """Per chance constraint of an arm (``TSASC.chance_guards``) whose declaration the problem counts
+        per unit (``unit_violations``): ``chance_claimed_<metric>``, the confidence it claims for every
+        allowed play, and ``chance_realised_<metric>``, the share of the allowed (non-fallback) plays
+        whose true mean meets the declared limit (binomial SE of this run), as fractions; compared arms
+        with their prefix. What ``bayes-safe simulate`` shows as ``claimed >= 0.95 safe, realised
+        0.90`` (``bayes_safe.diagnostics.chance``), for the tuning report (issue 39)."""
+        names = _violation_names(self.problem)
+        declared = list(getattr(self.problem, "declared", ()) or ())
+        if not names or len(names) != len(declared):
+            return {}
+        out: dict[str, tuple[float, float]] = {}
+        for k, (kind, policy) in enumerate(arms.items()):
+            guards = getattr(policy, "chance_guards", ())
+            if not guards:
+                continue
+            prefix = "" if k == 0 else _prefix(kind)
+            per_batch = [self.problem.unit_violations(env, u, a) for u, a in zip(units, actions[kind])]
+            if any(v is None for v in per_batch):
+                continue
+            fell = (torch.cat([f for f, _ in falls[kind]]).reshape(-1) if falls.get(kind)
+                    else torch.zeros(sum(len(u) for u in units), dtype=torch.bool))
+            for _, c in guards:
+                j = next((i for i, d in enumerate(declared) if d.metric == c.metric and d.at_most == c.at_most
+                          and d.versus_baseline == c.versus_baseline), None)
+                if j is None:
+                    continue
+                broken = torch.cat([v[names[j]].reshape(-1) for v in per_batch]).bool()[~fell]
+                label = "".join(ch if ch.isalnum() or ch == "_" else "_" for ch in c.metric)
+                if f"{prefix}chance_claimed_{label}" in out or not broken.numel():
+                    continue
+                share, se = _share_se(~broken)
+                out[f"{prefix}chance_claimed_{label}"] = (float(c.confidence), 0.0)
+                out[f"{prefix}chance_realised_{label}"] = (share / 100.0, se / 100.0)
+        return out
+
+    def _fallbacks(self, arms: dict, falls: dict) -> dict[str, tuple[float, float]]:
+        """Per arm that can fall back (``Policy.fallback_constraints``; TS-ASC off the paper's path), the
+        share of units (in %, binomial SE of this run) that played the fallback: ``fallback_rate``, and
+        per guard the share whose fallback it bound: ``fallback_rate_<metric>`` (``_2``, ... for a
+        second guard on one metric); compared arms with their prefix (``ts_fallback_rate``)."""
+        out: dict[str, tuple[float, float]] = {}
+        for k, (kind, policy) in enumerate(arms.items()):
+            if not falls[kind]:
+                continue
+            prefix = "" if k == 0 else _prefix(kind)
+            out[f"{prefix}fallback_rate"] = _share_se(torch.cat([f for f, _ in falls[kind]]))
+            by = torch.cat([b for _, b in falls[kind]], -1)  # [G, units]
+            for g, name in enumerate(fallback_names(policy.fallback_constraints)):
+                out[f"{prefix}{name}"] = _share_se(by[g])
+        return out
+
+    def _violations(self, env, units: list, actions: dict, falls: dict | None = None) -> dict[str, tuple[float, float]]:
         """Per-unit violation rates (% of units, binomial SE of this run) of every arm, the baseline
-        included (its own plays: ``units.baseline``); none when the problem does not count them."""
+        included (its own plays: ``units.baseline``); none when the problem does not count them.
+        For an arm that can fall back, also ``<name>_fallback``: the units whose play was the fallback
+        and broke the constraint (so ``<name> - <name>_fallback`` came from allowed plays)."""
         names = _violation_names(self.problem)
         if not names:
             return {}
         played = {"baseline_": [u.baseline for u in units]}
+        fell = {}
         for k, kind in enumerate(actions):
-            played["" if k == 0 else _prefix(kind)] = actions[kind]
+            prefix = "" if k == 0 else _prefix(kind)
+            played[prefix] = actions[kind]
+            if falls and falls.get(kind):
+                fell[prefix] = torch.cat([f for f, _ in falls[kind]])
         out: dict[str, tuple[float, float]] = {}
         for prefix, acts in played.items():
             per_batch = [self.problem.unit_violations(env, u, a) for u, a in zip(units, acts)]
@@ -382,6 +469,8 @@ class ABTest:
                 flags = torch.cat([v[name].reshape(-1) for v in per_batch]).bool()
                 if flags.numel():
                     out[f"{prefix}{name}"] = _share_se(flags)
+                    if prefix in fell:
+                        out[f"{prefix}{name}_fallback"] = _share_se(flags & fell[prefix])
         return out
 
     def _summarize(self, env, records: dict, parameters: Mapping) -> dict[str, tuple[float, float]]:

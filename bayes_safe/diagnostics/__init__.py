@@ -18,6 +18,10 @@ One concept per module; every public name is re-exported here, so
   for Bernoulli models, and ``interval_coverage``: simulated problems know the truth, so the
   share of replications whose central credible interval covers the true parameter can be
   checked against its level.
+* ``convergence``: ``convergence_warnings`` (one line per posterior variable whose r-hat is
+  above 1.01 or whose bulk / tail ESS is below 100: how many of its values fail, the worst
+  named), ``ConvergenceWarning``, ``RHAT_MAX``, ``ESS_MIN``; ``summary`` and ``diagnose_run``
+  (``bayes-safe diagnose``) show those lines.
 * ``recorder``: ``PosteriorRecorder``, a ``simulate`` callback that records the posterior of
   each model over time (watching a Thompson posterior evolve).
 * ``persistence``: ``save_models`` / ``load_models`` / ``load_policy`` (what ``bayes-safe
@@ -39,6 +43,8 @@ from .calibration import (
     interval_coverage,
     reliability_diagram,
 )
+from .chance import chance_calibration, chance_trial_metrics, format_chance_calibration  # noqa: F401 (issue 39)
+from .convergence import ESS_MIN, RHAT_MAX, ConvergenceWarning, convergence_warnings
 from .conversion import ACCEPTED_MODELS, prior_predictive, summary, to_inference_data
 from .persistence import NO_MODELS_FILE, load_models, load_policy, save_models, save_no_models
 from .recorder import PosteriorRecorder
@@ -46,9 +52,13 @@ from .report import diagnose_run
 
 __all__ = [
     "ACCEPTED_MODELS",
+    "ESS_MIN",
     "NO_MODELS_FILE",
+    "RHAT_MAX",
+    "ConvergenceWarning",
     "PosteriorRecorder",
     "brier_score",
+    "convergence_warnings",
     "diagnose_run",
     "expected_calibration_error",
     "interval_coverage",

@@ -7,7 +7,8 @@ form); ``simulate``, the tuning layer and ``bayes-safe simulate|tune --problem m
 consume it.
 
 Contextual problems with their own protocols (video upload, movie recommendation, warfarin
-dosing) are exported here too but are not in ``PROBLEMS``: each documents how it is run.
+dosing, ``SparseDosing``: sparse dose finding with many covariates) are exported here too but
+are not in ``PROBLEMS``: each documents how it is run.
 Two problem interfaces live here as well: ``BCTSProblem`` (the finite table a BCTS
 experiment runs on, ``bayes_safe.experiments.run_bcts``) and ``ABProblem`` (what an A/B test
 of ``bayes_safe.tuning`` needs from a problem; ``VideoUploadProblem`` is the paper's).
@@ -29,6 +30,7 @@ from .drifting import (
 from .linear import LinearBandit, Step, daulton2019, kazerouni2017, kazerouni2017_neurips
 from .movies import load_movielens, movie_recommendation, synthetic_movielens
 from .problem import Constraint, Problem, Units, check_problem
+from .sparse_dosing import SparseDosing
 from .video_upload import VideoUpload, VideoUploadProblem, video_upload
 from .warfarin import load_iwpc, warfarin
 
@@ -59,6 +61,7 @@ __all__ = [
     "DriftingLinearBandit",
     "LinearBandit",
     "Problem",
+    "SparseDosing",
     "Step",
     "Units",
     "VideoUpload",

@@ -361,6 +361,7 @@ class Decider:
         self.decider_id = uuid.uuid4().hex
         #: what the last ``replay`` applied: ``{"decisions": n, "feedback": m}``
         self.replayed = {"decisions": 0, "feedback": 0}
+        self._count_fallbacks()
         self._generator = torch.Generator().manual_seed(seed)
         self._lock = threading.RLock()
         # Inside decide and refresh (after this class's own checks of every input): the policy's
@@ -522,6 +523,8 @@ class Decider:
             batch = self._draw_batch = DrawBatch(S, 1, self._generator, played=True)
         with self._quiet():
             actions = self.policy.select(cand, base, generator=batch, valid=valid)
+        if self.fallback_guards is not None:
+            self._fallback_of_played()
         if tuple(actions.shape) == (1,):  # no randomness reached the decision: deterministic
             action, probs = int(actions[0]), torch.nn.functional.one_hot(actions[0], K).to(torch.float64)
         elif tuple(actions.shape) == (S, 1):
@@ -543,6 +546,26 @@ class Decider:
         row = (key, action, p, decision.propensity_se, self.model_version, context, decision.probabilities,
                None if base is None else int(base))
         return decision, row, {"features": cand.numpy()[0, action].tolist(), "action": action}
+
+    def _count_fallbacks(self) -> None:
+        """Start the fallback counters (issue 39): ``fallback_guards`` (labels of the policy's guards,
+        ``Policy.fallback_constraints``; None when the policy cannot fall back), ``fallbacks`` (the
+        decisions that played the fallback) and ``fallbacks_by`` (per guard, those it bound), counted
+        in this process since it started (a restart starts from 0; not saved with the state)."""
+        guards = getattr(self.policy, "fallback_constraints", None)
+        self.fallback_guards = None if guards is None else [
+            c.describe() if callable(getattr(c, "describe", None)) else str(c) for c in guards]
+        self.fallbacks = 0
+        self.fallbacks_by = [0] * len(self.fallback_guards or ())
+
+    def _fallback_of_played(self) -> None:
+        """Count the played draw's fallback (the first of the batch: the one served)."""
+        fell, by = self.policy.last_fallback, self.policy.last_fallback_by
+        if fell is None or not bool(fell.reshape(-1)[0]):
+            return
+        self.fallbacks += 1
+        for g, bound in enumerate(by.reshape(by.shape[0], -1)[:, 0].tolist()):
+            self.fallbacks_by[g] += int(bound)
 
     def feedback(self, decision_id: str, reward, constraints=None) -> bool:
         """Record the outcome of a decision; True if new, False for a duplicate (ignored).

@@ -6,16 +6,27 @@ sums, per metric the policy learns (the reward, then one per constraint model; n
 policy's ``metric_names``, else ``reward``, ``constraint0``, ...):
 
 * **served**: the mean of the logged metric over every decision with feedback: what the served
-  policy has achieved, with a normal 95 % interval (``mean +- 1.96 sd / sqrt(n)``);
+  policy has achieved, with a 95 % interval. A metric whose values all lie in [0, 1] (a 0/1 harm,
+  a click) gets the Clopper-Pearson interval of its sum over its rows (exact for a 0/1 metric:
+  never outside [0, 1], never of zero width, at least nominal coverage at a rate of 1 % over a few
+  hundred rows, where ``mean +- 1.96 sd / sqrt(n)`` gives ``[0, 0]`` or a negative bound); any
+  other metric the normal ``mean +- 1.96 sd / sqrt(n)``;
 * **baseline**: the always-baseline policy's mean, estimated off-policy from the same rows by
   self-normalised IPS: a row counts with weight ``1 / propensity`` when the logged action was
   the decision's baseline (``probabilities[baseline] == propensity`` then), 0 otherwise;
-  rows without a logged baseline are left out. Its 95 % interval is the delta-method one,
-  ``+- 1.96 sqrt(sum w^2 (c - est)^2) / sum w``;
+  rows without a logged baseline are left out. A metric in [0, 1] gets the Clopper-Pearson
+  interval at the weights' effective sample size ``(sum w)^2 / sum w^2`` (Kish) with ``est x
+  n_eff`` successes: inside [0, 1] and of non-zero width; any other metric the delta-method one,
+  ``+- 1.96 sqrt(sum w^2 (c - est)^2) / sum w``. (A running sum cannot hold the rows a betting
+  interval needs; ``bayes_safe.offline.estimate_metrics`` gives one from the log.)
 * per declared constraint (``TSASC(constraints=...)``, or ``alpha``: the relative constraint
   ``E[c] >= (1 - alpha) E[c | baseline]`` of each constraint model), the **limit** the served
-  mean must stay above (``at_least``) or below (``at_most``): ``bound x`` the baseline estimate
-  for a relative constraint, ``bound`` for an absolute one.
+  mean must stay above (``at_least``) or below (``at_most``): the **declared** business limit
+  (``Constraint.declared_bound``; ``x`` the baseline estimate for a relative constraint), and the
+  **policy bound** the policy enforces (``Constraint.bound``: the declared limit, or a tuned one
+  such as ``at_most=0.02 + t`` from ``policy_constraint(c, t)``). Both are exported, equal when the
+  constraint is untuned: ``bayes_safe_guardrail_limit`` (alert on it) and
+  ``bayes_safe_guardrail_policy_bound``.
 
 An operator alerts on a guardrail with e.g. ``bayes_safe_guardrail_served_high <
 bayes_safe_guardrail_limit`` (an ``at_least`` constraint whose served interval lies wholly
@@ -32,7 +43,7 @@ import json
 import math
 import threading
 
-__all__ = ["DELAY_BUCKETS", "GuardrailMonitor", "registry"]
+__all__ = ["DELAY_BUCKETS", "GuardrailMonitor", "clopper_pearson", "registry"]
 
 #: feedback delay histogram buckets, seconds (1 s to a week)
 DELAY_BUCKETS = (1.0, 10.0, 60.0, 300.0, 900.0, 3600.0, 4 * 3600.0, 86400.0, 7 * 86400.0)
@@ -49,16 +60,20 @@ def metric_names(policy) -> list[str]:
 
 
 def guardrails(policy) -> list[dict]:
-    """The policy's constraints as ``{"metric", "index", "bound", "relative", "direction"}`` (``index``:
-    0 the reward, ``j + 1`` constraint model ``j``), declared ones or those of ``alpha``."""
+    """The policy's constraints as ``{"metric", "index", "bound", "declared", "relative", "direction"}``
+    (``index``: 0 the reward, ``j + 1`` constraint model ``j``; ``bound`` the policy's, ``declared`` the
+    declared business limit, equal unless the constraint's tolerance was tuned), declared ones or those
+    of ``alpha``."""
     names = metric_names(policy)
     declared = getattr(policy, "constraints", None)
     out = []
     if declared:
         for j, c in enumerate(declared):
             index = names.index(c.metric) if getattr(policy, "metric_names", None) and c.metric in names else j + 1
+            declared_bound = getattr(c, "declared_bound", c.bound)
             out.append({"metric": names[index], "index": index, "bound": float(c.bound),
-                        "relative": bool(c.versus_baseline), "direction": "at_most" if c.at_most else "at_least"})
+                        "declared": float(declared_bound), "relative": bool(c.versus_baseline),
+                        "direction": "at_most" if c.at_most else "at_least"})
         return out
     alpha = getattr(policy, "alpha", None)
     if alpha is None or not int(getattr(policy, "num_constraints", 0)):
@@ -67,23 +82,45 @@ def guardrails(policy) -> list[dict]:
     alphas = alphas if isinstance(alphas, list) else [alphas]
     for j in range(int(policy.num_constraints)):
         a = alphas[j] if j < len(alphas) else alphas[0]
-        out.append({"metric": names[j + 1], "index": j + 1, "bound": 1.0 - a, "relative": True,
+        out.append({"metric": names[j + 1], "index": j + 1, "bound": 1.0 - a, "declared": 1.0 - a, "relative": True,
                     "direction": "at_least"})
     return out
+
+
+def clopper_pearson(successes: float, trials: float, level: float = 0.95) -> tuple[float, float]:
+    """The Clopper-Pearson interval of a rate from ``successes`` of ``trials`` (both may be non-integer: an
+    effective sample size): ``Beta`` quantiles, ``(0, upper)`` at 0 successes, ``(lower, 1)`` at all."""
+    from scipy.special import betaincinv
+
+    x, n = float(successes), float(trials)
+    if not n > 0:
+        return math.nan, math.nan
+    x = min(max(x, 0.0), n)
+    a = (1 - float(level)) / 2
+    low = 0.0 if x <= 0 else float(betaincinv(x, n - x + 1, a))
+    high = 1.0 if x >= n else float(betaincinv(x + 1, n - x, 1 - a))
+    return low, high
 
 
 class _Sums:
     """Running sums of one metric: on-policy (served) and self-normalised IPS (baseline)."""
 
-    __slots__ = ("n", "nb", "s", "ss", "w", "w2", "w2c", "w2cc", "wc")
+    __slots__ = ("hi", "lo", "n", "nb", "s", "ss", "w", "w2", "w2c", "w2cc", "wc")
 
     def __init__(self):
         self.n = self.s = self.ss = 0.0
         self.w = self.wc = self.w2 = self.w2c = self.w2cc = 0.0
         self.nb = 0  # rows behind the baseline estimate (the baseline played)
+        self.lo, self.hi = math.inf, -math.inf  # the values' range: a metric in [0, 1] gets exact intervals
+
+    @property
+    def unit(self) -> bool:
+        """Whether every value seen lies in [0, 1] (a 0/1 metric, a share)."""
+        return self.n > 0 and self.lo >= 0.0 and self.hi <= 1.0
 
     def add(self, value: float, baseline_weight: float | None) -> None:
         self.n += 1
+        self.lo, self.hi = min(self.lo, value), max(self.hi, value)
         self.s += value
         self.ss += value * value
         if baseline_weight:
@@ -99,6 +136,8 @@ class _Sums:
         if not self.n:
             return math.nan, math.nan, math.nan
         mean = self.s / self.n
+        if self.unit:
+            return (mean, *clopper_pearson(self.s, self.n))
         var = max(self.ss / self.n - mean * mean, 0.0) * self.n / max(self.n - 1, 1)
         half = _Z * math.sqrt(var / self.n)
         return mean, mean - half, mean + half
@@ -107,6 +146,9 @@ class _Sums:
         if not self.w:
             return math.nan, math.nan, math.nan
         est = self.wc / self.w
+        if self.unit:
+            n_eff = self.w * self.w / self.w2
+            return (est, *clopper_pearson(est * n_eff, n_eff))
         num = max(self.w2cc - 2 * est * self.w2c + est * est * self.w2, 0.0)
         half = _Z * math.sqrt(num) / self.w
         return est, est - half, est + half
@@ -164,12 +206,15 @@ class GuardrailMonitor:
                      "baseline_rows": int(s.nb)} for name, s in zip(self.names, self.sums)]
 
     def limits(self) -> list[dict]:
-        """Per guardrail: its ``metric``, ``direction`` and ``limit`` (NaN while the baseline has no estimate)."""
+        """Per guardrail: its ``metric``, ``direction``, ``limit`` (the declared business limit in the metric's
+        units) and ``policy_bound`` (the bound the policy enforces; equal to ``limit`` unless tuned); NaN for a
+        relative one while the baseline has no estimate."""
         est = {e["metric"]: e for e in self.estimates()}
         out = []
         for g in self.guardrails:
             base = est[g["metric"]]["baseline"][0]
-            out.append(g | {"limit": g["bound"] * base if g["relative"] else g["bound"]})
+            scale = base if g["relative"] else 1.0
+            out.append(g | {"limit": g["declared"] * scale, "policy_bound": g["bound"] * scale})
         return out
 
 
@@ -224,6 +269,17 @@ def registry(service):
             yield GaugeMetricFamily("bayes_safe_last_snapshot_timestamp_seconds",
                                     "Unix time of the last snapshot of the state (0: none yet)",
                                     value=service.last_snapshot or 0.0)
+            if getattr(d, "fallback_guards", None) is not None:  # a policy that can fall back (issue 39)
+                yield CounterMetricFamily("bayes_safe_fallback_decisions",
+                                          "Decisions that played the policy's fallback (no action was allowed), counted "
+                                          "by this process since it started", value=d.fallbacks)
+                bound = CounterMetricFamily("bayes_safe_fallback_decisions_by_constraint",
+                                            "Fallback decisions a declared constraint bound (the played action not "
+                                            "judged to meet it), by this process since it started",
+                                            labels=["constraint", "metric", "guard"])
+                for g, (c, n) in enumerate(zip(d.policy.fallback_constraints, d.fallbacks_by)):
+                    bound.add_metric([str(g), str(getattr(c, "metric", "")), d.fallback_guards[g]], n)
+                yield bound
             families = {}
             for key, doc in (("served", "the served policy's mean of the logged metric"),
                              ("baseline", "the always-baseline policy's mean, self-normalised IPS from the log")):
@@ -240,14 +296,20 @@ def registry(service):
                 rows.add_metric([e["metric"], "baseline"], e["baseline_rows"])
             yield from families.values()
             yield rows
+            labels = ["constraint", "metric", "direction", "form"]
             limits = GaugeMetricFamily("bayes_safe_guardrail_limit",
-                                       "The level a declared constraint holds the served mean to (relative: bound x "
-                                       "the baseline estimate; absolute: bound)",
-                                       labels=["constraint", "metric", "direction", "form"])
+                                       "The declared business limit a constraint holds the served mean to (relative: "
+                                       "the declared factor x the baseline estimate; absolute: the declared level); "
+                                       "a tuned tolerance does not move it", labels=labels)
+            bounds = GaugeMetricFamily("bayes_safe_guardrail_policy_bound",
+                                       "The bound the served policy enforces for a constraint (its tuned bound; the "
+                                       "declared limit when untuned), in the metric's units", labels=labels)
             for j, g in enumerate(monitor.limits()):
-                limits.add_metric([str(j), g["metric"], g["direction"], "relative" if g["relative"] else "absolute"],
-                                  g["limit"])
+                key = [str(j), g["metric"], g["direction"], "relative" if g["relative"] else "absolute"]
+                limits.add_metric(key, g["limit"])
+                bounds.add_metric(key, g["policy_bound"])
             yield limits
+            yield bounds
 
     reg.register(_Collector())
     return reg, monitor.update, reader.close

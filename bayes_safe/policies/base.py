@@ -253,6 +253,21 @@ class Policy:
     #: names of the metrics the policy consumes: 0 = reward only; C = reward plus C constraints
     num_constraints: int = 0
 
+    #: The fallback record (issue 39; ``simulate``, the ``Decider`` and the tuners read it).
+    #: ``fallback_constraints``: the declared guards (``bayes_safe.envs.Constraint``) a policy that
+    #: can play a fallback when no action is allowed reports against, None for a policy that never
+    #: falls back. After each ``select`` such a policy sets ``last_fallback`` (bool, the shape of
+    #: the returned actions: the rows where the fallback was played) and ``last_fallback_by``
+    #: (bool ``[G, *that shape]``, per guard: the fallback rows that guard bound). TS-ASC off its
+    #: paper path sets them (``bayes_safe.policies.ts_asc``).
+    last_fallback: torch.Tensor | None = None
+    last_fallback_by: torch.Tensor | None = None
+
+    @property
+    def fallback_constraints(self) -> tuple | None:
+        """The guards the fallback record refers to; None: this policy never falls back (above)."""
+        return None
+
     def select(self, features: torch.Tensor, baseline: torch.Tensor | None = None, generator: Generator = None,
                valid: torch.Tensor | None = None) -> torch.Tensor:
         raise NotImplementedError

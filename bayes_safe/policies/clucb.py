@@ -17,6 +17,10 @@
   seeded with the baseline action and the action of largest reward UCB among the feasible
   ones is played.
 
+The conservative play of ``b_t`` is the algorithms' own rule (inside their cumulative guarantee),
+not a fallback in the sense of TS-ASC's (a play when nothing is allowed, outside the guard): it is
+counted in ``num_conservative`` and records no ``Trace.fallback`` (``fallback_constraints`` None).
+
 Confidence set (a choice; the papers differ). Kazerouni's arXiv v3 builds ``C_t`` as the
 intersection of all past sets of eq. (5), with the radius ``beta`` of eq. (6) taken from Russo
 & Van Roy (2014). We use instead the ellipsoid of Abbasi-Yadkori, Pal & Szepesvari (2011,

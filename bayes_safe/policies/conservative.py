@@ -113,7 +113,9 @@ class ConservativeTS(Policy):
         budget: ``c`` of the module docstring, the shape of the model's posterior mean
             (``[R, d]``, or ``[R, K, d]`` per arm; without the ``R`` of an unbatched model).
         explored, fallbacks: per replication, the steps a proposal other than the baseline was
-            played, and the steps the baseline was played in place of one.
+            played, and the steps the baseline was played in place of one (the budget's own rule,
+            inside its guarantee: not a fallback of ``Policy.fallback_constraints``, which stays
+            None, so ``simulate`` records no ``Trace.fallback`` for it).
     """
 
     def __init__(self, model, alpha: float = 0.1, confidence: float = 0.95, *, budget: str = "expected",

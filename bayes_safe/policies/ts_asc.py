@@ -60,6 +60,16 @@ before. When a row allows no action:
   instead left 12-16 % of late doses above the AE cap against 5.5 % with this rule, which in
   turn broke the efficacy guard in about 30 % of late plays against 3 % (R = 16, T = 200).
 
+The fallback is counted (issue 39): after each ``select`` off the paper path the policy sets
+``last_fallback`` (bool, the shape of the actions: the rows that played the fallback) and
+``last_fallback_by`` (bool ``[G, ...]``, one row per declared constraint, ``fallback_constraints``):
+the fallback rows whose played action this decision's own verdict (the single draw, or the
+probability against ``confidence``) did not judge to meet that constraint, the guards that bound.
+Each fallback names at least one. ``simulate`` (``Trace.fallback``), the ``Decider`` (``/metrics``)
+and the A/B tuner read them. On the paper path (``alpha``, or relative single-draw constraints one
+per model in order) the baseline is always allowed, nothing falls back, ``fallback_constraints``
+is None and nothing is recorded (no work added to that path).
+
 Chance constraints (``Constraint.confidence = q``; not in the papers, whose test is one draw):
 an action is allowed when the posterior probability that it meets the bound is at least ``q``
 (relative: ``P(f(a) - c f(b) >= 0)`` jointly, the baseline's own entry exempt).
@@ -88,6 +98,60 @@ without its pilot study, the policy kept the lowest dose and broke the efficacy 
 of late plays; with 10 pilot patients per replication, 3-4 %). Give the models what is known
 (a prior, logged data) before relying on ``confidence``.
 
+Calibrated chance constraints (issue 39). A chance constraint promises that about a share ``q``
+(or more) of the actions it allows meet the bound in truth. ``simulate`` records what the policy
+claimed for every played action (``last_chance_claims``, ``trace.chance_claims``) and
+``bayes_safe.diagnostics.chance_calibration`` checks the claim against the truth. Three things
+broke the promise on ``bayes_safe.envs.SparseDosing`` (d = 80, 8 trials x 400 patients, the
+logistic AE model by Gibbs sampling, ``q = 0.95``; benchmarks/chance_calibration.py), by size:
+
+1. the model: with a ``N(0, 1)`` prior on each of the 76 covariate weights of the logistic AE
+   model, 20 % of the (patient, dose) pairs the posterior rated at least 95 % safe at the end of
+   a run were unsafe, from 64 chain draws and from 2,000 alike (22 % under a Laplace
+   approximation of the same posterior): the posterior itself is over-confident, not its
+   Monte-Carlo estimate, and 54 % of late doses were above the cap. With the covariate weights
+   shrunk to ``N(0, 0.25^2)`` (the dose terms kept at ``N(0, 1)``;
+   ``SparseDosing.models(ae_prior="scaled")``) the allowed pairs were 94.8 % safe and 3.9 % of
+   late doses above the cap. No decision rule repairs a wrong posterior: the diagnostic shows
+   it, and the model must change (Gelman et al. 2013, *Bayesian Data Analysis*, ch. 6: check
+   the model against what it must predict).
+2. selection (a winner's curse): the argmax plays, among the allowed actions, the one with the
+   best sampled reward, which along a dose-response is the riskiest allowed one, with its claim
+   near ``q``: with the shrunk prior the played allowed doses were 90 % safe (92 % late)
+   against 94.8 % for all allowed pairs. ``chance_selection="bonferroni"`` judges each of the
+   ``K`` candidates at ``1 - (1 - q) / K`` (Bonferroni's inequality: all allowed actions then
+   meet the bound together with probability at least ``q``, so the played one does, whatever
+   the argmax picks); with 64 draws that asks for all of them, and on top of ``chance_mcse`` it
+   raised the late fallback share from 77 % to 88 % without a safer play (91 % safe, 94 %
+   late), so it is not in ``CALIBRATED``.
+3. Monte-Carlo error of ``S`` autocorrelated chain draws: the probability estimated from 64
+   successive Gibbs sweeps varied 1.8 times as much between windows as independent draws'
+   would (an effective ``S`` of about 20), so near ``q`` the test passes by chance, and the
+   argmax then favours the actions whose estimate came out high. ``chance_mcse="batch"`` judges
+   ``p - z_q se`` against ``q``, with ``se`` the batch-means Monte-Carlo standard error of the
+   ``S`` draws (Flegal & Jones 2010), which widens with the autocorrelation it sees. With the
+   shrunk prior: played allowed doses 93 % safe (94 % late), 1.6 % of late doses above the
+   cap, the fallback in 77 % of late rows (seed 0; with seed 1: 94 % late against 89 % for the
+   declared rule on the same model, 1.8 % above the cap, the fallback in 76 %). ``confidence_thin=k`` keeps every ``k``-th sweep of
+   a chain instead (``k`` times the draws' cost).
+
+Two options for a known structure or a model with a track record, measured with the wide
+(over-confident) prior where they do not suffice: ``chance_monotone="increasing"`` (or
+``"decreasing"``) says the guarded metrics' true means rise (fall) with the action index, as an
+AE risk with the dose level (the monotone dose-toxicity assumption of phase I designs, e.g.
+O'Quigley, Pepe & Fisher 1990): each draw is replaced by its least monotone envelope on the
+unsafe side (a running maximum of the risk over lower doses), so a model whose draws say a
+higher dose is safer than a lower one is not believed (late doses above the cap 54 % -> 12 %,
+but played allowed doses only 73 % safe); ``chance_recalibrate=True`` adds to an absolute
+constraint's draws the model's mean bias on the played allowed actions so far (observed minus
+predicted, with its standard error: a constant discrepancy term, Kennedy & O'Hagan 2001;
+``update`` needs ``actions``); with the wide prior the policy then fell back in 98 % of rows and
+the fallback, the dose the wrong model deems safest, was itself above the cap in 29 % of late
+rows.
+
+``TSASC.CALIBRATED`` (``chance_mcse="batch"``) is the recommended rule; the default remains the
+declared one (``p >= q`` of the estimate), so that existing runs reproduce.
+
 Under a ``bayes_safe.random.DrawBatch`` (``action_probabilities``, the ``Decider``'s
 propensities) the chance probabilities are computed once per call and shared by the batched
 draws: the action probabilities are those given that estimate (exact for the closed form).
@@ -95,7 +159,9 @@ draws: the action probabilities are those given that estimate (exact for the clo
 
 from __future__ import annotations
 
+import functools
 import numbers
+import typing
 from collections.abc import Sequence
 
 import numpy as np
@@ -113,10 +179,16 @@ from .base import (
     masked_argmax,
 )
 
-__all__ = ["FALLBACKS", "TSASC"]
+__all__ = ["CHANCE_MCSE", "CHANCE_SELECTION", "FALLBACKS", "TSASC"]
 
 #: what TS-ASC plays in a row where no action is allowed (see the module docstring)
 FALLBACKS = ("safest", "baseline")
+#: ``chance_mcse``: None (the estimate itself) or ``"batch"`` (its batch-means lower bound)
+CHANCE_MCSE = (None, "batch")
+#: ``chance_selection``: None (the declared level) or ``"bonferroni"`` (corrected over the ``K`` candidates)
+CHANCE_SELECTION = (None, "bonferroni")
+#: ``chance_monotone``: None, or how the chance-guarded metrics' means change with the action index
+CHANCE_MONOTONE = (None, "increasing", "decreasing")
 
 
 class TSASC(Policy):
@@ -142,6 +214,15 @@ class TSASC(Policy):
             action is allowed (module docstring).
         confidence_draws: ``S``, the joint draws behind a chance constraint's probability
             where there is no closed form (an int >= 2, default 64).
+        chance_mcse: None (default) or ``"batch"``: judge a drawn probability by its batch-means
+            lower bound (module docstring, "Calibrated chance constraints").
+        chance_selection: None (default) or ``"bonferroni"``: the level corrected over the ``K``
+            candidates.
+        confidence_thin: keep every ``k``-th draw of a chain engine's (default 1).
+        chance_monotone: None (default), ``"increasing"`` or ``"decreasing"``: how the guarded
+            metrics' true means change with the action index (absolute chance constraints).
+        chance_recalibrate: add the model's bias on the played allowed actions to absolute chance
+            constraints' draws (default False).
 
     Attributes:
         constraints: the declared tuple (None with ``alpha``).
@@ -152,9 +233,15 @@ class TSASC(Policy):
     Shapes: as ``Policy``; ``constraints [R, C]`` in ``update``.
     """
 
+    #: the recommended options for honest chance constraints (module docstring, "Calibrated chance
+    #: constraints"): ``TSASC(..., **TSASC.CALIBRATED)``
+    CALIBRATED: typing.ClassVar[dict] = {"chance_mcse": "batch"}
+
     def __init__(self, reward_model, constraint_models, alpha: float | Sequence[float] | None = None,
                  constraints: Sequence | None = None, *, metric_names: Sequence[str] | None = None,
-                 fallback: str = "safest", confidence_draws: int = 64):
+                 fallback: str = "safest", confidence_draws: int = 64, chance_mcse: str | None = None,
+                 chance_selection: str | None = None, confidence_thin: int = 1, chance_monotone: str | None = None,
+                 chance_recalibrate: bool = False):
         if not isinstance(constraint_models, (list, tuple)):
             constraint_models = [constraint_models]
         if len(constraint_models) == 0:
@@ -167,11 +254,41 @@ class TSASC(Policy):
             raise ValueError(f"fallback: expected 'safest' or 'baseline' (what to play when no action is allowed), "
                              f"got {fallback!r}")
         self.fallback = fallback
+        #: the fallback record of the last ``select`` (``_record_fallback``); None on the paper path
+        self.last_fallback = self.last_fallback_by = None
+        #: the chance record of the last guarded decision: ``(probabilities [Gc, *lead, R, K], allowed
+        #: [*lead, R, K])``, one row per ``chance_guards`` entry (``simulate``'s calibration record); None
+        #: without chance constraints
+        self.last_chance_claims = None
         if (isinstance(confidence_draws, bool) or not isinstance(confidence_draws, numbers.Integral)
                 or int(confidence_draws) < 2):
             raise ValueError(f"confidence_draws: expected an int >= 2 (joint draws per chance-constraint "
                              f"probability), got {confidence_draws!r}")
         self.confidence_draws = int(confidence_draws)
+        if chance_mcse not in CHANCE_MCSE:
+            raise ValueError(f"chance_mcse: expected None or 'batch' (judge a chance constraint's probability by its "
+                             f"Monte-Carlo lower bound), got {chance_mcse!r}")
+        if chance_selection not in CHANCE_SELECTION:
+            raise ValueError(f"chance_selection: expected None or 'bonferroni' (the level corrected over the "
+                             f"candidate actions), got {chance_selection!r}")
+        if (isinstance(confidence_thin, bool) or not isinstance(confidence_thin, numbers.Integral)
+                or int(confidence_thin) < 1):
+            raise ValueError(f"confidence_thin: expected an int >= 1 (chain sweeps per kept chance draw), "
+                             f"got {confidence_thin!r}")
+        if chance_monotone not in CHANCE_MONOTONE:
+            raise ValueError(f"chance_monotone: expected None, 'increasing' or 'decreasing' (how the chance-guarded "
+                             f"metrics' means change with the action index), got {chance_monotone!r}")
+        self.chance_mcse, self.chance_selection = chance_mcse, chance_selection
+        self.chance_monotone = chance_monotone
+        if not isinstance(chance_recalibrate, bool):
+            raise TypeError(f"chance_recalibrate: expected True or False, got {chance_recalibrate!r}")
+        self.chance_recalibrate = chance_recalibrate
+        #: the recalibration record per absolute chance constraint (``chance_recalibrate``): ``{guard
+        #: index: [n, sum r, sum r^2]}`` (each ``[R]``) of the residuals ``r`` of played allowed actions, and the
+        #: last decision's predicted means ``{guard: [R, K]}``
+        self._recal: dict = {}
+        self._recal_pred: dict = {}
+        self.confidence_thin = int(confidence_thin)
         self.metric_names = _check_metric_names(metric_names, C)
         self.constraints: tuple | None = None
         #: per guard: (model index: 0 the reward, j + 1 constraint model j; its Constraint, None for alpha)
@@ -220,6 +337,13 @@ class TSASC(Policy):
         self._closed = closed
         self._draw_order = tuple((m, kind) for m in range(len(models))
                                  for kind, wanted in (("single", m in single), ("chance", m in drawn)) if wanted)
+
+    @property
+    def chance_guards(self) -> tuple:
+        """The chance constraints (``Constraint.confidence`` set), in declaration order, as
+        ``(metric column of the models: 0 the reward, j + 1 constraint model j, Constraint)``: the
+        rows of ``last_chance_claims`` (empty without chance constraints)."""
+        return tuple((m, c) for m, c in self._guards if _chance(c))
 
     # ------------------------------------------------------------------ the feasible set
     def feasible(self, features, baseline, generator: Generator = None) -> torch.Tensor:
@@ -350,7 +474,8 @@ class TSASC(Policy):
                 single[m] = models[m].sample_at(features, generator, key=f"constraint{m - 1}")
             else:
                 key = "reward/chance" if m == 0 else f"constraint{m - 1}/chance"
-                draws[m] = _joint_draws(models[m], features, generator, key, self.confidence_draws)
+                draws[m] = _joint_draws(models[m], features, generator, key, self.confidence_draws,
+                                        self.confidence_thin)
         return fr, single, draws
 
     def _probability(self, m: int, c, features, baseline, draws: dict, moments: dict) -> torch.Tensor:
@@ -366,15 +491,89 @@ class TSASC(Policy):
                 if m not in moments:
                     moments[m] = model.predict(features)
                 mean, var = moments[m]
+                shift = self._recal_shift(c, mean)
+                if shift is not None:  # the model's bias on played actions and its standard error
+                    mean, var = mean + shift[0][:, None], var + (shift[1] ** 2)[:, None]
                 margin = c.bound - mean if c.at_most else mean - c.bound
             sd = var.clamp_min(0.0).sqrt()
             p = torch.where(sd > 0, torch.special.ndtr(margin / sd.clamp_min(1e-300)), (margin >= 0).to(margin.dtype))
         else:
             values = draws[m]
+            shift = None if c.versus_baseline else self._recal_shift(c, values.mean(0))
+            if shift is not None:  # a quantile grid of N(bias, se^2), one point per draw
+                S = values.shape[0]
+                grid = _normal_grid(S).to(values.dtype)
+                values = values + (shift[0] + grid[:, None] * shift[1]).reshape(S, *shift[0].shape, 1)
+            if self.chance_monotone is not None and not c.versus_baseline:
+                values = _envelope(values, c.at_most, self._forward(c), maximum=c.at_most)
             p = c.satisfied(values, values[..., rows, baseline]).to(values.dtype).mean(0)
+        if self.chance_monotone is not None and not c.versus_baseline and self._closed[m]:
+            p = _envelope(p, c.at_most, self._forward(c), maximum=False)
         if c.versus_baseline:
             p[..., rows, baseline] = 1.0  # p is a new tensor in every branch above
         return p
+
+    def _recal_shift(self, c, predicted: torch.Tensor):
+        """``(bias [R], se [R])`` of an absolute chance constraint's metric on the played allowed actions
+        so far (``chance_recalibrate``; module docstring), after keeping ``predicted [R, K]`` (the
+        model's mean at each action) for ``update``; None when not recalibrating."""
+        if not self.chance_recalibrate or c.versus_baseline or predicted.dim() != 2:
+            return None
+        key = _guard_index(self._guards, c)
+        self._recal_pred[key] = predicted
+        state = self._recal.get(key)
+        if state is None or state[0].shape[0] != predicted.shape[0]:
+            R = predicted.shape[0]
+            state = self._recal[key] = [torch.zeros(R, dtype=torch.float64) for _ in range(3)]
+        n, s1, s2 = state
+        return s1 / (n + 1.0), s2.sqrt() / (n + 1.0)
+
+    def _recalibration_update(self, reward, constraints, actions) -> None:
+        """Add the played allowed actions' residuals (observed minus predicted mean) to the
+        recalibration record (``chance_recalibrate``); rows that fell back are left out."""
+        claims = self.last_chance_claims
+        if actions is None or claims is None or claims[1].dim() != 2 or not self._recal_pred:
+            return
+        actions = torch.as_tensor(np.asarray(actions)).long().reshape(-1)
+        R = actions.shape[0]
+        rows = torch.arange(R)
+        ok = claims[1][rows, actions].to(torch.float64)
+        reward = torch.as_tensor(np.asarray(reward), dtype=torch.float64).reshape(R)
+        if constraints is not None:
+            constraints = torch.as_tensor(np.asarray(constraints), dtype=torch.float64).reshape(R, -1)
+        for key, (m, _) in enumerate(self._guards):
+            if key not in self._recal_pred or key not in self._recal:
+                continue
+            y = reward if m == 0 else constraints[:, m - 1]
+            r = (y - self._recal_pred[key][rows, actions]) * ok
+            n, s1, s2 = self._recal[key]
+            n += ok
+            s1 += r
+            s2 += r * r
+
+    def _forward(self, c) -> bool:
+        """Whether meeting ``c`` at action ``k`` implies meeting it at every lower index (the
+        envelope runs from index 0 up): an ``at_most`` bound on an increasing metric, an ``at_least``
+        bound on a decreasing one."""
+        return c.at_most == (self.chance_monotone == "increasing")
+
+    def _chance_allowed(self, m: int, c, p: torch.Tensor, features, baseline, draws: dict) -> torch.Tensor:
+        """``[*lead, R, K]``: the chance constraint ``c`` (model ``m``) allows the action (module
+        docstring, "Calibrated chance constraints"): ``p >= q`` as declared; with ``chance_selection=
+        "bonferroni"`` against ``1 - (1 - q) / K``; with ``chance_mcse="batch"`` ``p`` lowered by
+        ``z_q`` Monte-Carlo standard errors (batch means) where ``p`` comes from draws."""
+        q = float(c.confidence)
+        if self.chance_selection == "bonferroni":
+            q = 1.0 - (1.0 - q) / features.shape[1]
+        if self.chance_mcse is None or self._closed[m]:
+            return p >= q
+        values = draws[m]
+        rows = torch.arange(features.shape[0])
+        met = c.satisfied(values, values[..., rows, baseline]).to(values.dtype)  # [S, *lead, R, K]
+        se = _batch_means_se(met)
+        if c.versus_baseline:
+            se[..., rows, baseline] = 0.0
+        return p - _normal_quantile(q) * se >= q
 
     def _judge(self, features, baseline, generator):
         """One guarded decision's draws and verdicts: ``(fr, allowed [*lead, R, K], parts)`` with
@@ -384,10 +583,13 @@ class TSASC(Policy):
         moments: dict = {}
         allowed = None
         singles, prob = [], None
+        verdicts = []
+        claims = []  # the chance guards' probabilities, for last_chance_claims
         for m, c in self._guards:
             if _chance(c):
                 p = self._probability(m, c, features, baseline, draws, moments)
-                ok = p >= c.confidence
+                ok = self._chance_allowed(m, c, p, features, baseline, draws)
+                claims.append(p)
                 prob = p if prob is None else prob * p
             else:
                 values = single[m]
@@ -396,9 +598,13 @@ class TSASC(Policy):
                 if c.versus_baseline:
                     ok[..., rows, baseline] = True
                 singles.append((c, values, base))
+            verdicts.append(ok)
             allowed = ok if allowed is None else allowed & ok
         if allowed is None:
             allowed = torch.ones(features.shape[:2], dtype=torch.bool)
+        self._verdicts = verdicts  # per guard, for the fallback record (_record_fallback)
+        if claims:  # the calibration record (chance_guards): references only, no copies
+            self.last_chance_claims = (torch.stack(claims) if len(claims) > 1 else claims[0][None], allowed)
         return fr, allowed, (singles, prob)
 
     def _select_guarded(self, features, baseline, generator, valid) -> torch.Tensor:
@@ -411,7 +617,7 @@ class TSASC(Policy):
         actions = masked_argmax(fr, allowed)
         empty = ~allowed.any(-1)
         if not bool(empty.any()):
-            return actions
+            return self._record_fallback(empty, actions, False)
         if self.fallback == "baseline":
             other = baseline
         else:
@@ -420,7 +626,36 @@ class TSASC(Policy):
                 candidates = valid.clone()
                 candidates[rows, baseline] = True
             other = _safest(singles, prob, candidates, baseline, rows)
-        return torch.where(empty, other, actions)
+        return self._record_fallback(empty, torch.where(empty, other, actions), True)
+
+    # ------------------------------------------------------------------ the fallback record
+    @property
+    def fallback_constraints(self) -> tuple | None:
+        """The guards a fallback is reported against (the rows of ``last_fallback_by``): the
+        declared ``constraints``; None where this policy never falls back (the paper path: alpha or
+        relative single-draw constraints, one per model in order, keep the baseline allowed)."""
+        return None if self._paper else self.constraints
+
+    def _record_fallback(self, empty: torch.Tensor, actions: torch.Tensor, fell: bool) -> torch.Tensor:
+        """Set ``last_fallback`` (``[*lead, R]`` bool: the row allowed no action and the fallback was
+        played) and ``last_fallback_by`` (``[G, *lead, R]``: per declared guard, the fallback rows whose
+        played action this decision's own verdict (its draw, or its probability against
+        ``confidence``) did not judge to meet that guard: the guards that bound). Every fallback row
+        names at least one guard (the played action would otherwise have been allowed). No row fell
+        back: views of ``empty`` (all False), no work. Returns ``actions``."""
+        shape = actions.shape
+        empty = empty.expand(shape)
+        verdicts = self._verdicts
+        if not fell:
+            self.last_fallback, self.last_fallback_by = empty, empty.expand(len(verdicts), *shape)
+            return actions
+        K = verdicts[0].shape[-1]
+        # every verdict [*lead, R, K] broadcast to the actions' shape, stacked: one gather of the played column
+        table = torch.stack([ok.expand(*shape, K) for ok in verdicts])  # [G, *shape, K]
+        met = table.gather(-1, actions[None, ..., None].expand(len(verdicts), *shape, 1))[..., 0]
+        self.last_fallback = empty
+        self.last_fallback_by = empty & ~met
+        return actions
 
     def constraint_probabilities(self, features, baseline, generator: Generator = None) -> torch.Tensor:
         """``P(constraint met)`` of every action under the posterior, per declared constraint:
@@ -439,13 +674,16 @@ class TSASC(Policy):
         for m, c in self._guards:
             if not self._closed[m] and m not in draws:
                 key = "reward/chance" if m == 0 else f"constraint{m - 1}/chance"
-                draws[m] = _joint_draws(models[m], features, generator, key, self.confidence_draws)
+                draws[m] = _joint_draws(models[m], features, generator, key, self.confidence_draws,
+                                        self.confidence_thin)
             out.append(self._probability(m, c, features, baseline, draws, moments))
         if not out:
             return torch.zeros((0, *features.shape[:2]), dtype=torch.float64)
         return torch.stack(out)
 
     def update(self, features_chosen, reward, constraints=None, actions=None) -> None:
+        if self.chance_recalibrate:
+            self._recalibration_update(reward, constraints, actions)
         plan = self._plan_of_models()
         checked = _fast.update_inputs(features_chosen, reward, constraints, _model_dims(self.reward_model),
                                       self.num_constraints)
@@ -525,8 +763,57 @@ class _StreamDraws(ReplicationRNG):
         return self.parent._draw(kind, (self.num_draws, *(int(s) for s in shape)), key, dtype).movedim(1, 0)
 
 
-def _joint_draws(model, features: torch.Tensor, generator: Generator, key: str, S: int) -> torch.Tensor:
-    """``S`` joint posterior draws of ``model`` at ``features [R, K, d]`` -> ``[S, R, K]`` (module docstring)."""
+def _envelope(values: torch.Tensor, at_most: bool, forward: bool, maximum: bool) -> torch.Tensor:
+    """The running maximum (``maximum``) or minimum of ``values [..., K]`` over the action index, from
+    index 0 up (``forward``) or from ``K - 1`` down (``chance_monotone``): per draw, the least
+    monotone function above (below) the drawn one, so a bound met by the envelope is met by every
+    monotone function of the draw's side; for probabilities (closed form) the running minimum of
+    ``P(met)``, since under monotonicity meeting it at ``k`` implies meeting it at the lower indices."""
+    del at_most
+    x = values if forward else values.flip(-1)
+    x = x.cummax(-1).values if maximum else x.cummin(-1).values
+    return x if forward else x.flip(-1)
+
+
+@functools.lru_cache(maxsize=8)
+def _normal_grid(S: int) -> torch.Tensor:
+    """``S`` standard normal quantiles ``Phi^-1((s + 1/2) / S)`` in a fixed shuffled order (so that
+    a trend over a chain's successive draws does not meet a trend in the grid)."""
+    from statistics import NormalDist
+
+    nd = NormalDist()
+    grid = torch.tensor([nd.inv_cdf((s + 0.5) / S) for s in range(S)], dtype=torch.float64)
+    return grid[torch.randperm(S, generator=torch.Generator().manual_seed(S))]
+
+
+def _guard_index(guards: tuple, c) -> int:
+    """The position of constraint ``c`` (this very object) among ``guards`` (a copy of the policy
+    copies both, so the position survives ``copy.deepcopy``)."""
+    return next(g for g, (_, other) in enumerate(guards) if other is c)
+
+
+def _normal_quantile(q: float) -> float:
+    from statistics import NormalDist
+
+    return NormalDist().inv_cdf(q)
+
+
+def _batch_means_se(met: torch.Tensor, batches: int = 8) -> torch.Tensor:
+    """The Monte-Carlo standard error of ``met.mean(0)`` by non-overlapping batch means (Flegal &
+    Jones 2010, "Batch means and spectral variance estimators in MCMC", Ann. Statist. 38(2)):
+    ``S`` draws in ``b = min(8, S // 2)`` batches of ``S // b`` (the first ``b (S // b)`` draws),
+    ``se = sd(batch means) / sqrt(b)``. Autocorrelated chain draws get the wider error they have;
+    for independent draws it estimates ``sqrt(p (1 - p) / S)``."""
+    S = met.shape[0]
+    b = max(2, min(batches, S // 2))
+    size = S // b
+    means = met[: b * size].reshape(b, size, *met.shape[1:]).mean(1)
+    return means.std(0) / b ** 0.5
+
+
+def _joint_draws(model, features: torch.Tensor, generator: Generator, key: str, S: int, thin: int = 1) -> torch.Tensor:
+    """``S`` joint posterior draws of ``model`` at ``features [R, K, d]`` -> ``[S, R, K]`` (module docstring);
+    a chain engine drawn one at a time keeps every ``thin``-th draw (``confidence_thin``)."""
     R = features.shape[0]
     if _batched_draws(model):
         if isinstance(generator, DrawBatch):
@@ -541,6 +828,13 @@ def _joint_draws(model, features: torch.Tensor, generator: Generator, key: str, 
         # (played=False; the engines' draw docstrings), nor does any other engine's state
         return model.sample_at(features, DrawBatch(S, R, generator.generator), key=key)
     # one draw at a time: a chain advances S steps and keeps its shape
+    if thin > 1 and getattr(model, "engine_name", None) in ("gibbs", "langevin"):
+        kept = []
+        for _ in range(S):
+            for _ in range(thin - 1):
+                model.sample_at(features, generator, key=key)
+            kept.append(model.sample_at(features, generator, key=key))
+        return torch.stack(kept)
     return torch.stack([model.sample_at(features, generator, key=key) for _ in range(S)])
 
 
