@@ -79,9 +79,11 @@ import hashlib
 import hmac
 import json
 import math
+import os
 import re
 import secrets
 import threading
+import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -264,6 +266,52 @@ def _log_mismatch(log: DecisionLog, decider_id: str | None, next_id: int, pendin
     if orphans:
         return f"it holds feedback for decision(s) {orphans} but not the decisions themselves"
     return None
+
+
+def _identity(st) -> tuple[int, int]:
+    return st.st_dev, st.st_ino
+
+
+def _read_snapshot(directory: Path, read_extra: Callable, allow_imports: bool, attempts: int = 50) -> tuple:
+    """``(decider.json's text, policy, the policy's load error or None, read_extra(directory))``, all
+    read from one version of ``directory``.
+
+    ``save`` replaces the whole directory at once (a rename exchange), so reading its files one
+    path at a time may pair one snapshot's ``decider.json`` with another's policy (issue 40).
+    The directory is opened first, which pins its inode (it cannot be reused while open), and
+    after every file is read the path must still name that inode; if a save replaced it in
+    between, everything is read again. A missing ``decider.json`` is returned as the
+    ``FileNotFoundError`` raised by ``read_text`` (``load`` words it)."""
+    for attempt in range(attempts):
+        try:
+            fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+        except (FileNotFoundError, NotADirectoryError):
+            fd = None  # no directory: read as before, so load words what is missing
+        try:
+            pinned = None if fd is None else _identity(os.fstat(fd))
+            error = policy = extra = None
+            try:
+                text = (directory / "decider.json").read_text()
+                try:
+                    policy = load_state(directory / "policy", allow_imports=allow_imports)
+                except Exception as exc:  # noqa: BLE001 (whatever load_state raises) raised by load after the log's check
+                    error = exc
+                extra = read_extra(directory)
+            except FileNotFoundError as exc:
+                text, error = exc, exc
+            try:
+                now = _identity(os.stat(directory))
+            except OSError:
+                now = None
+            if pinned == now:  # one version of the directory was read (or none exists)
+                if isinstance(text, FileNotFoundError):
+                    raise text
+                return text, policy, error, extra
+        finally:
+            if fd is not None:
+                os.close(fd)
+        time.sleep(0.001 * min(attempt + 1, 10))  # a save replaced it while it was read: read it again
+    raise StateError(f"{directory}: replaced by another save during each of {attempts} reads")
 
 
 def _check_bookkeeping(next_id: int, model_version: int, legacy_below: int, pending: dict, queued: list) -> None:
@@ -816,6 +864,7 @@ class Decider:
                     "feature_limit": self.feature_limit, "outcome_limit": self.outcome_limit} | self._extra_meta()
             with atomic_output_dir(directory, replace=True) as out:
                 save_state(self.policy, out / "policy")
+                self._save_extra(out)
                 (out / "decider.json").write_text(json.dumps(meta))
         return Path(directory)
 
@@ -830,22 +879,34 @@ class Decider:
         """What a subclass adds to ``decider.json`` (``ReplicaDecider``: its watermark)."""
         return {}
 
+    def _save_extra(self, out: Path) -> None:
+        """What a subclass adds to the saved directory ``out`` (``ReplicaDecider``: its base)."""
+
+    @classmethod
+    def _read_extra(cls, directory: Path):
+        """What a subclass reads from ``directory`` in ``load``'s one read of it (``ReplicaDecider``: its base)."""
+
     @classmethod
     def load(cls, directory, *, log: DecisionLog | str | Path | None = None, featurize: Callable | None = None,
              allow_imports: bool = False) -> Decider:
         """Resume from ``save``: the same posterior, pending decisions and id counter.
 
         With ``log`` (a ``DecisionLog`` or its path), the log is checked against the snapshot
-        first (``check_log``: a ``StateError`` naming the log and the mismatch, raised before the
-        policy is read and with nothing applied or written), then ``replay``ed onto it
+        first (``check_log``: a ``StateError`` naming the log and the mismatch, raised before any
+        problem of the policy files and with nothing applied or written), then ``replay``ed onto it
         (``replayed`` says what it applied): the Decider returned is the one that wrote the log.
         ``allow_imports``: import the module of a prior saved as ``module:function`` (a callable
         Pyro prior, e.g. of a Langevin model; ``bayes_safe.state.load_state``).
+
+        The directory is read as one version: ``decider.json`` and the policy (and what a subclass
+        adds) come from the same ``save``, read again when another process's ``save`` replaced
+        the directory meanwhile (``_read_snapshot``; issue 40).
         """
         directory = Path(directory)
         meta_path = directory / "decider.json"
         try:
-            meta = json.loads(meta_path.read_text())
+            text, policy, policy_error, extra = _read_snapshot(directory, cls._read_extra, allow_imports)
+            meta = json.loads(text)
         except FileNotFoundError:
             raise StateError(f"{meta_path}: missing; expected a directory written by Decider.save") from None
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -896,7 +957,8 @@ class Decider:
                 owner = log.identity()
                 if decider_id is None and owner is not None:
                     decider_id = owner["decider_id"]  # an older state adopts the log it wrote
-            policy = load_state(directory / "policy", allow_imports=allow_imports)
+            if policy_error is not None:  # raised after the log's check, as when the policy was read here
+                raise policy_error
             try:
                 out = cls._restored(policy, feature_names=meta["feature_names"], num_draws=meta["num_draws"],
                                     update_every=meta["update_every"], featurize=featurize, seed=meta["seed"],
@@ -915,6 +977,7 @@ class Decider:
                 raise StateError(f"{meta_path}: malformed Decider state ({type(exc).__name__}: {exc})") from None
             if decider_id is not None:
                 out.decider_id = decider_id
+            out._snapshot = (meta, extra)  # what the one read of the directory gave besides the policy
             if log is not None:
                 out.log = log
                 out.replay()

@@ -42,9 +42,20 @@ feedback.
 
 **Faults.** Nothing is acknowledged before its log transaction commits, so a replica killed at
 any moment loses nothing acknowledged; a replica restarted from a snapshot learns the rows past
-the snapshot's ``log_seq`` exactly once (the watermark and the posterior are saved together).
+the snapshot's ``log_seq`` exactly once (the watermark and the posterior are saved together, and
+``load`` reads them from one version of the snapshot directory: ``Decider.load`` reads it again
+when a save replaced it meanwhile).
 While the database is down, decisions and feedback raise ``LogUnavailable`` (the service answers
 503) and ``sync`` raises it too; the next call connects again.
+
+**The invariant** (issue 40): after ``load`` and after every sync that learned rows, ``check``
+compares the feedback rows the posterior holds (``applied``; at ``load`` also the rows each
+model counts itself, against the counts its snapshot recorded) with the log's rows up to
+``log_seq`` (one count query). A mismatch is logged as a warning (logger
+``bayes_safe.online.replica``), counted in ``repairs``, and repaired before the posterior serves
+again: the snapshot's *base* (the posterior the replica state began from, with its watermark,
+carried in ``STATE_DIR/base/`` by every snapshot) replayed with the log's rows. A snapshot
+without a base whose check fails raises ``StateError``.
 
 **Starting from a one-process state.** ``load`` takes a state saved by ``Decider.save`` (with or
 without a log behind it): it first reads the log's last feedback row ``W``, then brings the
@@ -57,11 +68,16 @@ posterior. A state saved by a replica is refused by ``Decider.load`` (and by a o
 
 from __future__ import annotations
 
-import json
+import copy
+import logging
+import os
+import tempfile
 import threading
 from pathlib import Path
 
-from ..state import StateError
+import torch
+
+from ..state import StateError, load_state, save_state
 from .decider import (
     Decider,
     FeedbackRowsError,
@@ -73,6 +89,12 @@ from .decider import (
 from .log import NUMBER_BLOCK, DecisionLog
 
 __all__ = ["ReplicaDecider"]
+
+_logger = logging.getLogger(__name__)
+#: the directory of a replica snapshot that holds its base: the posterior it replays from on a repair
+BASE = "base"
+#: the key of ``decider.json`` that holds the rows each model counts and the base's watermark
+CHECK = "replica_check"
 
 
 class ReplicaDecider(Decider):
@@ -86,6 +108,8 @@ class ReplicaDecider(Decider):
         log_seq: the ``seq`` of the last log feedback row the posterior holds (the watermark).
         applied: the number of feedback rows the posterior holds (= ``model_version``).
         decided: decisions this replica made since it started; ``received``: feedback it accepted.
+        repairs: the times this replica found its posterior did not hold exactly the log's rows up
+            to its watermark and rebuilt it from its base (``check``; each one logs a warning).
     """
 
     _replica = True
@@ -96,11 +120,15 @@ class ReplicaDecider(Decider):
         log = _shared_log(log)
         super().__init__(policy, log=log, **kwargs)
         self._start_replica(log_seq=0, applied=0)
+        self._allow_imports = False
+        self._base = self._own_base()  # the prior, at row 0
 
     def _start_replica(self, log_seq: int, applied: int) -> None:
         self.log_seq, self.applied = int(log_seq), int(applied)
         self.model_version = self.applied
         self.decided = self.received = 0
+        self.repairs = getattr(self, "repairs", 0)
+        self._unchecked = False  # rows learned since the last check
         self._block_end = self.next_id  # the first decision reserves a block
         self._sync_lock = threading.Lock()
         self._tally = threading.Lock()  # decided and received: counted by the threads that write the log
@@ -197,7 +225,14 @@ class ReplicaDecider(Decider):
 
     # ------------------------------------------------------------------ learning from the log
     def fetch(self, limit: int = 10_000) -> list[tuple]:
-        """The feedback rows the log committed past ``log_seq`` (at most ``limit``; reads only)."""
+        """The feedback rows the log committed past ``log_seq`` (at most ``limit``; reads only).
+
+        When rows were ``learn``ed since the last ``check``, it runs first (one count query): a
+        service that syncs by ``fetch`` and ``learn`` (``bayes-safe serve``, in chunks) has each
+        sync's rows checked at the start of its next sync; ``sync`` checks at its end."""
+        if self._unchecked:
+            self._unchecked = False
+            self._checked(self._log_problem())
         return self.log.feedback_since(self.log_seq, limit)
 
     def learn(self, rows) -> int:
@@ -218,23 +253,126 @@ class ReplicaDecider(Decider):
                     self._apply([entry])
                     self.log_seq, self.applied = row[0], self.applied + 1  # moved with each row applied
             self.model_version = self.applied
+            self._unchecked = True
             return len(rows)
 
     def sync(self, limit: int = 10_000) -> int:
         """Learn every feedback row the log committed since the last sync (``fetch`` then
-        ``learn``, in pages of ``limit``); returns how many. One sync runs at a time."""
-        total = 0
+        ``learn``, in pages of ``limit``); returns how many. One sync runs at a time. A sync that
+        learned rows then ``check``s the posterior against the log (one count query)."""
         with self._sync_lock:
-            while True:
-                rows = self.fetch(limit)
-                total += self.learn(rows)
-                if len(rows) < limit:
-                    return total
+            total = self._learn_all(self, limit)
+            if self._unchecked:
+                self._unchecked = False
+                self._checked(self._log_problem())
+            return total
+
+    @staticmethod
+    def _learn_all(target: ReplicaDecider, limit: int = 10_000) -> int:
+        """Learn every row past ``target.log_seq`` (``fetch`` without its check)."""
+        total = 0
+        while True:
+            rows = target.log.feedback_since(target.log_seq, limit)
+            total += target.learn(rows)
+            if len(rows) < limit:
+                return total
+
+    # ------------------------------------------------------------------ the invariant
+    def _log_problem(self) -> str | None:
+        """None when the posterior holds as many feedback rows as the log has up to the watermark."""
+        with self._lock:
+            seq, applied = self.log_seq, self.applied
+        count = self.log.feedback_count(through=seq)
+        if count != applied:
+            return (f"its posterior holds {applied} feedback rows but the log {self.log.path} has {count} up to its "
+                    f"watermark log_seq {seq}")
+        return None
+
+    def check(self) -> bool:
+        """Check the invariant: the posterior holds exactly the log's feedback rows up to ``log_seq``
+        (their number, counted in the log with one query). On a mismatch, warn (the ``bayes_safe``
+        logger), count it in ``repairs`` and rebuild the posterior from the base: the snapshot's
+        posterior proven consistent (the prior of a new log, the state a first load converted),
+        replayed with the log's rows, before it serves again; a ``StateError`` if that fails.
+        Returns True when the posterior was already consistent. ``load`` and every ``sync`` that
+        learned rows run it."""
+        with self._sync_lock:
+            return self._checked(self._log_problem())
+
+    def _checked(self, problem: str | None) -> bool:
+        if problem is None:
+            return True
+        self.repairs += 1
+        _logger.warning("replica: %s; rebuilding the posterior from its base (repair %d)", problem, self.repairs)
+        self._repair(problem)
+        again = self._log_problem()
+        if again is not None:
+            raise StateError(f"replica: the posterior rebuilt from its base is not the log's either: {again}")
+        return False
+
+    def _own_base(self) -> dict:
+        """This posterior as the base: its policy's files, watermark and per-model counts."""
+        with self._lock, tempfile.TemporaryDirectory(prefix="bayes_safe_base_") as tmp:
+            save_state(self.policy, Path(tmp) / "policy")
+            files = {name: (Path(tmp) / name).read_bytes() for name in sorted(os.listdir(tmp))}
+            return {"log_seq": self.log_seq, "applied": self.applied, "learned": _learned(self.policy),
+                    "files": files}
+
+    def _base_policy(self):
+        with tempfile.TemporaryDirectory(prefix="bayes_safe_base_") as tmp:
+            for name, data in self._base["files"].items():
+                (Path(tmp) / name).write_bytes(data)
+            return load_state(Path(tmp) / "policy", allow_imports=self._allow_imports)
+
+    def _repair(self, problem: str) -> None:
+        """Replace the posterior by the base's replayed with the log's rows past its watermark
+        (built aside, then swapped in under the lock: nothing half-built is served)."""
+        base = self._base
+        if base is None:
+            raise StateError(f"replica: {problem}, and its snapshot holds no base to rebuild from (a snapshot written "
+                             "before issue 40): load it from the one-process state it was converted from")
+        policy = self._base_policy()
+        if _learned(policy) != base["learned"]:
+            raise StateError(f"replica: {problem}, and its base's models hold {_learned(policy)} rows where the "
+                             f"snapshot records {base['learned']}")
+        count = self.log.feedback_count(through=base["log_seq"])
+        if count != base["applied"]:
+            raise StateError(f"replica: {problem}, and its base holds {base['applied']} rows where the log has {count} "
+                             f"up to its watermark {base['log_seq']}")
+        shadow = copy.copy(self)
+        shadow.policy, shadow._lock = policy, threading.RLock()
+        shadow.log_seq, shadow.applied = int(base["log_seq"]), int(base["applied"])
+        shadow._unchecked = False
+        self._learn_all(shadow)
+        with self._lock:
+            self.policy = shadow.policy
+            self.log_seq, self.applied = shadow.log_seq, shadow.applied
+            self.model_version = self.applied
 
     # ------------------------------------------------------------------ state
     def _extra_meta(self) -> dict:
-        return {"replica": {"log_seq": self.log_seq, "applied": self.applied},
+        # "replica": the watermark; CHECK: what load checks the posterior against (the rows each model
+        # counts) and the base's watermark and counts (its files are in BASE)
+        check = {"learned": _learned(self.policy)}
+        if self._base is not None:
+            check["base"] = {k: self._base[k] for k in ("log_seq", "applied", "learned")}
+        return {"replica": {"log_seq": self.log_seq, "applied": self.applied}, CHECK: check,
                 "next_id": max(self.next_id, self._block_end)}
+
+    def _save_extra(self, out: Path) -> None:
+        if self._base is not None:
+            (out / BASE).mkdir()
+            for name, data in self._base["files"].items():
+                (out / BASE / name).write_bytes(data)
+
+    @classmethod
+    def _read_extra(cls, directory: Path):
+        """The base's files (bytes by name), read with the rest of the snapshot; None without one."""
+        try:
+            names = sorted(os.listdir(directory / BASE))
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        return {name: (directory / BASE / name).read_bytes() for name in names}
 
     @classmethod
     def load(cls, directory, *, log=None, featurize=None, allow_imports: bool = False) -> ReplicaDecider:
@@ -251,7 +389,10 @@ class ReplicaDecider(Decider):
             _shared_log(log)
         try:
             out = super().load(directory, featurize=featurize, allow_imports=allow_imports)
-            meta = json.loads((directory / "decider.json").read_text()).get("replica")
+            saved, base_files = out._snapshot  # decider.json and the base, read with the policy in one read
+            meta = saved.get("replica")
+            out._allow_imports = allow_imports
+            problem = None
             owner = log.identity()
             if meta is not None:
                 if owner is None or owner["decider_id"] != out.decider_id:
@@ -264,14 +405,38 @@ class ReplicaDecider(Decider):
                                      f"{directory} has learned up to row {seq}: the log is older than the snapshot")
                 out.log = log
                 out._start_replica(seq, applied)
+                check = saved.get(CHECK) or {}
+                problem = out._snapshot_problem(check, directory) or out._log_problem()
+                base = check.get("base")
+                if base is not None and base_files is not None:
+                    out._base = {"log_seq": int(base["log_seq"]), "applied": int(base["applied"]),
+                                 "learned": dict(base["learned"]), "files": base_files}
+                elif problem is None:  # a snapshot written before bases: proven consistent, it is the base
+                    out._base = out._own_base()
+                else:
+                    out._base = None
             else:
                 out._convert(log, directory)
+                out._base = out._own_base()
+            with out._sync_lock:
+                out._checked(problem)
             out.sync()
         except BaseException:
             if opened is not None:
                 log.close()
             raise
         return out
+
+    def _snapshot_problem(self, check: dict, directory: Path) -> str | None:
+        """None when the loaded posterior's models hold the rows its snapshot records for each."""
+        recorded = check.get("learned")
+        if recorded is None:  # a snapshot written before the counts were recorded
+            return None
+        held = _learned(self.policy)
+        if held != recorded:
+            return (f"the posterior loaded from {directory} holds {held} feedback rows per model where its snapshot "
+                    f"records {recorded} (watermark log_seq {self.log_seq})")
+        return None
 
     def _convert(self, log: DecisionLog, directory: Path) -> None:
         """Bring a one-process state up to the log's feedback row ``W`` read first (module docstring)."""
@@ -298,6 +463,23 @@ class ReplicaDecider(Decider):
             self._apply(entries)
         self._start_replica(high, log.feedback_count(through=high))
         self.replayed = {"decisions": 0, "feedback": len(entries)}
+
+
+def _learned(policy) -> dict[str, int]:
+    """The feedback rows each model of ``policy`` counts itself (``num_observations``, summed over
+    arms), by role: read from the posterior's own files, unlike the snapshot's ``applied``."""
+    out = {}
+    for role, model in policy.models().items():
+        n = getattr(model, "num_observations", None)
+        if n is None:  # a per-arm model counts in its arms
+            n = getattr(getattr(model, "arms", None), "num_observations", None)
+        if n is None or callable(n):
+            continue
+        try:
+            out[str(role)] = int(torch.as_tensor(n).sum())
+        except (TypeError, ValueError, RuntimeError):
+            continue
+    return out
 
 
 def _shared_log(log) -> DecisionLog:
