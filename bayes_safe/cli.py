@@ -4,6 +4,7 @@
     bayes-safe diagnose DIR
     bayes-safe study list | run NAME --out DIR
     bayes-safe serve STATE_DIR [--host 127.0.0.1] [--port 8080] [--log PATH] [--snapshot-every SECONDS]
+        [--read-timeout SECONDS] [--max-bytes-in-flight N] [--limit-concurrency N] [--timeout-keep-alive SECONDS]
     bayes-safe feedback STATE_DIR --from outcomes.csv|outcomes.parquet [--log PATH] [--url URL]
     bayes-safe tune ...            (bayes_safe.tuning.cli)
 
@@ -166,6 +167,16 @@ def _build_parser() -> argparse.ArgumentParser:
                           "feedback at any replica, every replica learning every logged feedback (docs/replicas.md)")
     srv.add_argument("--sync-every", type=positive_float, default=1.0, metavar="SECONDS",
                      help="(--replica) learn the feedback other replicas logged this often (default 1)")
+    # the defaults of bayes_safe.online.serve (READ_TIMEOUT, ...), written here so the parser imports nothing
+    srv.add_argument("--read-timeout", type=positive_float, default=10.0, metavar="SECONDS",
+                     help="answer 408 and close a request whose body is not complete within SECONDS (default 10)")
+    srv.add_argument("--max-bytes-in-flight", type=positive_int, default=64 << 20, metavar="N",
+                     help="answer 503 to a body that would push the bytes of all bodies being read past N "
+                          "(default 67108864)")
+    srv.add_argument("--limit-concurrency", type=positive_int, default=1000, metavar="N",
+                     help="answer 503 beyond N open connections and tasks (default 1000)")
+    srv.add_argument("--timeout-keep-alive", type=positive_float, default=5.0, metavar="SECONDS",
+                     help="close a connection idle SECONDS between requests (default 5)")
     _add_debug(srv)
 
     fb = sub.add_parser("feedback", help="apply a table of outcomes (CSV or Parquet, joined on decision ids) to a "
@@ -620,7 +631,9 @@ def _run(args) -> int:
                      token_file=args.token_file, allowed_hosts=args.allowed_host, allowed_origins=args.allowed_origin,
                      max_body_bytes=args.max_body_bytes, max_candidates=args.max_candidates,
                      max_feedback_items=args.max_feedback_items, allow_imports=args.allow_imports,
-                     replica=args.replica, sync_every=args.sync_every)
+                     replica=args.replica, sync_every=args.sync_every, read_timeout=args.read_timeout,
+                     max_bytes_in_flight=args.max_bytes_in_flight, limit_concurrency=args.limit_concurrency,
+                     timeout_keep_alive=args.timeout_keep_alive)
     if args.command == "feedback":
         return _feedback(args)
     raise AssertionError(f"unknown command {args.command!r}")  # pragma: no cover - argparse requires one

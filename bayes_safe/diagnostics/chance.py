@@ -18,8 +18,9 @@ action, the probability the policy claimed and whether the truth meets the const
   realised share (a reliability diagram, DeGroot & Fienberg 1983), and ``candidates``: the same
   for every allowed (patient, action) pair of the run, played or not.
 
-``format_chance_calibration`` writes one line per constraint (``adverse_event <= 0.05: claimed
->= 0.95 safe (mean 0.98), realised 0.90 [0.88, 0.92]; last quarter 0.88 [...]``), the line
+``format_chance_calibration`` writes one line per constraint
+(``adverse_event <= 0.05: claimed >= 0.95 safe (mean 0.98), realised 0.90 [0.88, 0.92]; last
+quarter 0.88 [...]``), the line
 ``bayes-safe simulate`` prints; ``chance_trial_metrics`` flattens it into the per-trial numbers a
 tuning study can record.
 """

@@ -520,8 +520,8 @@ class GibbsLinearPosterior:
             key: set it on a model's engine (``model.engine.tau_scheme``) or build the engine.
             ``tau_steps``: MH steps per round (1); ``tau_proposal_sd``: their random-walk sd on
             ``log tau`` (0.5); ``tau_inner``: rounds of (``tau``, ``w``, ``lam``, ``nu``) per sweep
-            given the sweep's latents (``None``, the default: 4 for the 0/1 likelihoods once ``n d
-            >= 20,000``, where the Polya-Gamma or truncated-normal latents and ``X^T Omega X`` cost
+            given the sweep's latents (``None``, the default: 4 for the 0/1 likelihoods once
+            ``n d >= 20,000``, where the Polya-Gamma or truncated-normal latents and ``X^T Omega X`` cost
             more than the rounds, else 1; see ``_rounds``).
 
     Shapes: ``add(X [*b, n, d], y [*b, n])``; ``draw() -> [*b, d]``; ``summary(X [*b, k, d])

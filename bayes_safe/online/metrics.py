@@ -246,6 +246,10 @@ def registry(service):
                                           "Feedback accepted by this replica since it started", value=d.received)
                 yield GaugeMetricFamily("bayes_safe_log_seq", "The log's feedback row this replica's posterior has "
                                         "learned up to", value=d.log_seq)
+                yield CounterMetricFamily("bayes_safe_replica_repairs",
+                                          "Times this replica found its posterior did not hold exactly the log's rows "
+                                          "up to its watermark and rebuilt it (docs/replicas.md)",
+                                          value=getattr(d, "repairs", 0))
             else:
                 pending, queued = len(d.pending), len(d.queued)
                 yield CounterMetricFamily("bayes_safe_decisions", "Decisions made by this Decider (its id counter)",
