@@ -406,6 +406,7 @@ def _outcome(action, rng):
     return {"reward": float(RATES[action] + 0.5 * rng.normal()), "constraints": [float(1 + 0.5 * rng.normal())]}
 
 
+@pytest.mark.slow  # moved to the slow job to keep the default run under 15 minutes (2026-11-28)
 def test_serve_on_postgresql_survives_a_kill_and_a_database_restart(tmp_path, postgres_server):
     state, url = tmp_path / "state", postgres_server.url()
     Decider(TSASC(_model(), [_model()], alpha=0.2), num_draws=200, seed=1).save(state)

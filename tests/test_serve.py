@@ -254,6 +254,7 @@ def _obp_ipw(feedback: dict, action_dist: np.ndarray, lambda_: float = np.inf) -
     return float(np.mean(feedback["reward"] * np.minimum(weights, lambda_)))
 
 
+@pytest.mark.slow  # moved to the slow job to keep the default run under 15 minutes (2026-11-28)
 def test_the_whole_loop_with_a_kill_and_a_restart(tmp_path, started):
     _loop(tmp_path, started, 300)
 

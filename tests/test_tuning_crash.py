@@ -66,6 +66,7 @@ def _tiny_study(db: Path) -> Study:
     return Study(ab, storage=db, sobol_trials=4, seed=0)
 
 
+@pytest.mark.slow  # moved to the slow job to keep the default run under 15 minutes (2026-11-28)
 def test_rerun_queue_is_derived_from_the_database_so_a_crash_at_any_step_never_loses_or_doubles_a_rerun(tmp_path):
     """Issue 14, finding 5: the queue of re-runs used to live in memory only."""
     db = tmp_path / "s.sqlite"

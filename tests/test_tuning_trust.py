@@ -263,6 +263,7 @@ def test_resume_asks_before_reading_a_stored_source_outside_the_study(tmp_path, 
     assert listing(out) == before and _dump(db) == dump
 
 
+@pytest.mark.slow  # moved to the slow job to keep the default run under 15 minutes (2026-11-28)
 def test_resume_reads_a_source_inside_the_study_directory(tmp_path, logs):
     """The rule's other side: logs inside the study's directory resume without a flag, from any
     cwd; the outputs follow the umask (none is forced to 0644)."""
