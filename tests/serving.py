@@ -50,3 +50,11 @@ class ServeProcess:
             self.proc.send_signal(sig)
         self.proc.communicate(timeout=60)
         return self.proc.returncode, self.stderr.read_text()
+
+
+def metric_samples(text: str) -> dict:
+    """A ``/metrics`` page as ``{(sample name, sorted label items): value}`` (Prometheus's own parser)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for f in text_string_to_metric_families(text) for s in f.samples}

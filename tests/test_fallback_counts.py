@@ -297,8 +297,7 @@ def test_metrics_export_the_fallback_counters_over_http(tmp_path):
     pytest.importorskip("fastapi")
     pytest.importorskip("uvicorn")
     pytest.importorskip("prometheus_client")
-    from prometheus_client.parser import text_string_to_metric_families
-    from serving import ServeProcess
+    from serving import ServeProcess, metric_samples
 
     from bayes_safe.online import Decider
 
@@ -312,8 +311,7 @@ def test_metrics_export_the_fallback_counters_over_http(tmp_path):
         text = server.client.get("/metrics").text
     finally:
         server.kill()
-    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
-               for f in text_string_to_metric_families(text) for s in f.samples}
+    samples = metric_samples(text)
     assert samples[("bayes_safe_fallback_decisions_total", ())] == 3  # decisions 0, 3 and 6
     by = {dict(k[1])["guard"]: v for k, v in samples.items() if k[0] == "bayes_safe_fallback_decisions_by_constraint_total"}
     assert by == {"risk <= 0.5": 3, "risk <= 1e+09": 0}

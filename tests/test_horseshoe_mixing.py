@@ -33,14 +33,6 @@ from bayes_safe.random import ReplicationRNG, replication_seeds
 F64 = torch.float64
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def horseshoe(d: int):
     def prior():
         tau = pyro.sample("tau", dist.HalfCauchy(torch.tensor(1.0, dtype=F64)))

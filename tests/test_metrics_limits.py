@@ -121,8 +121,7 @@ def test_metrics_over_http_export_the_declared_limit_the_policy_bound_and_rate_i
     pytest.importorskip("fastapi")
     pytest.importorskip("uvicorn")
     pytest.importorskip("prometheus_client")
-    from prometheus_client.parser import text_string_to_metric_families
-    from serving import ServeProcess
+    from serving import ServeProcess, metric_samples
 
     from bayes_safe.online import Decider
 
@@ -142,8 +141,7 @@ def test_metrics_over_http_export_the_declared_limit_the_policy_bound_and_rate_i
         text = server.client.get("/metrics").text
     finally:
         server.kill()
-    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
-               for f in text_string_to_metric_families(text) for s in f.samples}
+    samples = metric_samples(text)
 
     def one(name, **labels):
         found = [v for (n, lab), v in samples.items() if n == name and labels.items() <= dict(lab).items()]

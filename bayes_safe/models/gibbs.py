@@ -649,6 +649,17 @@ class GibbsLinearPosterior:
         inv = st.inv if st.inv is not None else 1.0 / st.v
         return inv, None if self._zero_loc else inv * p.loc
 
+
+    def _likelihood_precision(self, scale, scale_m, data_precision):
+        """The data's precision ``[*b, d, d]`` of one sweep: the sweep's latent-weighted ``X^T Omega X``
+        (``data_precision``) or the kept ``X^T X``, times the noise ``scale`` (a number, or ``[*b]``
+        broadcast as ``scale_m``)."""
+        if data_precision is not None:
+            return data_precision * scale_m if isinstance(scale, torch.Tensor) or scale != 1.0 else data_precision
+        if isinstance(scale, torch.Tensor):
+            return self._xtx * scale_m
+        return self._scaled_stats(scale)[0]
+
     def _weight_step(self, st: _State, generator: Generator, key: str, rhs: torch.Tensor | None,
                      data_precision: torch.Tensor | None, scale: torch.Tensor | float,
                      z: torch.Tensor | None = None) -> None:
@@ -665,12 +676,7 @@ class GibbsLinearPosterior:
         fixed = diag is None and data_precision is None and not isinstance(scale, torch.Tensor)
         if self.prior.kind == "horseshoe" and self.tau_scheme == "marginal":
             # Johndrow, Orenstein & Bhattacharya (2020), Sec. 2.1: tau with w integrated out, then w | tau
-            if data_precision is not None:
-                P = data_precision * scale_m if isinstance(scale, torch.Tensor) or scale != 1.0 else data_precision
-            elif isinstance(scale, torch.Tensor):
-                P = self._xtx * scale_m
-            else:
-                P = self._scaled_stats(scale)[0]
+            P = self._likelihood_precision(scale, scale_m, data_precision)
             if rhs is None:
                 rhs = self._scaled_stats(scale)[1]
             elif isinstance(scale, torch.Tensor) or scale != 1.0:
@@ -690,12 +696,7 @@ class GibbsLinearPosterior:
         if fixed and self._fixed is not None:
             L, eta0 = self._fixed
         else:
-            if data_precision is not None:
-                P = data_precision * scale_m if isinstance(scale, torch.Tensor) or scale != 1.0 else data_precision
-            elif isinstance(scale, torch.Tensor):
-                P = self._xtx * scale_m
-            else:
-                P = self._scaled_stats(scale)[0]
+            P = self._likelihood_precision(scale, scale_m, data_precision)
             P = P + (self.prior.precision if diag is None else torch.diag_embed(diag))
             L = _cholesky(P)
             eta0 = prior_eta
