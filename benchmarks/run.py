@@ -18,7 +18,8 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-BENCHMARKS = ["cli_startup", "linear_ts", "probit_gp", "linear_studies", "acol", "bcts", "offline", "tuning", "serve", "custom_priors", "scaling", "single_stream"]
+BENCHMARKS = ["cli_startup", "linear_ts", "probit_gp", "linear_studies", "acol", "bcts", "offline", "tuning", "serve", "custom_priors",
+              "scaling", "single_stream", "rare_harm", "horseshoe_mixing"]
 HEADERS = ("benchmark", "value", "unit", "target", "ratio", "vs_numpy")
 
 
