@@ -467,6 +467,8 @@ def test_serve_on_postgresql_survives_a_kill_and_a_database_restart(tmp_path, po
             down = server.client.post("/decide", json={"features": np.eye(3).tolist(), "baseline": 0})
             assert down.status_code == 503 and "the decision log could not be written" in down.json()["detail"]
             assert "LogUnavailable" in down.json()["detail"]
+            # the database's address stays in the server's log, not in a client's answer (issue 40)
+            assert str(postgres_server.port) not in down.text and "postgresql://" not in down.text, down.text
             pending_id = decided[28][0]  # i = 28: no feedback sent
             refused = server.client.post("/feedback", json={"decision_id": pending_id, "reward": 0.1,
                                                             "constraints": [1.0]})

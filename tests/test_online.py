@@ -517,3 +517,20 @@ def test_tune_decision_log_refuses_bad_input_in_one_line(tmp_path, capsys):
         err = capsys.readouterr().err
         assert match in err and "Traceback" not in err and len(err.strip().splitlines()) <= 2
         assert not (tmp_path / "study").exists()
+
+
+def test_the_saved_id_key_is_readable_by_its_owner_only(tmp_path):
+    """``decider.json`` holds the key that signs decision ids: mode 0600 whatever the umask (issue 40;
+    it was 0644 under umask 022)."""
+    import os
+    import stat
+
+    prior = dist.Normal(torch.zeros(2, dtype=torch.float64), 1.0).to_event(1)
+    old = os.umask(0o022)
+    try:
+        Decider(ThompsonSampling(BayesianLinear(prior, noise_std=1.0)), seed=0).save(tmp_path / "state")
+    finally:
+        os.umask(old)
+    mode = stat.S_IMODE((tmp_path / "state" / "decider.json").stat().st_mode)
+    assert mode == 0o600, oct(mode)
+    assert "id_key" in json.loads((tmp_path / "state" / "decider.json").read_text())

@@ -318,17 +318,19 @@ def test_a_table_with_bad_rows_is_refused_whole_naming_every_bad_row(tmp_path, s
         f"{ids[2]},1.0,\n"             # row 4: missing satisfaction
         f",1.0,1.0\n"                  # row 5: no id
         f"{ids[3]},nan,1.0\n"          # row 6: not finite
-        f"{ids[4]},2.0,1.1\n")         # row 7: good
+        f"{ids[4]},2.0,1.1\n"          # row 7: good
+        f"{ids[5]},1_000,0.9\n")       # row 8: Python's float() reads 1_000 as 1000; a table does not
     before = (log.read_bytes(), (state / "decider.json").read_bytes())
     r = _cli(state, "--from", tmp_path / "bad.csv", "--log", log)
     assert r.returncode == 2 and "Traceback" not in r.stderr and r.stderr.count("\n") == 1, r.stderr
     err = r.stderr
-    assert err.startswith("bayes-safe feedback: error: --from: bad.csv: 5 bad row(s), nothing applied: ")
+    assert err.startswith("bayes-safe feedback: error: --from: bad.csv: 6 bad row(s), nothing applied: ")
     assert f"row 2 (decision_id '{ids[1]}'): reward: expected a number, got 'abc'" in err
     assert "row 3 (decision_id '77'): decision_id: unknown decision '77'" in err
     assert f"row 4 (decision_id '{ids[2]}'): satisfaction: missing" in err
     assert "row 5: decision_id: missing" in err
     assert f"row 6 (decision_id '{ids[3]}'): reward: expected a finite number" in err
+    assert f"row 8 (decision_id '{ids[5]}'): reward: expected a number, got '1_000'" in err
     assert "row 1 " not in err and "row 7" not in err
     assert _feedback_rows(log) == [] and (state / "decider.json").read_bytes() == before[1]
     # columns the policy needs, missing: one line naming them

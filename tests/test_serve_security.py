@@ -408,3 +408,43 @@ async def _through_fastapi(app):
         assert r.status_code == 413 and r.json()["detail"].startswith("features: 6 candidates")
         assert (await client.get("/health")).json() == {"status": "ok"}
         assert (await client.get("/posterior", headers=decide)).status_code == 403
+
+
+def test_a_host_with_a_userinfo_or_a_bad_port_names_no_allowed_host(secured):
+    """``127.0.0.1:PORT@attacker.example`` is not 127.0.0.1 (issue 40): only a numeric port is dropped."""
+    for host in (f"127.0.0.1:{secured.port}@attacker.example", "localhost:80x", "[::1]:x", "[::1]@evil"):
+        r = secured.get("/health", host=host)
+        assert r.status_code == 421, (host, r.status_code)
+    assert secured.get("/health", host=f"[::1]:{secured.port}").status_code == 200
+
+
+def test_an_origin_with_its_default_port_is_the_same_origin():
+    """``https://app.example:443`` is the origin ``https://app.example`` names (RFC 6454): served, as is
+    the reverse; another port or scheme is not (issue 40)."""
+    from bayes_safe.online.serve import Gate
+
+    def scope(origin):
+        return {"method": "GET", "path": "/health", "headers": [(b"host", b"127.0.0.1"), (b"origin", origin.encode())]}
+
+    gate = Gate(allowed_origins=("https://app.example", "http://intra.example:80"))
+    for ok in ("https://app.example", "https://app.example:443", "HTTPS://App.Example:443/", "http://intra.example"):
+        assert gate.refusal(scope(ok)) is None, ok
+    for bad in ("https://app.example:8443", "http://app.example", "https://app.example.evil", "http://intra.example:8080"):
+        refused = gate.refusal(scope(bad))
+        assert refused is not None and refused.status == 403, bad
+
+
+def test_a_postgresql_log_error_reaches_a_client_without_the_database_address():
+    """A PostgreSQL log's errors name its user, host, port and database: the client's 503 names the
+    kind of failure only; a SQLite log's (a full disk) is told whole (issue 40)."""
+    import sqlite3
+
+    from bayes_safe.online.log import LogUnavailable
+    from bayes_safe.online.serve import client_log_error
+
+    url = "postgresql://alice@db.internal:5433/decisions"
+    text = client_log_error(LogUnavailable(f"log: {url}: the PostgreSQL server is unavailable (connection to "
+                                           'server at "db.internal", port 5433 failed)'))
+    assert text.startswith("LogUnavailable: ") and "alice" not in text and "db.internal" not in text and "5433" not in text
+    assert client_log_error(sqlite3.OperationalError("database or disk is full")) == \
+        "OperationalError: database or disk is full"

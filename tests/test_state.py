@@ -386,6 +386,9 @@ def test_tampered_json_is_named(saved):
     saved.write_text("{not json")
     with pytest.raises(StateError, match=r"m\.json: not valid JSON"):
         load_state(saved)
+    saved.write_text('{"object": ' + "[" * 100_000 + "]" * 100_000 + "}")  # nested past Python's stack (issue 40)
+    with pytest.raises(StateError, match=r"m\.json: not a bayes_safe state file \(JSON nested too deep\)"):
+        load_state(saved)
     # tensors replaced consistently (checksum recomputed): shapes and values are still checked
     from safetensors.torch import load_file, save_file
 

@@ -59,6 +59,8 @@ def _number(value, what: str) -> float:
         raise ValueError(f"{what}: missing")
     if isinstance(value, bool):
         raise ValueError(f"{what}: expected a number, got {value!r}")  # noqa: TRY004 - a bad cell: the row's problem
+    if isinstance(value, str) and "_" in value:  # Python's float() reads "1_000" as 1000; a table does not mean that
+        raise ValueError(f"{what}: expected a number, got {value[:40]!r}")
     try:
         out = float(value)
     except (TypeError, ValueError):

@@ -865,7 +865,10 @@ class Decider:
             with atomic_output_dir(directory, replace=True) as out:
                 save_state(self.policy, out / "policy")
                 self._save_extra(out)
-                (out / "decider.json").write_text(json.dumps(meta))
+                # the id key signs decision ids: readable by the owner only, whatever the umask (issue 40)
+                fd = os.open(out / "decider.json", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                with os.fdopen(fd, "w") as f:
+                    f.write(json.dumps(meta))
         return Path(directory)
 
     @classmethod

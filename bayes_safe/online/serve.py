@@ -423,6 +423,17 @@ def _decision_answer(decision) -> dict:
             "probabilities": list(decision.probabilities)}
 
 
+def client_log_error(exc: BaseException) -> str:
+    """What a client is told of a failed log read or write: a PostgreSQL log's error names its user,
+    host, port and database (the URL, the driver's message), which stay in the server's log; a
+    SQLite log's (``database or disk is full``) is told whole (issue 40)."""
+    from .log import LogUnavailable
+
+    if isinstance(exc, LogUnavailable) or type(exc).__module__.split(".")[0] in ("psycopg", "psycopg_pool"):
+        return f"{type(exc).__name__}: the log's database did not answer or refused the write; the server's log says more"
+    return f"{type(exc).__name__}: {exc}"
+
+
 class Service:
     """A ``Decider`` loaded from ``state_dir`` and brought up to date with its log, behind one lock.
 
@@ -718,14 +729,15 @@ class Service:
             self._changed_since = time.time()
 
     def _log_failed(self, exc: BaseException) -> BadRequest:
-        """A 503 for a decision or feedback whose log write failed (kept for /health)."""
+        """A 503 for a decision or feedback whose log write failed (kept for /health; the client's
+        answer names no database address: ``client_log_error``)."""
         from .log import LogUnavailable
 
         self.log_error = f"{type(exc).__name__}: {exc}"
         self._log_unreachable = isinstance(exc, LogUnavailable)
         _log.error("the decision log could not be written: %s", self.log_error)
-        return BadRequest(f"the decision log could not be written ({self.log_error}); nothing was recorded: retry "
-                          "later", status=503)
+        return BadRequest(f"the decision log could not be written ({client_log_error(exc)}); nothing was recorded: "
+                          "retry later", status=503)
 
     def problems(self, snapshot_every: float | None = None, detailed: bool = True) -> list[str]:
         """What makes the service unhealthy: the last log write failed; the last snapshot failed; or
@@ -888,13 +900,37 @@ _WILDCARD_HOSTS = {"", "0.0.0.0", "::", "*"}
 
 
 def _host_name(value: str) -> str:
-    """The name of a ``Host`` header value or a host option, lower case, without the port or IPv6 brackets."""
+    """The name of a ``Host`` header value or a host option, lower case, without the port or IPv6 brackets.
+
+    Only ``name``, ``name:PORT``, ``[v6]`` and ``[v6]:PORT`` with a numeric port lose their port; any
+    other value is returned whole, so it names no allowed host (``127.0.0.1:8080@attacker.example``
+    is not ``127.0.0.1``)."""
     value = value.strip().lower()
     if value.startswith("["):
-        return value[1:value.find("]")] if "]" in value else value
+        end = value.find("]")
+        rest = value[end + 1:] if end >= 0 else ""
+        if end < 0 or (rest and not (rest[0] == ":" and rest[1:].isdigit())):
+            return value
+        return value[1:end]
     if value.count(":") == 1:
-        return value.split(":", 1)[0]
+        name, port = value.split(":", 1)
+        return name if port.isdigit() else value
     return value  # a name, or a bare IPv6 address (an option: ::1)
+
+
+#: the port a scheme implies: an Origin that names it is the same origin as one that leaves it out
+_DEFAULT_PORTS = {"http": "80", "https": "443"}
+
+
+def _origin(value: str) -> str:
+    """An ``Origin`` header value or an ``--allowed-origin``, compared as the same origin: lower case,
+    no trailing slash, no default port (``https://app.example:443`` is ``https://app.example``)."""
+    value = value.strip().rstrip("/").lower()
+    scheme, sep, rest = value.partition("://")
+    port = _DEFAULT_PORTS.get(scheme)
+    if sep and port is not None and rest.endswith(":" + port) and rest[:-len(port) - 1]:
+        return f"{scheme}://{rest[:-len(port) - 1]}"
+    return value
 
 
 class Gate:
@@ -944,7 +980,7 @@ class Gate:
         if _host_name(host) not in _WILDCARD_HOSTS:
             names.add(_host_name(host))
         self.allowed_hosts = frozenset(names)
-        self.allowed_origins = frozenset(o.strip().rstrip("/").lower() for o in allowed_origins)
+        self.allowed_origins = frozenset(_origin(o) for o in allowed_origins)
         self.max_body_bytes = max_body_bytes
         self.max_candidates = max_candidates
         self.max_feedback_items = max_feedback_items
@@ -978,7 +1014,7 @@ class Gate:
         if _host_name(host.decode("latin-1")) not in self.allowed_hosts:
             return Refusal(421, f"Host: {host.decode('latin-1')[:100]!r} is not a name of this service (allowed: "
                                 f"{', '.join(sorted(self.allowed_hosts))}; bayes-safe serve --allowed-host NAME)")
-        if origin is not None and origin.decode("latin-1").strip().rstrip("/").lower() not in self.allowed_origins:
+        if origin is not None and _origin(origin.decode("latin-1")) not in self.allowed_origins:
             return Refusal(403, f"Origin: {origin.decode('latin-1')[:100]!r} is not allowed (requests from web pages "
                                 "are refused unless bayes-safe serve --allowed-origin names the page's origin)")
         method, path = scope["method"], scope["path"]
@@ -1339,7 +1375,8 @@ def create_app(service: Service, snapshot_every: float | None = 60.0, run_on_loo
         try:
             return Response(await run_in_threadpool(scrape), media_type=CONTENT_TYPE_LATEST)
         except service.log_errors as exc:  # a PostgreSQL log's server down: 503, and the next scrape reads again
-            return JSONResponse({"detail": f"the decision log could not be read ({type(exc).__name__}: {exc}); "
+            _log.error("the decision log could not be read for /metrics: %s: %s", type(exc).__name__, exc)
+            return JSONResponse({"detail": f"the decision log could not be read ({client_log_error(exc)}); "
                                            "retry later"}, status_code=503)
 
     def openapi() -> dict:

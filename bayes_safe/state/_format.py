@@ -235,6 +235,8 @@ def read_header(path) -> tuple[Path, dict]:
         header = json.loads(json_path.read_text(encoding="utf-8"), parse_constant=_no_constant)
     except (UnicodeDecodeError, json.JSONDecodeError, ValueError) as exc:
         raise StateError(f"{json_path}: not valid JSON ({exc}); expected a bayes_safe state file") from None
+    except RecursionError:  # json's decoder recurses per level: 100,000 nested brackets exhaust the stack
+        raise StateError(f"{json_path}: not a bayes_safe state file (JSON nested too deep)") from None
     if not isinstance(header, dict) or header.get("format") != FORMAT:
         got = header.get("format") if isinstance(header, dict) else type(header).__name__
         raise StateError(f"{json_path}: not a bayes_safe state file (format {got!r}, expected {FORMAT!r})")
