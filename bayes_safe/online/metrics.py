@@ -14,11 +14,13 @@ policy's ``metric_names``, else ``reward``, ``constraint0``, ...):
 * **baseline**: the always-baseline policy's mean, estimated off-policy from the same rows by
   self-normalised IPS: a row counts with weight ``1 / propensity`` when the logged action was
   the decision's baseline (``probabilities[baseline] == propensity`` then), 0 otherwise;
-  rows without a logged baseline are left out. A metric in [0, 1] gets the Clopper-Pearson
-  interval at the weights' effective sample size ``(sum w)^2 / sum w^2`` (Kish) with ``est x
-  n_eff`` successes: inside [0, 1] and of non-zero width; any other metric the delta-method one,
-  ``+- 1.96 sqrt(sum w^2 (c - est)^2) / sum w``. (A running sum cannot hold the rows a betting
-  interval needs; ``bayes_safe.offline.estimate_metrics`` gives one from the log.)
+  rows without a logged baseline are left out. A metric in [0, 1] gets the betting interval of
+  self-normalised IPS that ``bayes_safe.offline.estimate_metrics`` gives
+  (``bayes_safe.offline.intervals.snips_interval``, the largest logged weight as its range): valid
+  at rare rates and few matched rows, inside [0, 1], of non-zero width; the monitor keeps the
+  matched rows' weights and values for it (16 bytes a row) and computes it again only when rows
+  came. Any other metric gets the delta-method interval,
+  ``+- 1.96 sqrt(sum w^2 (c - est)^2) / sum w``.
 * per declared constraint (``TSASC(constraints=...)``, or ``alpha``: the relative constraint
   ``E[c] >= (1 - alpha) E[c | baseline]`` of each constraint model), the **limit** the served
   mean must stay above (``at_least``) or below (``at_most``): the **declared** business limit
@@ -42,6 +44,7 @@ from __future__ import annotations
 import json
 import math
 import threading
+from array import array
 
 __all__ = ["DELAY_BUCKETS", "GuardrailMonitor", "clopper_pearson", "registry"]
 
@@ -105,13 +108,15 @@ def clopper_pearson(successes: float, trials: float, level: float = 0.95) -> tup
 class _Sums:
     """Running sums of one metric: on-policy (served) and self-normalised IPS (baseline)."""
 
-    __slots__ = ("hi", "lo", "n", "nb", "s", "ss", "w", "w2", "w2c", "w2cc", "wc")
+    __slots__ = ("bv", "bw", "cached", "hi", "lo", "n", "nb", "s", "ss", "w", "w2", "w2c", "w2cc", "wc")
 
     def __init__(self):
         self.n = self.s = self.ss = 0.0
         self.w = self.wc = self.w2 = self.w2c = self.w2cc = 0.0
         self.nb = 0  # rows behind the baseline estimate (the baseline played)
         self.lo, self.hi = math.inf, -math.inf  # the values' range: a metric in [0, 1] gets exact intervals
+        self.bw, self.bv = array("d"), array("d")  # the matched rows' weights and values (the betting interval)
+        self.cached = None  # (rows, (est, low, high)) of the last betting interval
 
     @property
     def unit(self) -> bool:
@@ -131,6 +136,8 @@ class _Sums:
             self.w2 += w * w
             self.w2c += w * w * value
             self.w2cc += w * w * value * value
+            self.bw.append(w)
+            self.bv.append(value)
 
     def served(self) -> tuple[float, float, float]:
         if not self.n:
@@ -147,8 +154,16 @@ class _Sums:
             return math.nan, math.nan, math.nan
         est = self.wc / self.w
         if self.unit:
-            n_eff = self.w * self.w / self.w2
-            return (est, *clopper_pearson(est * n_eff, n_eff))
+            if self.cached is None or self.cached[0] != self.nb:
+                import torch
+
+                from ..offline.intervals import snips_interval
+
+                w = torch.frombuffer(self.bw, dtype=torch.float64)
+                v = torch.frombuffer(self.bv, dtype=torch.float64)
+                _, low, high = snips_interval(w, v, w_max=float(w.max()))
+                self.cached = (self.nb, (float(low), float(high)))
+            return (est, *self.cached[1])
         num = max(self.w2cc - 2 * est * self.w2c + est * est * self.w2, 0.0)
         half = _Z * math.sqrt(num) / self.w
         return est, est - half, est + half
