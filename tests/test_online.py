@@ -475,6 +475,7 @@ def _status(args) -> int:
         return exc.code
 
 
+@pytest.mark.slow  # moved to the slow job to keep the default run under 15 minutes (2026-11-28)
 def test_tune_decision_log_on_the_command_line_tunes_alpha_and_resumes(tmp_path, capsys):
     main = _status
 

@@ -149,6 +149,7 @@ def test_fetch_downloads_the_wheel(tmp_path):
     assert ob.read_campaign("random", "women", tmp_path).shape[0] == 10_000
 
 
+@pytest.mark.slow  # moved to the slow job to keep the default run under 15 minutes (2026-11-28)
 def test_study_quick_run(wheel, tmp_path):
     """`bayes-safe study run controlled-exploration --quick` end to end (synthetic and Open Bandit)."""
     from bayes_safe.studies import get_study

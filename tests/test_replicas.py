@@ -208,6 +208,7 @@ def test_replicas_need_a_postgresql_log(state, tmp_path):
         ReplicaDecider.load(state)
 
 
+@pytest.mark.slow  # moved to the slow job to keep the default run under 15 minutes (2026-11-28)
 def test_the_command_line_refuses_a_replica_state_without_replica_in_one_line(state, tmp_path, postgres_server):
     """A state saved by a replica served by one process, or fed a table of outcomes directly,
     would learn its log's feedback a second time: refused, one line naming the way."""

@@ -194,6 +194,7 @@ def test_python_api_creates_loads_resumes_and_locks_a_study_on_postgresql(postgr
     assert _lock_is_free(url, "api", wait=0)
 
 
+@pytest.mark.slow  # moved to the slow job to keep the default run under 15 minutes (2026-11-28)
 def test_a_database_that_does_not_answer_is_one_line_naming_the_option_and_host_port(postgres_server, tmp_path):
     closed = _free_port()
     dead = f"postgresql://bayes:s3cret@127.0.0.1:{closed}/studies"
