@@ -432,3 +432,16 @@ def test_the_new_limits_are_checked_when_the_service_starts():
             Gate(max_bytes_in_flight=bad)
     gate = Gate(read_timeout=2, max_bytes_in_flight=1000)
     assert (gate.read_timeout, gate.max_bytes_in_flight, gate.bytes_in_flight) == (2.0, 1000, 0)
+
+
+def test_the_command_lines_defaults_are_the_services():
+    """``bayes-safe serve``'s parser writes the service's defaults as literals (it imports nothing heavy):
+    they must stay the constants ``serve()`` uses."""
+    from bayes_safe import cli
+    from bayes_safe.online import serve as service
+
+    args = cli._build_parser().parse_args(["serve", "."])
+    assert args.read_timeout == service.READ_TIMEOUT
+    assert args.max_bytes_in_flight == service.MAX_BYTES_IN_FLIGHT
+    assert args.limit_concurrency == service.LIMIT_CONCURRENCY
+    assert args.timeout_keep_alive == service.TIMEOUT_KEEP_ALIVE
