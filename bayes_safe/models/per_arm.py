@@ -280,6 +280,19 @@ class PerArmLinear:
                              f"got {list(features.shape)}")
         return features
 
+    def predictive_residual(self, context, y, arm: int) -> torch.Tensor:
+        """Arm ``arm``'s standardised one-step predictive residual of ``y [*batch]`` at ``context
+        [*batch, d]`` (``BayesianLinear.predictive_residual``), ``[*batch]``."""
+        if self._marginal_fast():  # one stream: the kept covariance and mean, no factorisation
+            cov, mean = self._marginal_state()
+            x = np.asarray(as_tensor(context, "context"), dtype=np.float64).reshape(self.dim)
+            var = 1.0 / self.arms._scale + float(x @ cov[arm] @ x)
+            return torch.tensor((float(y) - float(x @ mean[arm])) / math.sqrt(var), dtype=torch.float64)
+        context = as_tensor(context, "context")
+        X = context.unsqueeze(-2).expand(*context.shape[:-1], self.num_arms, self.dim)
+        y = torch.as_tensor(y, dtype=torch.float64)
+        return self.arms.predictive_residual(X, y.unsqueeze(-1).expand(X.shape[:-1]))[..., arm]
+
     @property
     def binary_outcomes(self) -> bool:
         """Whether the outcomes are 0 / 1 (the arms' likelihood is probit or logistic)."""

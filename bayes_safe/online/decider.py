@@ -65,6 +65,27 @@ field and the limit before anything reaches the posterior or the log (one enormo
 number would otherwise dominate the posterior for good, and the log would replay it).
 ``num_draws`` is at most ``MAX_DRAWS``.
 
+**The outlier guard** (issue 40). A bound on each number cannot stop a pair of them from pinning a
+weight: a feature of 1e3 then a reward of 1e6 (both inside the default limits) moved a weight from
+0.95 to 999.99 with sd 0.0005, and every later decision played one offer. So ``feedback`` also
+asks each model of a real-valued metric (``BayesianLinear`` of any engine, ``PerArmLinear``) how far
+the outcome lies from its one-step posterior predictive, ``z = (y - x^T m) / sqrt(sigma^2 + x^T
+Sigma x)`` (``predictive_residual``), and refuses the outcome (``ValueError`` naming the metric, the
+decision stays pending, nothing is logged) when ``|z| > outlier_sd`` (100 by default). This is the
+hard form of the outlier rejection a heavy-tailed likelihood gives (O'Hagan 1979, "On outlier
+rejection phenomena in Bayes inference", JRSS B 41: an observation far enough out is discounted
+whole), decided at the boundary so that the log keeps only what the posterior learned and a
+replay needs no second judgement. The data decide the scale: the same reward is ordinary for a
+decision whose features predict it and refused for one whose do not. Ordinary data are untouched
+(an outcome within 100 predictive sd is learned exactly as before; by Chebyshev's inequality one
+of any distribution with the model's predictive variance lies further out with probability at
+most 1e-4). Refusals are counted per metric (``outliers``; ``/metrics``:
+``bayes_safe_feedback_outliers_total``). Metrics learned by a binary model need no guard (0 or 1
+only). What it does not catch: an outcome that agrees with the prediction at a feature far outside
+the data (a feature of 1e6 with a reward of 1e6 when the weight is near 1) is evidence the model is
+right to take, and it shrinks that weight's sd to 1e-6; ``feature_limit`` set to your features'
+real range (standardised features: 10 or 100) is the guard there.
+
 Inputs are coerced once at the boundary: candidate features ``[K, d]`` as numpy arrays,
 lists, tensors (float32 or float64) or a ``pandas.DataFrame`` whose columns are the
 ``feature_names``; a list of dicts (one per candidate); or, for per-arm policies (one model per
@@ -102,6 +123,11 @@ __all__ = ["MAX_DRAWS", "Decider", "Decision", "FeedbackRowsError"]
 
 #: the largest ``num_draws`` a Decider takes (each decision draws ``S`` posterior samples)
 MAX_DRAWS = 100_000
+#: the outlier guard's default: an outcome more than this many posterior predictive sd from its
+#: model's prediction is refused (module docstring: limits). By Chebyshev's inequality an outcome of
+#: any distribution with the model's predictive variance lies this far out with probability at most
+#: 1e-4 (a Gaussian one: never, 1e-2173); the one-observation pinning of issue 40 lies 1e3 to 1e4 out.
+OUTLIER_SD = 100.0
 #: a decision id: ``'<n>-<32 hex digits>'`` (module docstring)
 _ID = re.compile(r"(0|[1-9][0-9]{0,17})-([0-9a-f]{32})")
 
@@ -353,6 +379,9 @@ class Decider:
         feature_limit: the largest ``|x|`` a feature may have (module docstring: limits).
         outcome_limit: the largest ``|y|`` a reward or constraint value may have (binary metrics:
             0 or 1).
+        outlier_sd: the outlier guard (module docstring: limits): an outcome more than this many
+            posterior predictive sd from its model's prediction is refused (default
+            ``OUTLIER_SD = 100``; None: no guard).
 
     A new Decider starts at decision id ``'0'``: its ``log`` must hold no decisions yet (to go on
     with a log that has some, ``load`` the state that wrote it). The log records which Decider it
@@ -362,7 +391,7 @@ class Decider:
     def __init__(self, policy, *, feature_names: Sequence[str] | None = None, num_draws: int = 200,
                  update_every: int = 1, log: DecisionLog | str | Path | None = None,
                  featurize: Callable | None = None, seed: int = 0, feature_limit: float = 1e6,
-                 outcome_limit: float = 1e6):
+                 outcome_limit: float = 1e6, outlier_sd: float | None = OUTLIER_SD):
         if not (callable(getattr(policy, "select", None)) and callable(getattr(policy, "update", None))):
             raise TypeError(f"policy: expected a bayes_safe policy (select and update), got {type(policy).__name__}")
         for role, m in policy.models().items():
@@ -376,6 +405,10 @@ class Decider:
         for name, limit in (("feature_limit", feature_limit), ("outcome_limit", outcome_limit)):
             if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not 0 < limit < math.inf:
                 raise ValueError(f"{name}: expected a positive finite number, got {limit!r}")
+        if outlier_sd is not None and (isinstance(outlier_sd, bool) or not isinstance(outlier_sd, (int, float))
+                                       or not 0 < outlier_sd < math.inf):
+            raise ValueError(f"outlier_sd: expected a positive finite number of predictive sd, or None (no guard), "
+                             f"got {outlier_sd!r}")
         if isinstance(update_every, bool) or not isinstance(update_every, int) or update_every < 1:
             raise ValueError(f"update_every: expected a positive int, got {update_every!r}")
         if feature_names is not None:
@@ -399,6 +432,18 @@ class Decider:
         #: per metric (the reward, then each constraint): whether its model learns 0 / 1 outcomes
         self._binary = tuple(bool(getattr(roles.get(r), "binary_outcomes", False))
                              for r in ("reward", *(f"constraint{j}" for j in range(C))))
+        self.outlier_sd = None if outlier_sd is None else float(outlier_sd)
+        #: per metric: the model the outlier guard asks (None: a binary model, or one without a predictive residual)
+        self._guarded = tuple(
+            m if callable(getattr(m, "predictive_residual", None)) and not binary else None
+            for m, binary in zip((roles.get(r) for r in ("reward", *(f"constraint{j}" for j in range(C)))), self._binary))
+        self._per_arm_guard = _per_arm(policy) is not None
+        # the guarded models whose residual has the numpy path: one-stream conjugate BayesianLinear
+        self._fast_guard = {id(m) for m in self._guarded if m is not None and type(m).__name__ == "BayesianLinear"
+                            and m.conjugate and math.prod(m.batch_shape) == 1}
+        self._problems: list[str] = []
+        #: per metric: outcomes the outlier guard refused (in this process since it started)
+        self.outliers = [0] * (1 + C)
         self._id_key = secrets.token_bytes(32)
         self._legacy_below = 0  # plain ids '0' .. below this were issued before ids were signed
         self.log = DecisionLog(log) if isinstance(log, (str, Path)) else log
@@ -622,9 +667,13 @@ class Decider:
         reward, constraints = self._outcome(reward, constraints)
         with self._lock:
             decision_id = self._resolve(decision_id)
-            entry = self.pending.pop(decision_id, None)
+            entry = self.pending.get(decision_id)
             if entry is None:  # an issued id that is no longer pending has had its feedback
                 return False
+            problem = self._outlier(entry, reward, constraints)
+            if problem:
+                raise ValueError(problem)
+            del self.pending[decision_id]
             if self.log is not None:
                 try:
                     self.log.write_feedback(decision_id, reward, constraints)
@@ -695,6 +744,45 @@ class Decider:
                              f"it for outcomes in larger units), got {value:g}")
         return value
 
+    def _outlier(self, entry: dict, reward: float, constraints) -> str | None:
+        """The outlier guard (module docstring: limits): None when every outcome of the decision
+        ``entry`` lies within ``outlier_sd`` predictive sd of its model's prediction, else the
+        message naming the first that does not (and each such outcome is counted in ``outliers``).
+        Asked under the lock, of the posterior as the last ``refresh`` left it."""
+        if self.outlier_sd is None:
+            return None
+        for metric, value in enumerate((reward, *(constraints or ()))):
+            model = self._guarded[metric]
+            if model is None:
+                continue
+            if id(model) in self._fast_guard:
+                z = model._residual_one(entry["features"], value)
+                if not abs(z) <= self.outlier_sd:
+                    self._outlying(metric, value, z)
+                continue
+            with self._quiet():
+                if self._per_arm_guard:
+                    z = float(model.predictive_residual(torch.tensor(entry["features"], dtype=torch.float64), value,
+                                                        entry["action"]))
+                else:
+                    shape = tuple(model.batch_shape)
+                    x = torch.tensor(entry["features"], dtype=torch.float64).reshape(*shape, -1)
+                    z = float(model.predictive_residual(x, torch.full(shape, float(value), dtype=torch.float64)).reshape(-1)[0])
+            if not abs(z) <= self.outlier_sd:
+                self._outlying(metric, value, z)
+        problems, self._problems = self._problems, []
+        return problems[0] if problems else None
+
+    def _outlying(self, metric: int, value: float, z: float) -> None:
+        """Count one refused outcome of ``metric`` and keep its message (``_outlier``)."""
+        self.outliers[metric] += 1
+        what = "reward" if metric == 0 else f"constraints[{metric - 1}]"
+        self._problems.append(
+            f"{what}: {value:g} lies {abs(z):.3g} predictive sd from its model's prediction for this decision; the "
+            f"Decider's outlier_sd refuses more than {self.outlier_sd:g} (one such outcome would dominate the "
+            "posterior: check the value and the decision's features, or raise outlier_sd, or the model's noise_std, "
+            "if outcomes this far out are real)")
+
     def feedback_many(self, rows, *, check_only: bool = False) -> list[bool]:
         """Record many outcomes at once, all or nothing: ``rows`` of ``(decision_id, reward,
         constraints)``; returns per row True if new, False for a duplicate (a decision that
@@ -715,6 +803,10 @@ class Decider:
                     problems.append((i, str(decision_id)[:80], str(exc)))
                     continue
                 if key in self.pending and key not in seen:
+                    problem = self._outlier(self.pending[key], reward, constraints)
+                    if problem:
+                        problems.append((i, str(decision_id)[:80], problem))
+                        continue
                     seen.add(key)
                     new.append((i, key, reward, constraints))
             if problems:
@@ -861,7 +953,8 @@ class Decider:
                     "queued": self.queued,
                     "generator": base64.b64encode(self._generator.get_state().numpy().tobytes()).decode(),
                     "id_key": base64.b64encode(self._id_key).decode(), "legacy_below": self._legacy_below,
-                    "feature_limit": self.feature_limit, "outcome_limit": self.outcome_limit} | self._extra_meta()
+                    "feature_limit": self.feature_limit, "outcome_limit": self.outcome_limit,
+                    "outlier_sd": self.outlier_sd} | self._extra_meta()
             with atomic_output_dir(directory, replace=True) as out:
                 save_state(self.policy, out / "policy")
                 self._save_extra(out)
@@ -943,7 +1036,7 @@ class Decider:
                 if len(id_key) != 32:
                     raise ValueError(f"id_key of {len(id_key)} bytes, expected 32")
             legacy_below = int(meta.get("legacy_below", next_id if id_key is None else 0))
-            limits = {k: meta[k] for k in ("feature_limit", "outcome_limit") if k in meta}
+            limits = {k: meta[k] for k in ("feature_limit", "outcome_limit", "outlier_sd") if k in meta}
             _check_bookkeeping(next_id, model_version, legacy_below, pending, queued)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise StateError(f"{meta_path}: malformed Decider state ({type(exc).__name__}: {exc})") from None

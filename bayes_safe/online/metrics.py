@@ -299,6 +299,16 @@ def registry(service):
                 for g, (c, n) in enumerate(zip(d.policy.fallback_constraints, d.fallbacks_by)):
                     bound.add_metric([str(g), str(getattr(c, "metric", "")), d.fallback_guards[g]], n)
                 yield bound
+            outliers = getattr(d, "outliers", None)
+            if outliers is not None and d.outlier_sd is not None and not replica:  # the outlier guard (issue 40;
+                # replicas write feedback without the decision's features at hand: not guarded yet)
+                refused = CounterMetricFamily("bayes_safe_feedback_outliers",
+                                              "Outcomes the outlier guard refused (more than outlier_sd posterior "
+                                              "predictive sd from the model's prediction), by this process since it "
+                                              "started", labels=["metric"])
+                for m, n in enumerate(outliers):
+                    refused.add_metric(["reward" if m == 0 else f"constraint{m - 1}"], n)
+                yield refused
             families = {}
             for key, doc in (("served", "the served policy's mean of the logged metric"),
                              ("baseline", "the always-baseline policy's mean, self-normalised IPS from the log")):
