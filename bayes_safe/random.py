@@ -343,6 +343,8 @@ class DrawBatch(ReplicationRNG):
         self.played = bool(played)
         if generator is not None and not isinstance(generator, torch.Generator):
             raise TypeError(f"generator: expected a torch.Generator or None, got {type(generator).__name__}")
+        if generator is None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))):
+            raise TypeError(f"seed: expected an int, got {seed!r}")
         self.generator = generator if generator is not None else torch.Generator().manual_seed(int(seed))
 
     def __repr__(self) -> str:
@@ -371,6 +373,14 @@ class DrawBatch(ReplicationRNG):
 
 
 Generator = torch.Generator | ReplicationRNG | None
+
+
+def check_generator(generator, name: str = "generator") -> None:
+    """``TypeError`` naming ``name`` unless ``generator`` is None, a ``torch.Generator`` or a
+    ``ReplicationRNG`` (a ``DrawBatch`` included): what every stochastic call takes."""
+    if generator is not None and not isinstance(generator, (torch.Generator, ReplicationRNG)):
+        raise TypeError(f"{name}: expected a torch.Generator, a bayes_safe ReplicationRNG / DrawBatch or None, "
+                        f"got {type(generator).__name__}")
 
 
 def _check_batch(generator: ReplicationRNG, shape: tuple[int, ...]) -> None:

@@ -493,7 +493,32 @@ API_CASES += [
     _c("decider-id-leading-zero", _decided(decision_id="00-" + "0" * 32), ValueError, "decision_id: unknown decision"),
     _c("decider-id-forged-tag", _decided(decision_id="0-" + "a" * 32), ValueError, "decision_id: unknown decision"),
     _c("decider-id-not-a-string", _decided(decision_id=["0"]), ValueError, "decision_id: unknown decision"),
+    # issue 40's audit: the last unclear answers (pandas' and torch's own errors), and the outlier guard
+    _c("decider-outlier-sd-zero", lambda: _decider(outlier_sd=0), ValueError, "outlier_sd"),
+    _c("decider-frame-repeated-column", lambda: _decider(feature_names=[f"x{i}" for i in range(D)]).decide(
+        __import__("pandas").DataFrame(np.eye(D), columns=["x0"] * D), baseline=0), ValueError,
+       r"features: .*\['x0'\] more than once"),
+    _c("logged-frame-repeated-column", lambda: LoggedData.from_dataframe(
+        __import__("pandas").DataFrame([[0.1, 0, 1.0, 0.5, "a", 0.2]],
+                                       columns=["x", "action", "reward", "propensity", "domain", "x"]),
+        context_columns=["x"]), ValueError, r"df: column\(s\) \['x'\] appear more than once"),
+    _c("model-sample-generator-int", lambda: _model().sample(generator=1), TypeError, "generator: expected a torch"),
+    _c("model-sample-at-generator-int", lambda: _model().sample_at(_features(), generator=1), TypeError,
+       "generator: expected a torch"),
+    _c("model-sample-negative-shape", lambda: _model().sample((-1,)), ValueError, "sample_shape: expected a tuple"),
+    _c("ts-select-generator-int", lambda: _ts().select(_features(), generator=1), TypeError, "generator: expected"),
+    _c("probabilities-seed-string", lambda: _ts().action_probabilities(_features(), seed="a"), TypeError,
+       "seed: expected an int"),
 ]
+
+
+def test_fit_before_any_observation_says_there_is_nothing_to_fit():
+    """The audit's silent case: a Laplace (Gibbs) model's ``fit()`` before any ``update``."""
+    model = BayesianLinear(dist.Laplace(torch.zeros(D, dtype=F64), 1.0).to_event(1), noise_std=1.0)
+    with pytest.warns(UserWarning, match="no observations yet"):
+        assert model.fit() is False
+    model.update(torch.ones(2, D, dtype=F64), torch.ones(2, dtype=F64))
+    assert model.fit() is True
 
 
 @pytest.mark.parametrize("fn, exc, match", API_CASES)

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import math
 import threading
+import warnings
 import weakref
 from collections.abc import Sequence
 
@@ -66,6 +67,7 @@ from ..random import (
     DrawBatch,
     Generator,
     ReplicationRNG,
+    check_generator,
     standard_gamma,
     standard_normal,
     standard_uniform,
@@ -709,7 +711,12 @@ class BayesianLinear:
 
         NUTS / SVI: when no observation arrived since the last fit (the automatic one at a draw
         included), the stored draws are already the posterior of these data and nothing runs
-        (``force=True`` refits anyway, e.g. with other inference options)."""
+        (``force=True`` refits anyway, e.g. with other inference options). Before any ``update``
+        there is nothing to fit: a ``UserWarning`` says so and it returns False."""
+        if not self.conjugate and not int(self.num_observations.sum()):
+            warnings.warn("fit(): the model has no observations yet, so its posterior is its prior and there is "
+                          "nothing to fit (update it with data first)", UserWarning, stacklevel=2)
+            return False
         if (not force and not self.conjugate and not self._chain_engine and self._X
                 and self._since_fit == 0 and self._fitted_count):
             return False
@@ -975,11 +982,14 @@ class BayesianLinear:
         """
         if sample_shape is None or isinstance(sample_shape, (torch.Generator, ReplicationRNG)):
             sample_shape, generator = (), sample_shape  # ``sample(generator)``
+        check_generator(generator)
         try:
             shape = torch.Size(sample_shape)
         except TypeError:
-            raise ValueError(f"sample_shape: expected a tuple of sizes (torch.Size), e.g. (100,), got {sample_shape!r} "
-                             "(the generator goes by keyword: sample((100,), generator=g))") from None
+            shape = None
+        if shape is None or any(n < 0 for n in shape):
+            raise ValueError(f"sample_shape: expected a tuple of sizes >= 0 (torch.Size), e.g. (100,), got "
+                             f"{sample_shape!r} (the generator goes by keyword: sample((100,), generator=g))")
         if not len(shape):
             return self._sample_one(generator, key)
         n = shape.numel()
@@ -1017,6 +1027,8 @@ class BayesianLinear:
 
     def sample_at(self, features, generator: Generator = None, key: str = "weights") -> torch.Tensor:
         """One joint draw of ``f(x) = x^T w`` at candidate features ``[*batch, k, d]`` -> ``[*batch, k]``."""
+        if generator is not None and not isinstance(generator, (torch.Generator, ReplicationRNG)):
+            check_generator(generator)
         if not isinstance(features, torch.Tensor) or features.dtype != _DTYPE:
             features = as_tensor(features, "features")
         if features.dim() < 2 or features.shape[-1] != self.dim:

@@ -280,6 +280,10 @@ class LoggedData:
         if not wanted["context_columns"]:
             raise ValueError("context_columns: expected at least one column name, got none")
         available = [str(c) for c in df.columns]
+        repeated = sorted({str(c) for c in df.columns[df.columns.duplicated()]} & {str(c) for v in wanted.values() for c in v})
+        if repeated:
+            raise ValueError(f"df: column(s) {repeated[:10]} appear more than once; expected one column per name "
+                             "(rename or drop the copies)")
         for arg, cols in wanted.items():
             missing = [c for c in cols if c not in df.columns]
             if missing:

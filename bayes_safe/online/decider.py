@@ -517,6 +517,10 @@ class Decider:
 
         context = None
         if isinstance(features, pd.DataFrame):
+            repeated = features.columns[features.columns.duplicated()].unique().tolist()
+            if repeated:
+                raise ValueError(f"features: a DataFrame with one column per feature, got column(s) "
+                                 f"{[str(c) for c in repeated][:10]} more than once")
             rows = [self._vector(r, f"features row {i}") for i, (_, r) in enumerate(features.iterrows())]
             x = np.stack(rows) if rows else np.zeros((0, len(self.feature_names or ())))
         elif isinstance(features, (Mapping, pd.Series)):

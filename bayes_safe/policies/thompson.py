@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..random import Generator
+from ..random import Generator, ReplicationRNG, check_generator
 from . import _fast
 from .base import (
     Policy,
@@ -42,6 +42,8 @@ class ThompsonSampling(Policy):
         self.model = check_model(model, "model", "sample_at")
 
     def select(self, features, baseline=None, generator: Generator = None, valid=None) -> torch.Tensor:
+        if generator is not None and not isinstance(generator, (torch.Generator, ReplicationRNG)):
+            check_generator(generator)
         # the common case (float64 tensors of the model's shapes) in a few comparisons, else the general check
         checked = _fast.select_inputs(features, baseline, valid, _model_dims(self.model))
         if checked is None:

@@ -168,7 +168,7 @@ import numpy as np
 import torch
 
 from .._validation import check_in_range
-from ..random import DrawBatch, Generator, ReplicationRNG
+from ..random import DrawBatch, Generator, ReplicationRNG, check_generator
 from . import _fast
 from .base import (
     Policy,
@@ -390,6 +390,8 @@ class TSASC(Policy):
                                    models=(self.reward_model, *self.constraint_models))
 
     def select(self, features, baseline=None, generator: Generator = None, valid=None) -> torch.Tensor:
+        if generator is not None and not isinstance(generator, (torch.Generator, ReplicationRNG)):
+            check_generator(generator)
         # the common case (float64 tensors of the models' shapes) in a few comparisons, else the general check
         checked = _fast.select_inputs(features, baseline, valid, self._plan_of_models()[3],
                                       require_baseline=True, empty_rows_ok=True)
