@@ -403,22 +403,54 @@ def test_uvicorn_closes_idle_connections_and_caps_them(server):
         t = time.perf_counter()
         assert sock.recv(65536) == b""
         assert KEEP_ALIVE - 0.05 < time.perf_counter() - t < KEEP_ALIVE + 2.0
+    def status() -> int:
+        with socket.create_connection(server.address, timeout=30) as sock:
+            sock.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+            return int(_read_answer(sock).split()[1])
+
     idle = []
     try:
-        statuses = []
-        for _ in range(CONNECTIONS + 1):
-            idle.append(socket.create_connection(server.address, timeout=30))
-            with socket.create_connection(server.address, timeout=30) as sock:
-                sock.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
-                statuses.append(int(_read_answer(sock).split()[1]))
-        assert statuses[0] == 200 and statuses[-1] == 503, statuses
-        assert statuses.index(503) <= CONNECTIONS, statuses
+        assert status() == 200
+        # CONNECTIONS idle connections at once (the header deadline closes them after READ_TIMEOUT)
+        idle = [socket.create_connection(server.address, timeout=30) for _ in range(CONNECTIONS)]
+        assert status() == 503
     finally:
         for sock in idle:
             sock.close()
     time.sleep(0.2)
     with httpx.Client(base_url=server.url, timeout=30) as client:  # the connections gone, the service answers
         assert client.get("/health").status_code == 200
+
+
+@pytest.mark.parametrize("sent", [b"", b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n"], ids=["nothing", "trickle"])
+def test_headers_not_complete_within_the_read_timeout_close_the_connection(server, sent):
+    """uvicorn's keep-alive timer restarts at every byte: a client that sent nothing, or trickles its
+    headers one byte every 0.2 s, held a connection for ever. The header deadline closes it
+    READ_TIMEOUT after it opened; a kept-alive connection's next request has its own deadline."""
+    t = time.perf_counter()
+    with socket.create_connection(server.address, timeout=30) as sock:
+        sock.sendall(sent)
+        closed = False
+        while time.perf_counter() - t < READ_TIMEOUT + 5:
+            try:
+                if sent:
+                    sock.sendall(b"X")  # one more byte of a header line that never ends
+                ready = sock.recv(65536) if not sent else None
+                if ready == b"":
+                    closed = True
+                    break
+                if sent:
+                    time.sleep(0.2)
+            except (BrokenPipeError, ConnectionResetError):
+                closed = True
+                break
+    seconds = time.perf_counter() - t
+    assert closed and READ_TIMEOUT - 0.05 < seconds < READ_TIMEOUT + 2.5, seconds
+    with socket.create_connection(server.address, timeout=30) as sock:  # complete requests are unaffected:
+        for _ in range(2):  # two on one kept-alive connection, the second after half the deadline
+            sock.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            assert _read_answer(sock).startswith(b"HTTP/1.1 200")
+            time.sleep(READ_TIMEOUT / 2)
 
 
 def test_the_new_limits_are_checked_when_the_service_starts():

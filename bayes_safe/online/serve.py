@@ -1450,6 +1450,65 @@ def _encode(status: int, out: dict) -> tuple[int, bytes]:
         return 500, json.dumps({"detail": f"internal error: {exc}"}).encode()
 
 
+def header_deadline_protocol(http: str, seconds: float) -> type:
+    """uvicorn's HTTP protocol class for ``http`` (``"auto"``: httptools when installed, else h11)
+    with a deadline on the request line and headers: a connection whose next request's headers are
+    not complete within ``seconds`` of the connection opening (or of its previous answer) is closed.
+    uvicorn has no such timeout of its own: its keep-alive timer restarts at every byte, so a client
+    that trickles its headers one byte a second held a connection for ever (issue 40). Once the
+    headers are in, the body has ``read_timeout`` of its own (``Gate``)."""
+    if http == "auto":
+        try:
+            import httptools  # noqa: F401
+
+            http = "httptools"
+        except ImportError:
+            http = "h11"
+    if http == "httptools":
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as base
+    else:
+        from uvicorn.protocols.http.h11_impl import H11Protocol as base
+
+    class HeaderDeadline(base):
+        _deadline = None
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._waiting_after = self.cycle  # a new request is a new cycle object
+            self._deadline = self.loop.call_later(seconds, self._deadline_passed)
+
+        def _disarm(self) -> None:
+            if self._deadline is not None:
+                self._deadline.cancel()
+                self._deadline = None
+
+        def _deadline_passed(self) -> None:
+            self._deadline = None
+            if self.cycle is self._waiting_after and not self.transport.is_closing():
+                self.transport.close()  # the headers never came: nothing to answer (nginx's client_header_timeout)
+
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            self._arm()
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            if self._deadline is not None and self.cycle is not self._waiting_after:
+                self._disarm()  # the headers are in
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if not self.transport.is_closing():
+                self._arm()  # the next request's headers, on a kept-alive connection
+
+        def connection_lost(self, exc) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+    HeaderDeadline.__name__ = HeaderDeadline.__qualname__ = f"HeaderDeadline{base.__name__}"
+    return HeaderDeadline
+
+
 def _listen(host: str, port: int) -> socket.socket:
     """A listening TCP socket on ``host:port`` (port 0: a free one), or a ``ValueError`` naming the option."""
     try:
@@ -1545,7 +1604,8 @@ def serve(state_dir, *, host: str = "127.0.0.1", port: int = 8080, log=None, sna
         sock = _listen(host, port)
         app = create_app(service, snapshot_every, run_on_loop, gate)
         config = uvicorn.Config(fast_asgi(app) if fast else app, log_level="warning", access_log=False, lifespan="on",
-                                http=http, loop=loop, timeout_graceful_shutdown=30,
+                                http=header_deadline_protocol(http, gate.read_timeout), loop=loop,
+                                timeout_graceful_shutdown=30,
                                 limit_concurrency=limit_concurrency, timeout_keep_alive=timeout_keep_alive,
                                 h11_max_incomplete_event_size=16 * 1024)
         server = uvicorn.Server(config)
