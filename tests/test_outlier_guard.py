@@ -193,3 +193,26 @@ def test_the_service_answers_422_and_counts_the_refusal(tmp_path):
         server.kill()
     assert samples[("bayes_safe_feedback_outliers_total", (("metric", "reward"),))] == 1
     assert samples[("bayes_safe_feedback_outliers_total", (("metric", "constraint0"),))] == 0
+
+
+def test_replicas_guard_their_feedback_from_the_logged_decision(tmp_path, postgres_server):
+    """Replicas on one PostgreSQL log: the decision is made at one, its outlying outcome sent to the
+    other, which reads the played features from the log and refuses it (one row or in bulk); the
+    log holds no feedback for it, and a plausible outcome is then accepted."""
+    from bayes_safe.online import ReplicaDecider
+    from bayes_safe.online.decider import FeedbackRowsError
+
+    url = postgres_server.url()
+    warm = Decider(_policy("conjugate"), num_draws=40, seed=1)
+    _warm(warm, 20)
+    warm.save(tmp_path / "state")
+    a, b = (ReplicaDecider.load(tmp_path / "state", log=url) for _ in range(2))
+    d = a.decide(ATTACK, baseline=0, valid=[True, False, False])
+    ordinary = a.decide(OFFERS, baseline=0)
+    with pytest.raises(ValueError, match="reward: 1e\\+06 lies .* predictive sd"):
+        b.feedback(d.decision_id, 1e6, [0.0])
+    with pytest.raises(FeedbackRowsError, match="\\[1\\] decision_id .* predictive sd"):
+        b.feedback_many([(ordinary.decision_id, 1.0, [0.0]), (d.decision_id, 1e6, [0.0])])
+    assert b.outliers == [2, 0] and b.log.feedback_for([d.decision_id.split("-")[0]]) == []
+    assert b.feedback(d.decision_id, 900.0, [0.0]) is True
+    assert a.sync() == 1

@@ -664,6 +664,23 @@ class DecisionLog:
             out.append((decision_id, int(action), int(num_actions), ctx))
         return out
 
+    def decisions_of(self, decision_ids) -> dict[str, tuple[int, int, list[float]]]:
+        """``{decision_id: (action, num_actions, context)}`` of each of ``decision_ids`` the log holds."""
+        ids = [str(i) for i in decision_ids]
+        out: dict[str, tuple[int, int, list[float]]] = {}
+        with self._lock, self._b.guard():
+            for i in range(0, len(ids), 500):
+                chunk = ids[i:i + 500]
+                marks = ",".join("?" * len(chunk))
+                for k, a, num, context in self._b.rows(
+                        f"SELECT decision_id, action, num_actions, context FROM decisions WHERE decision_id IN ({marks})",
+                        chunk):
+                    try:
+                        out[k] = (int(a), int(num), [float(x) for x in json.loads(context)])
+                    except (ValueError, TypeError):
+                        raise ValueError(f"log: {self.path}: decision {k!r} has a malformed context") from None
+        return out
+
     def actions_of(self, decision_ids) -> dict[str, int]:
         """The logged action of each of ``decision_ids`` that the log holds."""
         ids = [str(i) for i in decision_ids]

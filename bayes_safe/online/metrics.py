@@ -300,8 +300,7 @@ def registry(service):
                     bound.add_metric([str(g), str(getattr(c, "metric", "")), d.fallback_guards[g]], n)
                 yield bound
             outliers = getattr(d, "outliers", None)
-            if outliers is not None and d.outlier_sd is not None and not replica:  # the outlier guard (issue 40;
-                # replicas write feedback without the decision's features at hand: not guarded yet)
+            if outliers is not None and d.outlier_sd is not None:  # the outlier guard (issue 40)
                 refused = CounterMetricFamily("bayes_safe_feedback_outliers",
                                               "Outcomes the outlier guard refused (more than outlier_sd posterior "
                                               "predictive sd from the model's prediction), by this process since it "

@@ -178,7 +178,32 @@ class ReplicaDecider(Decider):
         this state's key did not make raises), for the caller to write (``GroupCommit``), then
         hand its answer to ``feedback_written``."""
         reward, constraints = self._outcome(reward, constraints)
-        return self._resolve(decision_id), reward, constraints
+        key = self._resolve(decision_id)
+        if self.outlier_sd is not None:
+            problem = self._guard({key: (reward, constraints)}).get(key)
+            if problem:
+                raise ValueError(problem)
+        return key, reward, constraints
+
+    def _guard(self, outcomes: dict) -> dict[str, str]:
+        """The outlier guard (``Decider._outlier``) for replicas: ``{key: message}`` of the outcomes
+        ``{key: (reward, constraints)}`` that lie too far from this replica's posterior, the played
+        features read from the log (one query); keys the log lacks are left to the caller."""
+        if self.outlier_sd is None or not any(m is not None for m in self._guarded):
+            return {}
+        dims = {getattr(m, "dim", None) for m in self.policy.models().values()}
+        dim = dims.pop() if len(dims) == 1 else None
+        per_arm = _per_arm(self.policy) is not None
+        logged = self.log.decisions_of(outcomes)
+        out = {}
+        with self._lock:  # the posterior as the last sync left it (a sync holds the lock)
+            for key, (action, K, ctx) in logged.items():
+                entry = {"features": _played_features(ctx, action, K, dim, per_arm, key, self.log.path),
+                         "action": action}
+                problem = self._outlier(entry, *outcomes[key])
+                if problem:
+                    out[key] = problem
+        return out
 
     def feedback_written(self, decision_id: str, new: bool | None) -> bool:
         """``feedback``'s answer for the log's answer ``new`` to the row of ``decision_id`` (counted)."""
@@ -203,6 +228,9 @@ class ReplicaDecider(Decider):
         keys = {key for _, _, key, _, _ in checked}
         logged = self.log.actions_of(keys)
         problems += [(i, str(k)[:80], str(_unknown_id(k))) for i, k, key, _, _ in checked if key not in logged]
+        if self.outlier_sd is not None:
+            outlying = self._guard({key: (r, c) for _, _, key, r, c in checked if key in logged})
+            problems += [(i, str(k)[:80], outlying[key]) for i, k, key, _, _ in checked if key in outlying]
         if problems:
             raise FeedbackRowsError(sorted(problems))
         if check_only:
