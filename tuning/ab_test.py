@@ -4,7 +4,11 @@ Daulton, Singh, Avadhanula, Dimmery & Bakshy (2019), section 5.3: "Each paramete
 evaluated using an A/B test which allows us to measure the mean and standard error of each
 metric." Here the A/B test is simulated:
 
-* one stream of ``n_users`` units (uploads) arrives in ``batches`` batches;
+* one stream of ``n_users`` units (uploads) arrives in ``batches`` batches; batch ``b`` is
+  drawn at step ``b`` (``draw(n, generator, step=b)`` for a problem whose ``draw`` has a
+  parameter named ``step``, detected as ``simulate`` detects it; others are called
+  ``draw(n, generator)`` as before), so a time-varying problem drifts inside a trial as it does
+  in ``simulate``: one step is one round of decisions with one posterior, then one update;
 * every arm sees the same units, and an outcome is decided by the same random numbers under
   every arm (common random numbers: ``VideoUpload.outcomes`` decides success as
   ``u_i < p(x_i, a)`` with one uniform per upload), so the comparison with the baseline is
@@ -43,6 +47,7 @@ from bayes_safe._validation import check_positive_int
 from bayes_safe.envs.ab_problem import ABProblem
 from bayes_safe.envs.problem import Problem
 from bayes_safe.envs.video_upload import VideoUploadProblem, percent_change
+from bayes_safe.simulation import _draw_takes_step
 from bayes_safe.threads import single_thread
 
 from .ranges import Range
@@ -207,7 +212,9 @@ class ABTest:
             rates when it knows its means).
         n_users: units per arm (every arm sees the same units).
         batches: the stream arrives in this many batches; learning arms refit after each
-            (except the last: nothing is decided after it).
+            (except the last: nothing is decided after it). Batch ``b`` is the problem's step
+            ``b`` (``0, ..., batches - 1``): a problem whose ``draw`` takes a ``step`` receives it,
+            so a change at step ``T`` is seen from batch ``T`` on (never when ``T >= batches``).
         policy: the arm being tuned (``"ts-asc"``).
         compare: further learning arms evaluated on the same units, reported with the prefix
             ``"<arm>_"`` (``("ts",)``: vanilla TS for the paper's Figure 3c). ``()`` for none;
@@ -367,13 +374,15 @@ class ABTest:
             for k, kind in enumerate((self.policy, *self.compare)):
                 arms[kind] = factory(kind, parameters, env, seed=int(seeds[1 + k]), refit_every=min(sizes))
             gens = {kind: torch.Generator().manual_seed(int(seeds[1 + k]) + 1) for k, kind in enumerate(arms)}
-            # the units' stream: the trial's environment is a bayes_safe.envs.Problem (draw(n, generator))
+            # the units' stream: the trial's environment is a bayes_safe.envs.Problem (draw(n, generator)); one
+            # whose draw takes the step (a time-varying problem) gets the batch's index, as simulate passes its step
             stream = torch.Generator().manual_seed(int(seeds[0]))
+            timed = _draw_takes_step(env)
             records: dict[str, list] = {"units": [], "baseline": [], **{kind: [] for kind in arms}}
             actions: dict[str, list] = {kind: [] for kind in arms}
             falls: dict[str, list] = {kind: [] for kind in arms}  # (fell [n], by [G, n]) of arms that can fall back
             for b, n in enumerate(sizes):
-                units = env.draw(n, stream)
+                units = env.draw(n, stream, step=b) if timed else env.draw(n, stream)
                 records["units"].append(units)
                 records["baseline"].append(env.outcomes(units, units.baseline))
                 rows = torch.arange(n)

@@ -6,7 +6,10 @@
 * the environment of a trial draws its units with ``problem.draw(n, generator)``, the
   generator seeded from the trial's seed (so a trial is a pure function of its parameters and
   seed), and gives ``problem.outcomes`` (converted to float64 ``[n, M]``, NaN an error naming
-  the metric);
+  the metric). A time-varying problem (``draw`` has a parameter named ``step``, the Problem
+  protocol's note) is drawn with ``step=b`` for batch ``b`` of the A/B test (``ABTest``), the
+  step numbering of ``simulate``, and its probes (the feature width, whether it knows its means)
+  with ``step=0``;
 * the arms are TS-ASC (``"ts-asc"``, tuned) and vanilla Thompson sampling (``"ts"``, compared).
   Their posteriors are **the problem's own** when it declares them (``Problem.models``, read by
   ``bayes_safe.factory.problem_models(problem, None)``: one model per metric, reward first,
@@ -23,10 +26,10 @@
   reward's own draw, a chance constraint keeps its ``confidence``; the problem's ``fallback``
   (``"safest"`` or ``"baseline"``) says what it plays when no action is allowed;
 * each constraint's bound in the policy is set by one tuned parameter, ``tolerance_<metric>``:
-  for a relative constraint the factor's distance from 1 (``at_most``: the policy keeps
-  ``metric <= (1 + t) x baseline``; ``at_least``: ``metric >= (1 - t) x baseline``, i.e. the
-  paper's alpha); for an absolute one the margin added to the level in the metric's units
-  (``at_most``: ``metric <= level + t``; ``at_least``: ``metric >= level - t``). The declared
+  the slack around the declared limit in every form (``bayes_safe.envs.tolerance``): for a
+  relative constraint ``metric <= (c + t) x baseline`` (``at_most``) or ``metric >= (c - t) x
+  baseline`` (``at_least``), for an absolute one ``metric <= level + t`` or ``metric >= level - t``
+  (``t = 0``: the declared limit). The declared
   bound itself is the study's outcome constraint, on what the A/B test measures:
   ``relative(m, at_most=1.02)`` -> ``m_change <= 2`` (% vs the baseline),
   ``relative(m, at_least=0.99)`` -> ``m_change >= -1``, ``absolute(m, at_most=v)`` -> ``m <= v``
@@ -50,7 +53,12 @@
   of settings (``--parameter forgetting=none,0.99,adaptive``, a ``Choice``): ``"none"``, a factor
   written as a string, or ``"adaptive"`` (restart from the prior when a change is detected,
   ``bayes_safe.models.change_detection``). A problem whose ``models`` hook builds its own models
-  sets their forgetting there, and the parameter is refused for it by name.
+  gets the trial's setting through the hook: ``models(self, replications, forgetting=None)``
+  receives ``forgetting`` (None for no forgetting, a factor in (0, 1), or ``"adaptive"``: what
+  ``BayesianLinear(..., forgetting=...)`` takes; not passed when the trial does not set it, so
+  the hook's default applies), and ``models(self, replications, parameters=None)`` receives every
+  parameter of the trial (``forgetting`` already converted so). A hook that takes neither cannot
+  be told the factor, and the parameter is refused with that reason and the signature to write.
 
 The default search space is ``problem.search_space`` (dicts or ``Range`` of ``tolerance_*`` names)
 or, when empty, one range per constraint: relative ``[0, 2 |bound - 1|]`` (at least 0.02 wide;
@@ -102,6 +110,7 @@ from bayes_safe.envs.tolerance import (
     strictest_tolerance,
     tolerance_name,
 )
+from bayes_safe.simulation import _draw_takes_step
 
 __all__ = ["SimulatedProblem", "import_problem", "load_problem_class", "outcome_constraint", "tolerance_name",
            "violation_name"]
@@ -207,6 +216,74 @@ def _forgetting_setting(value) -> float | str | None:
     return None if factor == 1 else factor
 
 
+# ---------------------------------------------------------------------- a models hook and the trial's settings
+#: the arguments a problem's ``models`` hook may declare (beside ``replications``) to receive a trial's settings
+HOOK_ARGUMENTS = ("forgetting", "parameters")
+
+
+def _hook_arguments(problem) -> dict[str, bool]:
+    """Which of ``HOOK_ARGUMENTS`` ``problem.models`` declares (a parameter of that name,
+    positional-or-keyword or keyword-only, as ``simulate`` detects ``draw``'s ``step``):
+    ``{name: required}`` (required: it has no default)."""
+    hook = getattr(problem, "models", None)
+    if not callable(hook):
+        return {}
+    try:
+        signature = inspect.signature(hook)
+    except (TypeError, ValueError):  # a builtin or C callable without a signature
+        return {}
+    out = {}
+    for name in HOOK_ARGUMENTS:
+        p = signature.parameters.get(name)
+        if p is not None and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
+            out[name] = p.default is p.empty
+    return out
+
+
+def _hook_kwargs(takes: Mapping, parameters: Mapping) -> dict:
+    """The keyword arguments the hook receives for a trial's ``parameters``: ``forgetting`` (its
+    models' setting, ``_forgetting_setting``) when the trial sets it or the hook requires it (None:
+    no forgetting), ``parameters`` (every parameter, ``forgetting`` converted) always."""
+    settings = dict(parameters)
+    if "forgetting" in settings:
+        settings["forgetting"] = _forgetting_setting(settings["forgetting"])
+    kwargs = {}
+    if "forgetting" in takes and ("forgetting" in settings or takes["forgetting"]):
+        kwargs["forgetting"] = settings.get("forgetting")
+    if "parameters" in takes:
+        kwargs["parameters"] = settings
+    return kwargs
+
+
+class _HookCall:
+    """The problem as ``problem_models`` reads it, its ``models`` hook called with a trial's settings
+    (made a subclass named like the problem's class, so that the checks' messages name it)."""
+
+    def __init__(self, problem, kwargs: Mapping):
+        self.metric_names = problem.metric_names
+        self._hook, self._kwargs = problem.models, dict(kwargs)
+
+    def models(self, replications):
+        return self._hook(replications, **self._kwargs)
+
+
+def _own_models(problem, parameters: Mapping) -> list | None:
+    """``problem_models(problem, None)`` (the A/B tuner's arms: ``batch_shape=()``), the hook given
+    the trial's settings when it declares ``forgetting`` / ``parameters``."""
+    from bayes_safe.factory import problem_models
+
+    kwargs = _hook_kwargs(_hook_arguments(problem), parameters)
+    if not kwargs:
+        return problem_models(problem, None)
+    return problem_models(type(type(problem).__name__, (_HookCall,), {})(problem, kwargs), None)
+
+
+def _draw_probe(problem) -> Units:
+    """One probe unit from its own generator (step 0 for a time-varying problem)."""
+    generator = torch.Generator().manual_seed(0)
+    return problem.draw(1, generator, step=0) if _draw_takes_step(problem) else problem.draw(1, generator)
+
+
 # ---------------------------------------------------------------------- the environment of one trial
 @dataclasses.dataclass
 class _Batch:
@@ -232,9 +309,16 @@ class _Env:
         self.problem = problem
         self.generator = torch.Generator().manual_seed(int(seed))
         self.draws = 0
+        self.timed = _draw_takes_step(problem)
 
-    def draw(self, n: int, generator: torch.Generator | None = None) -> _Batch:
-        units = self.problem.draw(int(n), self.generator if generator is None else generator)
+    def draw(self, n: int, generator: torch.Generator | None = None, step: int | None = None) -> _Batch:
+        """``n`` units; ``step`` (the A/B test's batch index) is passed on to a problem whose ``draw``
+        takes one (when None, such a problem is called without it: its own default applies)."""
+        generator = self.generator if generator is None else generator
+        if self.timed and step is not None:
+            units = self.problem.draw(int(n), generator, step=int(step))
+        else:
+            units = self.problem.draw(int(n), generator)
         self.draws += 1
         return _as_batch(self.problem, units, int(n), f"draw (batch {self.draws})")
 
@@ -344,7 +428,7 @@ class SimulatedProblem(ABProblem):
 
     def __init__(self, problem, *, ridge: float = 1.0, import_path: str | None = None, params: Mapping | None = None,
                  max_violations: Mapping | None = None):
-        from bayes_safe.factory import describe_model, problem_models
+        from bayes_safe.factory import describe_model
 
         if isinstance(problem, ABProblem):
             raise TypeError("problem: already an ABProblem; pass it to ABTest directly")
@@ -367,8 +451,10 @@ class SimulatedProblem(ABProblem):
             self.model_columns = list(range(1, len(names)))  # only the reward guarded: the others learned, unguarded
         self.noise = self._noise(names)
         # the problem's own models, checked now (a bad hook fails here, not in a worker): None -> the ridge default
-        own = problem_models(problem, None)
+        own = _own_models(problem, {})
         self.own_models = own is not None
+        #: the trial settings the problem's own models hook takes (``forgetting``, ``parameters``)
+        self.hook_takes = _hook_arguments(problem) if self.own_models else {}
         self._model_names = [describe_model(m) for m in own] if own is not None else None
         self.violation_names = tuple(_numbered([violation_name(c) for c in self.declared]))
         clash = [v for v in self.violation_names if v in names or f"baseline_{v}" in names]
@@ -417,8 +503,29 @@ class SimulatedProblem(ABProblem):
         return _numbered([confidence_name(c) for c in self.declared])
 
     def known_parameters(self) -> tuple[str, ...]:
-        # the default models' forgetting factor is tunable; a problem's own models set theirs themselves
-        return (*self.tolerance_names(), *self.confidence_names(), *(() if self.own_models else ("forgetting",)))
+        # the forgetting factor is tunable for the default models and for a models hook that takes it
+        forgets = not self.own_models or bool(self.hook_takes)
+        return (*self.tolerance_names(), *self.confidence_names(), *(("forgetting",) if forgets else ()))
+
+    def _check_names(self, names, what: str) -> None:
+        known = self.known_parameters()
+        unknown = [n for n in names if n not in known]
+        if "forgetting" in unknown:
+            hook = self.problem.models
+            try:
+                signature = str(inspect.signature(hook))
+            except (TypeError, ValueError):
+                signature = "(replications)"
+            cls = type(self.problem).__name__
+            raise ValueError(
+                f"{what}: unknown parameter name(s) {unknown} for problem {self.name!r}; it reads "
+                f"{', '.join(known) or 'no parameter'}. 'forgetting' is refused because {cls}.models{signature} builds the "
+                "problem's own models and takes neither a `forgetting` nor a `parameters` argument, so a trial's "
+                f"forgetting setting cannot reach them. To tune it, write the hook as `def models(self, replications, "
+                "forgetting=None)` and build each model with `BayesianLinear(..., forgetting=forgetting)` (None: no "
+                "forgetting; a factor in (0, 1); 'adaptive'), or as `def models(self, replications, parameters=None)` "
+                "to receive every parameter of the trial")
+        super()._check_names(names, what)
 
     def check_parameter_values(self, parameters: Mapping) -> None:
         confidences = set(self.confidence_names())
@@ -450,7 +557,7 @@ class SimulatedProblem(ABProblem):
         """Whether the problem gives its mean outcomes (``expected`` / ``expected_all``), asked once
         on a probe unit: then the A/B test reports per-unit violation rates."""
         if self._knows_means is None:
-            probe = self.problem.draw(1, torch.Generator().manual_seed(0))
+            probe = _draw_probe(self.problem)
             self._knows_means = bool(self.declared) and expected_table(self.problem, probe) is not None
         return self._knows_means
 
@@ -482,7 +589,9 @@ class SimulatedProblem(ABProblem):
         """Which models the arms run, and whose they are (the report's and ``describe``'s words)."""
         listed = ", ".join(f"`{m}` {d}" for m, d in self.model_names().items())
         if self.own_models:
-            return f"models: the problem's own (`{type(self.problem).__name__}.models`): {listed}"
+            given = " and ".join(f"`{a}`" for a in self.hook_takes)
+            return (f"models: the problem's own (`{type(self.problem).__name__}.models`): {listed}"
+                    + (f" (as the hook builds them by default; each trial's {given} is passed to the hook)" if given else ""))
         noise = ", ".join(f"{v:g}" for v in (self.noise[j] for j in [0, *self.model_columns]))
         return (f"models: the ridge default (the problem declares no `models`): {listed}, prior N(0, sigma^2 / {self.ridge:g} I), "
                 f"known noise sigma = {noise}")
@@ -525,7 +634,7 @@ class SimulatedProblem(ABProblem):
     def dim(self) -> int:
         """The feature width ``d`` (one probe draw of a unit, from its own generator)."""
         if self._dim is None:
-            batch = _as_batch(self.problem, self.problem.draw(1, torch.Generator().manual_seed(0)), 1, "draw (probe)")
+            batch = _as_batch(self.problem, _draw_probe(self.problem), 1, "draw (probe)")
             self._dim = int(batch.features.shape[-1])
         return self._dim
 
@@ -541,12 +650,11 @@ class SimulatedProblem(ABProblem):
         prior = dist.Normal(torch.zeros((), dtype=torch.float64), scale).expand([self.dim()]).to_event(1)
         return BayesianLinear(prior, noise_std=sigma, batch_shape=(), forgetting=forgetting)
 
-    def arm_models(self, columns, forgetting: float | str | None = None) -> list:
+    def arm_models(self, columns, forgetting: float | str | None = None, parameters: Mapping | None = None) -> list:
         """New posteriors of the metrics ``columns``: the problem's own (``Problem.models(None)``) when
-        it declares them, else the ridge default (with ``forgetting``)."""
-        from bayes_safe.factory import problem_models
-
-        own = problem_models(self.problem, None) if self.own_models else None
+        it declares them, else the ridge default (with ``forgetting``). A hook that takes ``forgetting``
+        or ``parameters`` receives the trial's (``parameters``; module docstring)."""
+        own = _own_models(self.problem, parameters or {}) if self.own_models else None
         if self.own_models and own is None:
             raise ValueError(f"problem.models: {type(self.problem).__name__}.models(None) returned None in this "
                              "process, but returned models when the study was built")
@@ -559,8 +667,7 @@ class SimulatedProblem(ABProblem):
         out = []
         for c, name, conf in zip(self.declared, self.tolerance_names(), self.confidence_names()):
             confidence = parameters.get(conf, ...)
-            out.append(policy_constraint(c, parameters.get(name, 0.0 if not c.versus_baseline else
-                                                           (c.bound - 1 if c.at_most else 1 - c.bound)), confidence)
+            out.append(policy_constraint(c, parameters.get(name, 0.0), confidence)
                        if name in parameters or conf in parameters else c)
         return out
 
@@ -634,12 +741,12 @@ class SimulatedProblem(ABProblem):
 
         forgetting = _forgetting_setting(parameters.get("forgetting"))
         if kind == "ts":
-            return ThompsonSampling(self.arm_models([0], forgetting)[0])
+            return ThompsonSampling(self.arm_models([0], forgetting, parameters)[0])
         if kind == "ts-asc":
             if not self.declared:
                 raise ValueError(f"policy: 'ts-asc' needs a constraint; problem {self.name!r} declares none (use 'ts')")
             names = self.metric_names()
-            reward, *constraint_models = self.arm_models([0, *self.model_columns], forgetting)
+            reward, *constraint_models = self.arm_models([0, *self.model_columns], forgetting, parameters)
             return TSASC(reward, constraint_models, constraints=self.policy_constraints(parameters),
                          metric_names=[names[j] for j in (0, *self.model_columns)], fallback=self.fallback)
         raise ValueError(f"policy: expected one of {list(ARMS)} for problem {self.name!r}, got {kind!r}")

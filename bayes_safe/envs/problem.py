@@ -60,8 +60,11 @@ the step's outcomes depend on (its mean table, its parameters) in ``Units.contex
 ``outcomes`` and ``expected``/``expected_all`` answer for the step the units were drawn at; the
 regret and the violations are then judged against that step's means (its optimum, its
 constraints), on every path of ``simulate`` (the lean Thompson path included: it reads no means).
-Give ``step`` a default (``step: int = 0``) if the problem should also run where no step is known
-(the A/B tuner and the command line's probes call ``draw(n, generator)``), or raise a
+The A/B tuner (``bayes_safe.tuning.ABTest``) passes the step the same way: batch ``b`` of a trial
+is drawn with ``step=b`` (one round of decisions with one posterior, then one update, as a step of
+``simulate``), so a change at step ``T`` is seen from batch ``T`` on, and its probes draw at
+``step=0``. Give ``step`` a default (``step: int = 0``) if the problem should also run where no
+step is known (the command line's probes call ``draw(n, generator)``), or raise a
 ``ValueError`` naming ``step`` when it is missing. Return the same table object for steps whose
 means do not change (``simulate`` judges a table once per run of identical objects) and a new
 tensor when they change; never modify a table returned earlier in place. The built-in drifting
@@ -356,7 +359,12 @@ class Problem:
 
     def models(self, replications: int | None) -> Sequence | None:
         """The problem's own posterior models, one per metric (reward first), or None (the default:
-        the entry points build ridge models from ``noise_std``). See the class docstring."""
+        the entry points build ridge models from ``noise_std``). See the class docstring.
+
+        A tuning study passes a trial's ``forgetting`` to a hook declared
+        ``models(self, replications, forgetting=None)`` (None, a factor in (0, 1) or ``"adaptive"``,
+        for ``BayesianLinear(..., forgetting=...)``), or every parameter of the trial to one declared
+        ``models(self, replications, parameters=None)``; ``simulate`` calls ``models(replications)``."""
         return None
 
     def expected(self, units: Units, actions: torch.Tensor) -> torch.Tensor | None:
