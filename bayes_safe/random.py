@@ -326,21 +326,32 @@ class DrawBatch(ReplicationRNG):
     after one ordinary ``select``; with ``played=False`` (``Policy.action_probabilities``, a
     query) the chain is left as it was.
 
+    **Independent rows** (``independent_rows=True``; ``Policy.row_probabilities``, the propensities
+    of a decision log's rows): the features' rows ``[n, K, d]`` are ``n`` separate decisions of one
+    stream, each with its own ``S`` draws, independent of the other rows' (as ``n`` calls of one
+    row each would make them). A model without a batch shape that can draw so says
+    ``row_draws`` (``BayesianLinear`` of a conjugate or stored-draws engine) and returns
+    ``[S, n, K]`` draws independent across rows; without the flag such a model's ``S`` draws are
+    shared by the rows (``[S, d]`` weights at every row). Chain engines (Gibbs, Langevin) do not draw
+    so: ``Policy.row_probabilities`` asks them one row at a time.
+
     Args:
         num_draws: ``S`` (>= 1).
         replications: ``R``, the batch the models keep.
         generator: a ``torch.Generator`` (None: a fresh one seeded with ``seed``).
         seed: the seed of that fresh generator.
         played: whether the first draw is played (see above).
+        independent_rows: the features' rows are separate decisions (see above).
     """
 
     def __init__(self, num_draws: int, replications: int = 1, generator: torch.Generator | None = None, seed: int = 0,
-                 *, played: bool = False):
+                 *, played: bool = False, independent_rows: bool = False):
         if isinstance(num_draws, bool) or not isinstance(num_draws, (int, np.integer)) or num_draws < 1:
             raise ValueError(f"num_draws: expected an int >= 1, got {num_draws!r}")
         super().__init__([0] * int(replications), block=1)
         self.num_draws = int(num_draws)
         self.played = bool(played)
+        self.independent_rows = bool(independent_rows)
         if generator is not None and not isinstance(generator, torch.Generator):
             raise TypeError(f"generator: expected a torch.Generator or None, got {type(generator).__name__}")
         if generator is None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))):
@@ -348,7 +359,8 @@ class DrawBatch(ReplicationRNG):
         self.generator = generator if generator is not None else torch.Generator().manual_seed(int(seed))
 
     def __repr__(self) -> str:
-        return f"DrawBatch(num_draws={self.num_draws}, replications={self.replications}, played={self.played})"
+        rows = ", independent_rows=True" if self.independent_rows else ""
+        return f"DrawBatch(num_draws={self.num_draws}, replications={self.replications}, played={self.played}{rows})"
 
     def _draw(self, kind: str, shape, key: str, dtype) -> torch.Tensor:
         return self._full(kind, (self.replications, *(int(s) for s in shape)), dtype)

@@ -877,57 +877,92 @@ class DecisionLog:
 
     def to_logged_data(self):
         """The decisions with feedback as ``bayes_safe.offline.LoggedData`` (one domain, ``"all"``),
-        with the logged propensities and every action's logging probability."""
+        with the logged propensities and every action's logging probability.
+
+        **Different numbers of candidates** (a Decider that served 8 and 12 candidates): the data
+        has ``n_actions = K_max``, the largest ``K`` logged; row ``i``'s actions ``K_i .. K_max - 1``
+        are padding, with ``action_mask`` False and logging probability 0 (the estimators weight
+        the logged action only, so they need nothing else: a target policy's probabilities of the
+        padding must be 0, as ``target_probabilities`` gives them). The contexts are the candidate
+        features padded with zero rows and flattened, ``[N, K_max d]`` (row ``i``'s first ``K_i d``
+        numbers are its logged context); a log of context vectors of one length (not candidates)
+        keeps them as they are. A log of one ``K`` reads as before: ``n_actions = K``, the logged
+        contexts, no ``action_mask``.
+        """
         from ..offline import LoggedData
 
         frame = self.to_dataframe(with_feedback_only=True)
         if frame.empty:
             raise ValueError(f"log: {self.path} has no decision with feedback yet")
-        K = int(frame["num_actions"].iloc[0])
-        if (frame["num_actions"] != K).any():
-            raise ValueError(f"log: decisions with different numbers of actions ({sorted(set(frame['num_actions']))})")
-        contexts = np.array(frame["context"].tolist(), dtype=np.float32)
-        probs = np.array(frame["probabilities"].tolist(), dtype=np.float32)
+        sizes = frame["num_actions"].to_numpy(np.int64)
+        K = int(sizes.max())
+        mask = None
+        if (sizes == K).all():
+            contexts = np.array(frame["context"].tolist(), dtype=np.float32)
+            probs = np.array(frame["probabilities"].tolist(), dtype=np.float32)
+        else:
+            lengths = {len(c) for c in frame["context"]}
+            if len(lengths) == 1:  # context vectors of one length, not candidates: kept as they are
+                contexts = np.array(frame["context"].tolist(), dtype=np.float32)
+            else:
+                contexts = _padded_candidates(frame, self.path, np.float32).reshape(len(frame), -1)
+            probs = np.zeros((len(frame), K), dtype=np.float32)
+            for i, row in enumerate(frame["probabilities"]):
+                probs[i, :len(row)] = row
+            mask = np.arange(K)[None, :] < sizes[:, None]
         return LoggedData.from_tensors(contexts, frame["action"].to_numpy(np.int64), frame["reward"].to_numpy(np.float32),
                                        frame["propensity"].to_numpy(np.float64), np.zeros(len(frame), dtype=np.int64),
-                                       domain_names=["all"], n_actions=K, logging_probs=probs,
+                                       domain_names=["all"], n_actions=K, logging_probs=probs, action_mask=mask,
                                        row_labels=frame["decision_id"].to_numpy())
 
-    def target_probabilities(self, policy, *, num_draws: int = 500, seed: int = 0):
+    def target_probabilities(self, policy, *, num_draws: int = 500, seed: int = 0, batched: bool | None = None):
         """Another policy's probability of every action at each logged decision with feedback, ``[N, K]``.
 
         The rows are those of ``to_logged_data()``, so ``bayes_safe.offline.ips(probs, data)``
         (or ``snips``, ``doubly_robust``, ``estimate_value``) estimates that policy's value from
         the log: e.g. TS-ASC with another ``alpha`` on the same posterior. The logged contexts
         must be the decisions' candidate features (what ``Decider`` logs when it is given
-        candidates ``[K, d]``); each decision's logged baseline is passed on.
+        candidates ``[K, d]``); each decision's logged baseline is passed on. ``K`` is the largest
+        number of candidates logged: a decision with fewer gets probability exactly 0 on the rest.
+
+        ``policy.row_probabilities`` computes them: in batched calls of many rows when the policy and
+        its models allow it (TS-ASC or Thompson sampling on conjugate or NUTS / SVI models without a
+        batch shape; ``batched=None``, the default), else (``batched=False``, chain engines, other
+        policies) one decision at a time, as before this option existed (the same numbers). Each
+        row has ``num_draws`` draws of its own either way; the two paths agree in law, not number for
+        number, and each is reproducible given ``seed``.
         """
         import torch
 
         frame = self.to_dataframe(with_feedback_only=True)
         if frame.empty:
             raise ValueError(f"log: {self.path} has no decision with feedback yet")
-        generator = torch.Generator().manual_seed(int(seed))
-        out = []
-        for ctx, K, base in zip(frame["context"], frame["num_actions"], frame["baseline"]):
-            if len(ctx) % int(K):
-                raise ValueError(f"log: a logged context of length {len(ctx)} is not the candidate features of "
-                                 f"{K} actions (the Decider logged a context vector, not candidates)")
-            cand = torch.tensor(ctx, dtype=torch.float64).reshape(1, int(K), -1)
-            b = None if base is None or pd.isna(base) else torch.tensor([int(base)])
-            probs, _ = policy.action_probabilities(cand, b, num_draws=num_draws, generator=generator)
-            out.append(probs[0])
-        return torch.stack(out)
+        features = torch.from_numpy(_padded_candidates(frame, self.path, np.float64))
+        sizes = torch.tensor(frame["num_actions"].to_numpy(np.int64))
+        base = frame["baseline"]
+        baseline = None
+        if base.notna().any():
+            if base.isna().any():  # some decisions without a baseline: each row on its own, as before
+                return _rows_with_and_without_baselines(policy, features, sizes, base, num_draws, seed)
+            baseline = torch.tensor(base.to_numpy(np.int64))
+        probs, _ = policy.row_probabilities(features, baseline, num_actions=sizes, num_draws=num_draws, seed=int(seed),
+                                            batched=batched)
+        return probs
 
     def to_obp(self) -> dict:
         """obp's ``bandit_feedback`` dictionary (``n_rounds``, ``n_actions``, ``action``, ``reward``,
-        ``pscore``, ``context``, ``position``) of the decisions with feedback."""
+        ``pscore``, ``context``, ``position``) of the decisions with feedback. Different numbers of
+        candidates: ``n_actions`` is the largest and ``context`` the padded candidate features, as in
+        ``to_logged_data``."""
         frame = self.to_dataframe(with_feedback_only=True)
-        K = int(frame["num_actions"].iloc[0]) if len(frame) else 0
+        K = int(frame["num_actions"].max()) if len(frame) else 0
+        if len(frame) and ({len(c) for c in frame["context"]} != {len(frame["context"].iloc[0])}):
+            context = _padded_candidates(frame, self.path, np.float64).reshape(len(frame), -1)
+        else:
+            context = np.array(frame["context"].tolist(), dtype=np.float64).reshape(len(frame), -1)
         return {"n_rounds": len(frame), "n_actions": K, "action": frame["action"].to_numpy(np.int64),
                 "reward": frame["reward"].to_numpy(np.float64), "pscore": frame["propensity"].to_numpy(np.float64),
-                "context": np.array(frame["context"].tolist(), dtype=np.float64).reshape(len(frame), -1),
-                "position": np.zeros(len(frame), dtype=np.int64)}
+                "context": context, "position": np.zeros(len(frame), dtype=np.int64)}
 
     def __len__(self) -> int:
         with self._lock, self._b.guard():
@@ -935,4 +970,42 @@ class DecisionLog:
 
     def __repr__(self) -> str:
         return f"DecisionLog({str(self.path)!r}, decisions={len(self)})"
+
+
+def _padded_candidates(frame, path, dtype) -> np.ndarray:
+    """The logged candidate features of ``frame``'s decisions as ``[N, K_max, d]``, zero beyond each
+    decision's ``num_actions`` (``DecisionLog.to_logged_data``); ``ValueError`` when a context is not
+    the candidate features of its actions (the Decider was given a context vector) or the widths differ."""
+    sizes = frame["num_actions"].to_numpy(np.int64)
+    contexts = frame["context"].tolist()
+    widths = set()
+    for ctx, k, decision in zip(contexts, sizes, frame["decision_id"]):
+        if k < 1 or len(ctx) % int(k):
+            raise ValueError(f"log: decision {decision!r} logged a context of length {len(ctx)}, not the candidate "
+                             f"features of {k} actions (the Decider was given a context vector, not candidates)")
+        widths.add(len(ctx) // int(k))
+    if len(widths) > 1:
+        raise ValueError(f"log: {path}: the logged candidates have different feature widths ({sorted(widths)})")
+    d, K = widths.pop(), int(sizes.max())
+    if (sizes == K).all():
+        return np.array(contexts, dtype=dtype).reshape(len(contexts), K, d)
+    out = np.zeros((len(contexts), K * d), dtype=dtype)
+    for i, ctx in enumerate(contexts):
+        out[i, :len(ctx)] = ctx
+    return out.reshape(len(contexts), K, d)
+
+
+def _rows_with_and_without_baselines(policy, features, sizes, base, num_draws: int, seed: int):
+    """``target_probabilities`` of a log where only some decisions logged a baseline: row by row, each with
+    its own baseline or none (as before ``row_probabilities``)."""
+    import torch
+
+    generator = torch.Generator().manual_seed(int(seed))
+    probs = torch.zeros(features.shape[:2], dtype=torch.float64)
+    for i, b in enumerate(base):
+        k = int(sizes[i])
+        bt = None if b is None or pd.isna(b) else torch.tensor([int(b)])
+        p, _ = policy.action_probabilities(features[i:i + 1, :k], bt, num_draws=num_draws, generator=generator)
+        probs[i, :k] = p[0]
+    return probs
 

@@ -38,6 +38,9 @@ class ThompsonSampling(Policy):
         torch.Size([8])
     """
 
+    #: the rows of one call are separate decisions (``Policy.row_probabilities``)
+    batched_rows = True
+
     def __init__(self, model):
         self.model = check_model(model, "model", "sample_at")
 

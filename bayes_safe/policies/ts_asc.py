@@ -237,6 +237,9 @@ class TSASC(Policy):
     #: constraints"): ``TSASC(..., **TSASC.CALIBRATED)``
     CALIBRATED: typing.ClassVar[dict] = {"chance_mcse": "batch"}
 
+    #: the rows of one call are separate decisions (``Policy.row_probabilities``)
+    batched_rows = True
+
     def __init__(self, reward_model, constraint_models, alpha: float | Sequence[float] | None = None,
                  constraints: Sequence | None = None, *, metric_names: Sequence[str] | None = None,
                  fallback: str = "safest", confidence_draws: int = 64, chance_mcse: str | None = None,
@@ -819,7 +822,7 @@ def _joint_draws(model, features: torch.Tensor, generator: Generator, key: str, 
     R = features.shape[0]
     if _batched_draws(model):
         if isinstance(generator, DrawBatch):
-            batch = DrawBatch(S, R, generator.generator)
+            batch = DrawBatch(S, R, generator.generator, independent_rows=generator.independent_rows)
         elif isinstance(generator, ReplicationRNG):
             batch = _StreamDraws(generator, S)
         else:
@@ -827,8 +830,10 @@ def _joint_draws(model, features: torch.Tensor, generator: Generator, key: str, 
         return model.sample_at(features, batch, key=key)
     if isinstance(generator, DrawBatch):
         # propensities / action_probabilities: S draws from copies of a chain, which does not move
-        # (played=False; the engines' draw docstrings), nor does any other engine's state
-        return model.sample_at(features, DrawBatch(S, R, generator.generator), key=key)
+        # (played=False; the engines' draw docstrings), nor does any other engine's state; a log's rows
+        # (independent_rows) keep their own draws
+        return model.sample_at(features, DrawBatch(S, R, generator.generator,
+                                                   independent_rows=generator.independent_rows), key=key)
     # one draw at a time: a chain advances S steps and keeps its shape
     if thin > 1 and getattr(model, "engine_name", None) in ("gibbs", "langevin"):
         kept = []
