@@ -17,7 +17,6 @@ Inputs the library did not make:
 
 from __future__ import annotations
 
-import shutil
 import sqlite3
 import sys
 import warnings
@@ -238,7 +237,8 @@ def test_a_decision_log_without_the_guarded_metric_is_refused_in_one_line(served
     from bayes_safe.online.tuning import LoggedAlpha
 
     log = tmp_path / "no_ae.sqlite"
-    shutil.copy(served / "log.sqlite", log)
+    with sqlite3.connect(served / "log.sqlite") as src, sqlite3.connect(log) as dst:
+        src.backup(dst)  # the whole log, its WAL included (a copy of the file alone can miss the last rows)
     with sqlite3.connect(log) as db:  # an export whose feedback lost the adverse events
         db.execute("UPDATE feedback SET constraints = NULL")
     with pytest.raises(ValueError, match="no value of 'adverse_event'") as info:
@@ -307,7 +307,9 @@ def test_a_served_policy_whose_propensities_cannot_be_computed_is_refused_in_one
     problem = DoseFinding()
     policy = TSASC(*problem.models(1)[:1], problem.models(1)[1:], constraints=problem.constraints,
                    metric_names=problem.metric_names)
-    Decider(policy).save(tmp_path / "gibbs-state")
+    gibbs = Decider.load(served / "state")  # the served Decider (the log is its), with the Gibbs policy
+    gibbs.policy = policy
+    gibbs.save(tmp_path / "gibbs-state")
     x = torch.as_tensor(dose_features(torch.zeros(1, 3, dtype=F64)))
     try:
         for seed in range(2):

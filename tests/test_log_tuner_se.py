@@ -99,10 +99,12 @@ def test_a_tuned_served_constraint_is_checked_against_its_declared_limit(served,
 
     policy = Decider.load(served / "state").policy
     efficacy, cap = policy.constraints
-    tuned = [policy_constraint(efficacy, 0.3), policy_constraint(cap, 0.01)]  # efficacy >= 0.7 x, AE <= 0.06
+    tuned = [policy_constraint(efficacy, 0.1), policy_constraint(cap, 0.01)]  # efficacy >= (0.8 - 0.1) x, AE <= 0.06
     served_tuned = TSASC(policy.reward_model, list(policy.constraint_models), constraints=tuned,
                          metric_names=policy.metric_names, fallback=policy.fallback)
-    Decider(served_tuned, num_draws=100, seed=0).save(tmp_path / "state")
+    tuned_state = Decider.load(served / "state")  # the served Decider (its id, its decisions: the log's) ...
+    tuned_state.policy = served_tuned  # ... serving the tuned policy
+    tuned_state.save(tmp_path / "state")
     loaded = Decider.load(tmp_path / "state").policy.constraints
     assert [c.declared for c in loaded] == [pytest.approx(0.8), pytest.approx(0.05)]
 
@@ -110,11 +112,11 @@ def test_a_tuned_served_constraint_is_checked_against_its_declared_limit(served,
     # the outcome constraints are the declared limits, not the served policy's bounds (0.7, 0.06)
     assert problem.outcome_constraints == ("efficacy_ratio >= 0.8", "adverse_event <= 0.05", "unsupported <= 0.05")
     back = problem._served_tolerances()
-    assert back == {"tolerance_efficacy": pytest.approx(0.3), "tolerance_adverse_event": pytest.approx(0.01)}
+    assert back == {"tolerance_efficacy": pytest.approx(0.1), "tolerance_adverse_event": pytest.approx(0.01)}
     target = problem._target(back)
     assert [c.bound for c in target.constraints] == [pytest.approx(0.7), pytest.approx(0.06)]
     assert [c.declared_bound for c in target.constraints] == [pytest.approx(0.8), pytest.approx(0.05)]
     # the default ranges are around the declared limit and hold the served setting
-    for p, t in zip(problem.parameters, (0.3, 0.01)):
+    for p, t in zip(problem.parameters, (0.1, 0.01)):
         assert p["low"] <= t <= p["high"]
     assert "Declared limits" in problem.report_notes()

@@ -147,10 +147,13 @@ def add_tune_parser(subparsers) -> argparse.ArgumentParser:
                        "from the log, every declared constraint checked in its own form and direction")
     _common(p)
     _study_options(p)
-    p.add_argument("--log", required=True, type=Path, metavar="LOG",
-                   help="the decision log the service wrote (.sqlite, bayes_safe.online.DecisionLog)")
+    p.add_argument("--log", required=True, metavar="LOG",
+                   help="the decision log the service wrote: its .sqlite file, or the PostgreSQL URL "
+                        "postgresql://user@host:port/db of a service or of replicas (the password from PGPASSWORD "
+                        "or ~/.pgpass rather than the URL; never shown)")
     p.add_argument("--state", required=True, type=Path, metavar="STATE_DIR",
-                   help="the served Decider's state directory (its TS-ASC posterior)")
+                   help="the served Decider's state directory (its TS-ASC posterior): the service's, or a "
+                        "replica's; the log must be the one that state wrote (refused otherwise)")
     p.add_argument("--alpha-max", type=open_fraction, default=None,
                    help="a TS-ASC built with alpha: search alpha in [0, ALPHA_MAX] (default 0.5)")
     p.add_argument("--min-ratio", type=probability, default=None,
@@ -355,7 +358,20 @@ def _stored_files(config) -> list[tuple[str, str, str | None]]:
     return files
 
 
-def _inside(path: Path, directory: Path) -> bool:
+def _stored_location(raw) -> Path | str:
+    """A stored study's file, resolved; a PostgreSQL log's URL as it is (stored without its password:
+    ``LoggedAlpha.config``), never made a path (``postgresql:/...``)."""
+    text = str(raw)
+    if text.lower().startswith(("postgresql://", "postgres://")):
+        from bayes_safe.online.log import LogURL
+
+        return str(LogURL(text))
+    return Path(text).expanduser().resolve()
+
+
+def _inside(path: Path | str, directory: Path) -> bool:
+    if not isinstance(path, Path):
+        return False  # a database server's URL: never inside the study's directory
     try:
         path.relative_to(directory)
         return True
@@ -372,7 +388,7 @@ def _stored_import(config) -> str | None:
 
 
 def check_resume_trust(props: dict, url: str, *, trust: bool = False, source: str | None = None,
-                       problem: str | None = None) -> list[str]:
+                       problem: str | None = None, verb: str = "resume") -> list[str]:
     """Check the files and the code a stored study names before resuming it; return lines that show them.
 
     The rule for files: a file the study reads (its logs, a benchmark JSON, an Open Bandit
@@ -405,7 +421,7 @@ def check_resume_trust(props: dict, url: str, *, trust: bool = False, source: st
         consent = True if trust else problem
         what = "--problem" if problem is not None and not trust else "--trust-source"
         line = check_import_consent(stored_class, consent, what=what,
-                                    how=f"resume with --trust-source (or name it again: --problem {stored_class})")
+                                    how=f"{verb} with --trust-source (or name it again: --problem {stored_class})")
         lines.append(f"import: {line}" + (f" (confirmed by {'--trust-source' if trust else '--problem'})"
                                           if consent else ""))
 
@@ -416,12 +432,12 @@ def check_resume_trust(props: dict, url: str, *, trust: bool = False, source: st
         logs = [f for f in files if f[2] == "--source"]
         if not logs:
             raise ValueError("--source: this study does not read a logs file (its source is not a file); drop --source")
-        given, stored = Path(source).expanduser().resolve(), Path(logs[0][1]).expanduser().resolve()
+        given, stored = _stored_location(source), _stored_location(logs[0][1])
         if given != stored:
             raise ValueError(f"--source: the study reads its logs from {stored}, not {given}; resume cannot change a "
                              "study's logs (give the stored path again, or start a new study)")
     for what, raw, option in files:
-        path = Path(raw).expanduser().resolve()
+        path = _stored_location(raw)
         if home is not None and _inside(path, home):
             lines.append(f"{what}: {path} (inside the study's directory)")
         elif trust or (option == "--source" and source is not None):
@@ -431,7 +447,7 @@ def check_resume_trust(props: dict, url: str, *, trust: bool = False, source: st
             where = f"outside the study's directory {home}" if home is not None else "named by a server database"
             confirm = f"--source {path} or --trust-source" if option == "--source" else "--trust-source"
             raise ValueError(f"--trust-source: the stored study reads its {what} from {path}, {where}; check that "
-                             f"path, then resume with {confirm}")
+                             f"path, then {verb} with {confirm}")
     return lines
 
 

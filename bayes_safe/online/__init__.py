@@ -9,16 +9,33 @@ SQLite and reads back as ``bayes_safe.offline.LoggedData`` or obp's ``bandit_fee
 served TS-ASC's alpha from its decision log with ``bayes_safe.tuning.Study``.
 """
 
-from .decider import Decider, Decision, FeedbackRowsError
-from .log import DecisionLog
-from .replica import ReplicaDecider
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .decider import Decider, Decision, FeedbackRowsError
+    from .log import DecisionLog
+    from .replica import ReplicaDecider
 
 __all__ = ["Decider", "Decision", "DecisionLog", "FeedbackRowsError", "ReplicaDecider"]
 
+#: the names this package exports, by the module that defines them: imported on first use, so that a
+#: module of the package that needs no torch (``auth``, the client of ``bayes-safe feedback --url``)
+#: imports none
+_LAZY = {"Decider": ".decider", "Decision": ".decider", "FeedbackRowsError": ".decider", "DecisionLog": ".log",
+         "ReplicaDecider": ".replica"}
+
 
 def __getattr__(name: str):
-    if name == "serve":  # the HTTP service module, loaded on first use (its FastAPI import is lazier still)
-        import importlib
+    import importlib
 
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+        globals()[name] = value
+        return value
+    if name == "serve":  # the HTTP service module, loaded on first use (its FastAPI import is lazier still)
         return importlib.import_module(".serve", __name__)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

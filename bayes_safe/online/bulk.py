@@ -1,6 +1,7 @@
 """Bulk feedback: a table of outcomes joined on decision ids, applied to a served Decider's state.
 
-    bayes-safe feedback STATE_DIR --from outcomes.csv|outcomes.parquet [--log LOG] [--url URL]
+    bayes-safe feedback STATE_DIR --from outcomes.csv|outcomes.parquet [--log LOG]
+    bayes-safe feedback [STATE_DIR] --from outcomes.csv|outcomes.parquet --url URL [--token-file PATH] [--chunk-rows N]
 
 **The table.** One row per outcome (other columns are ignored):
 
@@ -26,13 +27,27 @@ replays them, exactly once.
 **A running service.** The process that serves a state holds ``STATE_DIR.lock``
 (``bayes_safe.online.serve.state_lock_path``). Without ``--url`` this command takes the same
 lock, so it refuses to touch a state that is being served (two writers of one state and log
-would lose updates) and a service cannot start on it meanwhile; with ``--url`` it sends the table
-to the running service instead, as one ``POST /feedback`` with the list (all or nothing there
-too; the state is read only for the policy's metric names). A service with tokens needs one with
-the ``feedback`` role: ``--token-file PATH``, else the environment variable ``BAYES_SAFE_TOKEN``,
-else the file ``BAYES_SAFE_TOKEN_FILE`` names (``bayes_safe.online.auth.client_token``). A table
-of more rows than the service takes in one request (``--max-feedback-items``,
-``--max-body-bytes``) is refused whole, with a message saying so.
+would lose updates) and a service cannot start on it meanwhile.
+
+**``--url``: posting, not loading.** ``bayes-safe feedback [STATE_DIR] --from TABLE --url URL``
+sends the table to the running service (one process or a replica: any replica takes any
+decision's feedback) and never loads a state: no posterior is built and no lock is taken, so it
+takes well under a second and works beside a service or a replica. ``STATE_DIR`` is optional: when
+given, only its ``policy.json`` is read, for the names of the table's metric columns
+(``metric_names``); without it the table has ``reward`` and ``constraint0``, ``constraint1``, ...
+columns (or one ``constraints`` column of JSON lists), and the service checks their number. The
+table's shape is checked here first (the columns, every value a finite number: a bad row refuses
+the table, nothing sent); then it is sent as ``POST /feedback`` lists of at most ``--chunk-rows``
+rows (default ``CHUNK_ROWS``, 1000, and under 1 MiB each), each chunk applied all or nothing by
+the service (an unknown decision id refuses its chunk, naming the row). The command prints the
+rows accepted, duplicated (already had feedback: ignored) and the requests sent. A chunk that
+fails (a refused row, a 4xx / 5xx, an unreachable service) ends the command with status 2 and one
+line naming the chunk (its rows of the table) and how many rows landed before it; those stay
+applied, so sending the table again once fixed is safe (they come back as duplicates). A
+service with tokens needs one with the ``feedback`` role: ``--token-file PATH``, else the
+environment variable ``BAYES_SAFE_TOKEN``, else the file ``BAYES_SAFE_TOKEN_FILE`` names
+(``bayes_safe.online.auth.client_token``). A chunk larger than the service takes in one request
+(``--max-feedback-items``, ``--max-body-bytes``) is a 413: lower ``--chunk-rows``.
 """
 
 from __future__ import annotations
@@ -42,6 +57,11 @@ import math
 from pathlib import Path
 
 __all__ = ["apply_outcomes", "outcome_columns", "read_outcomes"]
+
+#: ``--url``: the rows of one request (a chunk, applied all or nothing by the service), at most; and the
+#: bytes of its body, at most (the service's defaults: 10,000 items, 1 MiB)
+CHUNK_ROWS = 1000
+CHUNK_BYTES = 900_000
 
 
 def outcome_columns(policy) -> tuple[list[str], list[str]]:
@@ -98,13 +118,26 @@ def _frame(path: Path):
 
 
 def read_outcomes(path, policy) -> tuple[list[tuple[str, float, list[float] | None]], list[tuple[int, str, str]]]:
-    """The rows of an outcomes table as ``(decision_id, reward, constraints)`` and every bad row as
-    ``(row number, decision_id, message)``; a table without the needed columns is a ``ValueError``."""
+    """The rows of an outcomes table as ``(row number, decision_id, reward, constraints)`` and every bad
+    row as ``(row number, decision_id, message)``; a table without the needed columns is a ``ValueError``."""
+    return _read_table(path, *outcome_columns(policy))
+
+
+def _read_table(path, reward_names: list[str], constraint_names: list[str] | None):
+    """``read_outcomes`` with the columns named: ``constraint_names`` None when the policy is not known
+    (``--url`` without a state): then the constraints are the table's ``constraint0``, ``constraint1``,
+    ... columns, else its ``constraints`` column of JSON lists, else none (the service checks their number)."""
     path = Path(path)
     frame = _frame(path)
     columns = [str(c).strip() for c in frame.columns]
     frame.columns = columns
-    reward_names, constraint_names = outcome_columns(policy)
+    if constraint_names is None:
+        constraint_names = []
+        while f"constraint{len(constraint_names)}" in columns:
+            constraint_names.append(f"constraint{len(constraint_names)}")
+        any_length = not constraint_names and "constraints" in columns
+    else:
+        any_length = False
     if "decision_id" not in columns:
         raise ValueError(f"--from: {path.name} has no decision_id column (columns: {columns})")
     reward_col = next((c for c in reward_names if c in columns), None)
@@ -112,7 +145,9 @@ def read_outcomes(path, policy) -> tuple[list[tuple[str, float, list[float] | No
         raise ValueError(f"--from: {path.name} has no {' or '.join(reward_names)} column (columns: {columns})")
     C = len(constraint_names)
     mode, generic = None, [f"constraint{j}" for j in range(C)]
-    if C:
+    if any_length:
+        mode, cols = "json", ["constraints"]
+    elif C:
         if all(c in columns for c in constraint_names):
             mode, cols = "columns", constraint_names
         elif all(c in columns for c in generic):
@@ -126,7 +161,7 @@ def read_outcomes(path, policy) -> tuple[list[tuple[str, float, list[float] | No
     rows, problems = [], []
     ids = frame["decision_id"].tolist()
     rewards = frame[reward_col].tolist()
-    metric = {c: frame[c].tolist() for c in (cols if C else ())}
+    metric = {c: frame[c].tolist() for c in (cols if mode else ())}
     for i in range(len(frame)):
         raw_id = ids[i]
         if isinstance(raw_id, float) and raw_id.is_integer():  # a Parquet id column of floats
@@ -144,8 +179,11 @@ def read_outcomes(path, policy) -> tuple[list[tuple[str, float, list[float] | No
                 try:
                     values = json.loads(text) if isinstance(text, str) else list(text)
                 except (ValueError, TypeError):
-                    raise ValueError(f"constraints: expected a JSON list of {C} numbers, got {str(text)[:40]!r}") from None
-                if not isinstance(values, list) or len(values) != C:
+                    raise ValueError(f"constraints: expected a JSON list of {'' if any_length else f'{C} '}numbers, "
+                                     f"got {str(text)[:40]!r}") from None
+                if any_length and not isinstance(values, list):
+                    raise ValueError(f"constraints: expected a JSON list of numbers, got {str(text)[:40]!r}")
+                if not any_length and (not isinstance(values, list) or len(values) != C):
                     raise ValueError(f"constraints: expected a JSON list of {C} numbers, got {str(text)[:40]!r}")
                 constraints = [_number(v, f"constraints[{j}]") for j, v in enumerate(values)]
         except ValueError as exc:
@@ -160,18 +198,23 @@ def _refusal(path: Path, problems) -> ValueError:
     return ValueError(f"--from: {path.name}: {len(problems)} bad row(s), nothing applied: {shown}")
 
 
-def apply_outcomes(state_dir, source, *, log=None, url: str | None = None, token_file=None) -> dict:
+def apply_outcomes(state_dir, source, *, log=None, url: str | None = None, token_file=None,
+                   chunk_rows: int = CHUNK_ROWS) -> dict:
     """Apply the outcomes table ``source`` to the Decider state ``state_dir`` and its log (module
     docstring), or send it to the service at ``url`` (with the token of ``token_file``, or of the
-    environment: module docstring). Returns ``{"rows", "applied", "duplicates", "model_version",
-    "pending"}`` (the last two None with ``url``)."""
+    environment: module docstring) in chunks of at most ``chunk_rows`` rows; with ``url``,
+    ``state_dir`` may be None and is never loaded (it only names the table's columns). Returns
+    ``{"rows", "applied", "duplicates", "model_version", "pending"}`` (the last two None with ``url``,
+    which adds ``"chunks"``, the requests sent)."""
     source = Path(source)
     if not source.is_file():  # before the state and its log are opened
         raise FileNotFoundError(f"--from: no such file {str(source)!r}")
     if source.suffix.lower() not in (".csv", ".txt", ".parquet"):
         raise ValueError(f"--from: expected a .csv or .parquet file, got {source.name!r}")
     if url is not None:
-        return _post(state_dir, source, url, token_file)
+        return _post(state_dir, source, url, token_file, chunk_rows)
+    if state_dir is None:
+        raise ValueError("STATE_DIR: required without --url (the state the table's outcomes are applied to)")
     from .decider import FeedbackRowsError
     from .serve import Service
 
@@ -195,46 +238,127 @@ def apply_outcomes(state_dir, source, *, log=None, url: str | None = None, token
         service.close()
 
 
-def _post(state_dir, source: Path, url: str, token_file=None) -> dict:
+def _state_columns(state_dir) -> tuple[list[str], list[str] | None]:
+    """``outcome_columns`` of the policy saved in ``state_dir``, read from its ``policy.json`` alone (no
+    model is built, torch is not needed: a replica's state or one being served reads as well); without a
+    state, or one this cannot read, ``(["reward"], None)``: the table's own ``constraint0, ...`` or
+    ``constraints`` columns (``_read_table``)."""
+    if state_dir is None:
+        return ["reward"], None
+    try:
+        node = json.loads((Path(state_dir) / "policy.json").read_text())["object"]
+        C = sum(1 for role in node["models"] if str(role).startswith("constraint"))
+        named = node.get("metric_names")
+    except (OSError, ValueError, KeyError, TypeError):
+        return ["reward"], None
+    names = [str(n) for n in named] if isinstance(named, list) and len(named) == C + 1 else None
+    if names is None:
+        return ["reward"], [f"constraint{j}" for j in range(C)]
+    return ["reward"] + ([names[0]] if names[0] != "reward" else []), names[1:]
+
+
+def _shown_url(url: str) -> str:
+    """``url`` without a password in its user part (``https://user:secret@host`` -> ``https://user@host``)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "(a URL that does not parse)"
+    if "@" not in parts.netloc:
+        return url
+    user, host = parts.netloc.rsplit("@", 1)
+    return urlunsplit((parts.scheme, f"{user.split(':', 1)[0]}@{host}", parts.path, parts.query, parts.fragment))
+
+
+def _chunks(body: list[bytes], rows: int, size: int) -> list[tuple[int, int]]:
+    """``[(start, end)]`` of the items ``body`` (their JSON) in requests of at most ``rows`` items and ``size`` bytes."""
+    out, start, used = [], 0, 2
+    for i, item in enumerate(body):
+        if i > start and (i - start >= rows or used + len(item) + 1 > size):
+            out.append((start, i))
+            start, used = i, 2
+        used += len(item) + 1
+    if start < len(body):
+        out.append((start, len(body)))
+    return out
+
+
+def _post(state_dir, source: Path, url: str, token_file=None, chunk_rows: int = CHUNK_ROWS) -> dict:
+    """``--url``: the table checked here (its columns, its numbers), then POSTed to ``url/feedback`` in
+    chunks of at most ``chunk_rows`` rows, each applied all or nothing by the service; ``state_dir`` (may be
+    None) only names the columns (``_state_columns``). A failed chunk is a ``ValueError`` naming it and
+    what the chunks before it did (they stay applied)."""
     from .._extras import require
     from .auth import client_token
-    from .decider import Decider
 
+    if isinstance(chunk_rows, bool) or not isinstance(chunk_rows, int) or chunk_rows < 1:
+        raise ValueError(f"--chunk-rows: expected a positive int, got {chunk_rows!r}")
+    shown = _shown_url(url)
+    if not shown.lower().startswith(("http://", "https://")):
+        raise ValueError(f"--url: expected the service's http:// or https:// address, got {shown!r}")
     httpx = require("httpx", "bayes-safe feedback --url")
     token = client_token(token_file, "feedback")  # before any work: a bad token file is named at once
     headers = {"content-type": "application/json"} | ({"authorization": f"Bearer {token}"} if token else {})
-    policy = Decider.load(state_dir).policy  # read only: the column names
-    rows, problems = read_outcomes(source, policy)
+    rows, problems = _read_table(source, *_state_columns(state_dir))
     if problems:
         raise _refusal(source, problems)
+    out = {"rows": len(rows), "applied": 0, "duplicates": 0, "chunks": 0, "model_version": None, "pending": None,
+           "recovered": None, "log": None}
     if not rows:
-        return {"rows": 0, "applied": 0, "duplicates": 0, "model_version": None, "pending": None, "recovered": None,
-                "log": None}
-    body = [{"decision_id": k, "reward": r, **({"constraints": c} if c is not None else {})} for _, k, r, c in rows]
-    try:
-        response = httpx.post(url.rstrip("/") + "/feedback", content=json.dumps(body).encode(), headers=headers,
-                              timeout=600)
-    except httpx.HTTPError as exc:
-        size = f"; the table's {len(rows)} rows may be more than the service takes in one request " \
-            "(--max-body-bytes, default 1 MiB): split it" if len(body) > 1000 else ""
-        raise ValueError(f"--url: cannot reach {url} ({type(exc).__name__}: {exc}){size}") from None
-    try:
-        answer = response.json()
-    except ValueError:
-        answer = {"detail": response.text[:200]}
-    if response.status_code != 200:
-        errors = answer.get("errors") if isinstance(answer, dict) else None
-        if errors:
-            raise _refusal(source, [(rows[e["index"]][0], e.get("decision_id") or "", e["detail"]) for e in errors])
-        detail = answer.get("detail") if isinstance(answer, dict) else answer
-        if response.status_code == 401:
-            raise ValueError(f"--token-file: the service at {url} refused the token ({detail}); give a token with the "
-                             "feedback role (--token-file PATH, or BAYES_SAFE_TOKEN)")
-        if response.status_code == 403:
-            raise ValueError(f"--token-file: the service at {url} refused the request ({detail})")
-        if response.status_code == 413:
-            raise ValueError(f"--from: {source.name}: {len(rows)} rows are more than the service takes in one request "
-                             f"({detail}); split the table (re-sending rows is harmless) or raise the service's limit")
-        raise ValueError(f"--url: the service refused the table ({response.status_code}): {detail}")
-    return {"rows": len(rows), "applied": int(answer["applied"]), "duplicates": int(answer["duplicates"]),
-            "model_version": None, "pending": None, "recovered": None, "log": None}
+        return out
+    body = [json.dumps({"decision_id": k, "reward": r, **({"constraints": c} if c is not None else {})}).encode()
+            for _, k, r, c in rows]
+    chunks = _chunks(body, chunk_rows, CHUNK_BYTES)
+    endpoint = url.rstrip("/") + "/feedback"
+    with httpx.Client(timeout=httpx.Timeout(600, connect=10)) as client:
+        for n, (a, b) in enumerate(chunks, start=1):
+            first, last = rows[a][0], rows[b - 1][0]
+            where = f"chunk {n} of {len(chunks)} (rows {first}-{last} of {source.name})"
+
+            def before(landed_now: str = "", n=n) -> str:
+                if n == 1:
+                    return f"; no row landed before it{landed_now}"
+                return (f"; {out['applied'] + out['duplicates']} rows landed before it (chunks 1-{n - 1}: "
+                        f"{out['applied']} applied, {out['duplicates']} already had feedback){landed_now}")
+
+            again = "; send the table again once fixed (rows that landed are acknowledged as duplicates)"
+            try:
+                response = client.post(endpoint, content=b"[" + b",".join(body[a:b]) + b"]", headers=headers)
+            except httpx.HTTPError as exc:
+                sent = not isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout, httpx.UnsupportedProtocol))
+                what = ("no answer" + (", so it may or may not have landed" if sent else ""))
+                reason = " ".join(str(exc).split()) or type(exc).__name__
+                raise ValueError(f"--url: cannot reach {shown} ({type(exc).__name__}: {reason}); {where}: {what}"
+                                 + before() + again) from None
+            try:
+                answer = response.json()
+            except ValueError:
+                answer = {"detail": " ".join(response.text[:200].split())}
+            if response.status_code == 200 and isinstance(answer, dict) and "applied" in answer:
+                out["applied"] += int(answer["applied"])
+                out["duplicates"] += int(answer["duplicates"])
+                out["chunks"] = n
+                continue
+            detail = answer.get("detail") if isinstance(answer, dict) else answer
+            errors = answer.get("errors") if isinstance(answer, dict) else None
+            code = response.status_code
+            if errors:
+                bad = "; ".join(f"row {rows[a + int(e['index'])][0]}" + (f" (decision_id {e['decision_id']!r})"
+                                                                          if e.get("decision_id") else "")
+                                + f": {e.get('detail')}" for e in errors if isinstance(e, dict) and "index" in e)
+                raise ValueError(f"--from: {source.name}: the service at {shown} refused {where} ({code}): "
+                                 f"{len(errors)} bad row(s), nothing of the chunk applied: {bad}" + before() + again)
+            if code == 401:
+                raise ValueError(f"--token-file: the service at {shown} refused the token ({detail}); give a token "
+                                 f"with the feedback role (--token-file PATH, or BAYES_SAFE_TOKEN); {where} not "
+                                 "applied" + before())
+            if code == 403:
+                raise ValueError(f"--token-file: the service at {shown} refused the request ({detail}); {where} not "
+                                 "applied" + before())
+            if code == 413:
+                raise ValueError(f"--chunk-rows: the service at {shown} refused {where} as too large ({detail}); "
+                                 "send smaller chunks (--chunk-rows) or raise the service's limit" + before() + again)
+            raise ValueError(f"--url: the service at {shown} answered {code} to {where} ({detail}); nothing of the "
+                             "chunk applied" + before() + again)
+    return out

@@ -64,6 +64,11 @@ after the snapshot, the feedback of every decision that was pending) and carries
 Replicas started at different times from the same one-process state end with the same
 posterior. A state saved by a replica is refused by ``Decider.load`` (and by a one-process
 ``bayes-safe serve``), which would apply its log's feedback a second time.
+
+**Reading a saved state** (tuning and off-policy evaluation from the log: ``bayes-safe tune
+decision-log``, ``bayes_safe.online.tuning.LoggedAlpha``): ``saved_policy(directory, log=...)``
+reads the posterior of a state saved by ``Decider.save`` or by a replica, writing nothing, after
+checking that the log was written by that state (``StateError`` naming both otherwise).
 """
 
 from __future__ import annotations
@@ -88,7 +93,7 @@ from .decider import (
 )
 from .log import NUMBER_BLOCK, DecisionLog
 
-__all__ = ["ReplicaDecider"]
+__all__ = ["ReplicaDecider", "saved_policy"]
 
 _logger = logging.getLogger(__name__)
 #: the directory of a replica snapshot that holds its base: the posterior it replays from on a repair
@@ -521,3 +526,76 @@ def _shared_log(log) -> DecisionLog:
                          "is an SQLite file, which serves one process")
     return log
 
+
+
+class _StateReader(Decider):
+    """``Decider.load`` of any saved state, one-process or replica, without a log and writing nothing
+    (``saved_policy``): the snapshot as saved, for reading its policy."""
+
+    _replica = True
+
+
+def saved_policy(directory, *, log=None, allow_imports: bool = False):
+    """The policy (the posterior) of a state saved by ``Decider.save`` or by a replica, read only.
+
+    With ``log`` (a ``DecisionLog``, an SQLite path or a ``postgresql://`` URL, opened read-only
+    when given as a path), first check that the log was written by that state, writing nothing;
+    a ``StateError`` naming the log (a URL without its password) and the state otherwise:
+
+    * a one-process state: ``Decider.load``'s check of a log (``_log_mismatch``: the same
+      ``decider_id``, the state's pending decisions logged with the same actions, no feedback the
+      state applied missing from the log ...); on PostgreSQL the decisions past the state's
+      counter may be replicas' (numbered in blocks, with gaps);
+    * a replica's state: ``ReplicaDecider.load``'s (the log is its Decider's, and holds exactly
+      the feedback rows the snapshot's posterior learned up to its watermark ``log_seq``).
+
+    Nothing is replayed: the policy is the snapshot's (what tuning from the log starts from)."""
+    directory = Path(directory)
+    out = _StateReader.load(directory, allow_imports=allow_imports)
+    if log is None:
+        return out.policy
+    meta, _ = out._snapshot
+    opened = None
+    if isinstance(log, (str, Path)):
+        log = opened = DecisionLog(log, read_only=True)
+    elif not isinstance(log, DecisionLog):
+        raise TypeError(f"log: expected a DecisionLog or the path of one, got {type(log).__name__}")
+    try:
+        problem = _state_log_problem(log, meta, out)
+    finally:
+        if opened is not None:
+            opened.close()
+    if problem:
+        raise StateError(f"{log.path}: not the decision log of the state {directory}: {problem}")
+    return out.policy
+
+
+def _state_log_problem(log: DecisionLog, meta: dict, state: Decider) -> str | None:
+    """Why ``log`` was not written by the saved state (``meta``, its ``decider.json``; ``state``, as
+    loaded), or None (``saved_policy``)."""
+    decider_id = meta.get("decider_id")
+    replica = meta.get("replica")
+    if replica is None:
+        return _log_mismatch(log, decider_id, state.next_id, state.pending, replicas=log.kind == "postgresql")
+    foreign = log.id_summary()["foreign"]
+    if foreign:
+        return f"{foreign} of its decision ids were not issued by a Decider (which issues '0', '1', ...): not a Decider's log"
+    owner = log.identity()
+    if owner is None:
+        return f"no Decider has written to it; the replica state's Decider is {decider_id}"
+    if owner["decider_id"] != decider_id:
+        return (f"it is the log of another Decider (id {owner['decider_id']}; this replica state's id is "
+                f"{decider_id})")
+    try:
+        seq, applied = int(replica["log_seq"]), int(replica["applied"])
+    except (KeyError, TypeError, ValueError):
+        raise StateError(f"the replica state of Decider {decider_id} has a malformed watermark {replica!r}") from None
+    high = log.feedback_high()
+    if high < seq:
+        return (f"it holds feedback up to row {high} but the replica state has learned up to row {seq}: the log is "
+                "older than the snapshot")
+    count = log.feedback_count(through=seq)
+    if count != applied:
+        return (f"the replica state's posterior holds {applied} feedback rows but the log has {count} up to its "
+                f"watermark log_seq {seq}")
+    return None

@@ -22,9 +22,9 @@ state and
 
 * tunes one parameter per declared constraint, ``tolerance_<metric>`` (the helpers of
   ``bayes_safe.tuning.own_problem``, as ``tune custom`` does for a simulated problem): the trial
-  policy keeps ``policy_constraint(c, t)``, i.e. for a relative constraint the factor ``1 + t``
-  (``at_most``) or ``1 - t`` (``at_least``, the paper's alpha), for an absolute one the level
-  ``bound + t`` (``at_most``) or ``bound - t`` (``at_least``), with the declaration's
+  policy keeps ``policy_constraint(c, t)``, the slack around the declared limit in every form
+  (``bayes_safe.envs.tolerance``): the factor or level ``c + t`` (``at_most``) or ``c - t``
+  (``at_least``), with the declaration's
   ``confidence``; the default range is ``default_range(c)``, which holds the served setting;
 * checks every declared constraint with an outcome constraint in its own form and direction,
   on the trial policy's off-policy estimate of the guarded metric (the metric's logged values
@@ -81,8 +81,17 @@ Studies made before the declared constraints were read (their stored settings ho
 ``alpha_max`` and ``min_ratio``) resume as they ran: the alpha study, with a
 ``LegacyAlphaWarning`` when the served policy declares constraints the alpha study ignores.
 
+The log and the state must belong together: the log is read (SQLite file or PostgreSQL URL, read-only)
+and checked against the state before anything else (``bayes_safe.online.replica.saved_policy``, the checks
+``Decider.load`` and ``ReplicaDecider.load`` make), so a state that never wrote the log is refused in
+one line naming both. The state may be a one-process service's or a replica's (its snapshot's posterior).
+
 The logged contexts must be the decisions' candidate features (what ``Decider`` logs when it is
-given candidates ``[K, d]``), and every decision must have logged a baseline.
+given candidates ``[K, d]``), and every decision must have logged a baseline. Decisions may have
+different numbers of candidates: the log is read padded to the largest (``DecisionLog.to_logged_data``;
+a trial's probability of the padding is 0). A trial's probabilities come from
+``Policy.row_probabilities``: many decisions per call for conjugate and NUTS / SVI models of one
+stream, one at a time for chain engines (Gibbs, Langevin).
 """
 
 from __future__ import annotations
@@ -147,8 +156,14 @@ class LoggedAlpha(ABProblem):
     """A served TS-ASC tuned from its decision log (module docstring).
 
     Args:
-        log: the ``DecisionLog`` the service wrote: its file (``.sqlite``) or its PostgreSQL URL.
-        state: the state directory (``Decider.save``) whose TS-ASC posterior the trials use.
+        log: the ``DecisionLog`` the service wrote: its file (``.sqlite``) or its PostgreSQL URL
+            (``postgresql://user@host:port/db``: one service's, or the log replicas share). A URL is
+            shown and stored (``config``) without its password: a resumed study connects with
+            ``PGPASSWORD`` or ``~/.pgpass``.
+        state: the state directory whose TS-ASC posterior the trials use: saved by the service
+            (``Decider.save``) or by one of the replicas (``ReplicaDecider``); read only. The log must
+            be that state's (``bayes_safe.online.replica.saved_policy``: its ``decider_id``, its
+            decisions, the feedback a replica's posterior learned): a ``StateError`` naming both otherwise.
         alpha_max: the alpha study's search space ``alpha in [0, alpha_max]`` (default 0.5).
         min_ratio: the alpha study's outcome constraint ``constraint0_ratio >= min_ratio``
             (default 0.9).
@@ -183,8 +198,8 @@ class LoggedAlpha(ABProblem):
                  num_draws: int = 200, n_boot: int = 200, max_unsupported: float | None = 0.05,
                  tune: str | None = None):
         from ..state import StateError
-        from .decider import Decider
         from .log import DecisionLog, is_log_url, log_location
+        from .replica import saved_policy
 
         try:
             self.log_path = log_location(log)  # a PostgreSQL URL: a LogURL, which prints without its password
@@ -204,8 +219,21 @@ class LoggedAlpha(ABProblem):
             raise ValueError(f"max_unsupported: expected None or a share in [0, 1], got {max_unsupported!r}")
         self.num_draws, self.n_boot = num_draws, n_boot
         self.max_unsupported = None if max_unsupported is None else float(max_unsupported)
-        # everything is read and checked here, before any trial
-        policy = Decider.load(self.state_path).policy
+        # everything is read and checked here, before any trial: the log first (read-only), then the state's
+        # policy, after checking that this log was written by that state (one-process or replica: saved_policy)
+        try:
+            self.log = DecisionLog(self.log_path, read_only=True)
+        except ValueError as exc:
+            raise ValueError(f"log: {str(exc).removeprefix('path: ')}") from None
+        try:
+            policy = saved_policy(self.state_path, log=self.log)
+        except StateError as exc:
+            self.log.close()
+            text = str(exc)
+            raise StateError(f"log: {text}" if text.startswith(str(self.log_path)) else text) from None
+        except BaseException:
+            self.log.close()
+            raise
         if not all(hasattr(policy, a) for a in ("reward_model", "constraint_models", "alpha")):
             raise ValueError(f"state: {self.state_path} holds a {type(policy).__name__}, not TS-ASC")
         self.policy = policy
@@ -213,7 +241,6 @@ class LoggedAlpha(ABProblem):
         mode = self._mode(tune, declared, alpha_max, min_ratio)
         self.tune = mode
         self._explicit_alpha = tune == "alpha"
-        self.log = DecisionLog(self.log_path, read_only=True)
         try:
             self.data = self.log.to_logged_data()
             frame = self.log.to_dataframe(with_feedback_only=True)
@@ -261,6 +288,10 @@ class LoggedAlpha(ABProblem):
             raise StateError(f"log: {self.log_path} has feedback without the {C} constraint value(s) of the policy")
         self.constraints = np.array(frame["constraints"].tolist(), dtype=np.float64).reshape(len(frame), C)
         self.outcome_constraints = (f"constraint0_ratio >= {self.min_ratio}",) if C else ()
+        try:  # the rows of self.data, parsed once (not at every trial); contexts that are not candidates fail a trial
+            self._candidates = self._parse_candidates(frame)
+        except ValueError as exc:
+            self._candidates, self._candidates_error = None, str(exc)
 
     def _init_constraints(self, frame, declared) -> None:
         from ..envs.tolerance import _numbered, default_range, tolerance_name
@@ -328,16 +359,15 @@ class LoggedAlpha(ABProblem):
         name = _safe(metric)
         return "reward_level" if name == "reward" else name
 
-    def _parse_candidates(self, frame) -> list:
+    def _parse_candidates(self, frame) -> tuple:
+        """``(features [N, K_max, d], num_actions [N])``: the logged candidates, padded with zero rows past
+        each decision's ``num_actions`` (``DecisionLog.to_logged_data``)."""
         import torch
 
-        out = []
-        for ctx, K, decision in zip(frame["context"], frame["num_actions"], frame["decision_id"]):
-            if len(ctx) % int(K):
-                raise ValueError(f"log: decision {decision!r} logged a context of length {len(ctx)}, not the candidate "
-                                 f"features of {K} actions (the Decider was given a context vector, not candidates)")
-            out.append(torch.tensor(ctx, dtype=torch.float64).reshape(1, int(K), -1))
-        return out
+        from .log import _padded_candidates
+
+        features = torch.from_numpy(_padded_candidates(frame, self.log_path, np.float64))
+        return features, torch.tensor(frame["num_actions"].to_numpy(np.int64))
 
     def _target(self, parameters: Mapping):
         """The trial's TS-ASC: the declared constraints at the trial's tolerances, on copies of the served models."""
@@ -354,15 +384,10 @@ class LoggedAlpha(ABProblem):
 
     def _served_tolerances(self) -> dict[str, float]:
         """The tolerances that give back the served policy's bounds (``policy_constraint(c, t)`` keeps ``c.bound``
-        with ``c.declared_bound`` as the declared limit): a relative factor's distance from 1, an absolute
-        level's distance from the declared level (0 for an untuned constraint)."""
-        out = {}
-        for c, n in zip(self.declared, self.tolerance_names):
-            if c.versus_baseline:
-                out[n] = c.bound - 1.0 if c.at_most else 1.0 - c.bound
-            else:
-                out[n] = c.bound - c.declared_bound if c.at_most else c.declared_bound - c.bound
-        return out
+        with ``c.declared_bound`` as the declared limit): the bound's distance from the declared limit, in
+        every form (``bayes_safe.envs.tolerance``; 0 for an untuned constraint)."""
+        return {n: c.bound - c.declared_bound if c.at_most else c.declared_bound - c.bound
+                for c, n in zip(self.declared, self.tolerance_names)}
 
     def _probe(self) -> None:
         """One decision's probabilities under the served setting: a policy whose propensities or
@@ -379,16 +404,18 @@ class LoggedAlpha(ABProblem):
                              "the log cannot be used to tune it") from None
 
     def _probabilities(self, target, *, num_draws: int, seed: int, rows: int | None = None):
-        """``[N, K]`` the trial policy's probability of every action at each logged decision with feedback."""
+        """``[N, K]`` the trial policy's probability of every action at each logged decision with feedback
+        (``K`` the largest number of candidates; 0 past a decision's own): ``target.row_probabilities``,
+        many rows per call where the models allow it, else one decision at a time."""
         import torch
 
-        generator = torch.Generator().manual_seed(int(seed))
-        out = []
-        for i, cand in enumerate(self._candidates[:rows]):
-            b = torch.tensor([int(self.baselines[i])])
-            probs, _ = target.action_probabilities(cand, b, num_draws=num_draws, generator=generator)
-            out.append(probs[0])
-        return torch.stack(out)
+        if self._candidates is None:  # the alpha study of a log whose contexts are not candidates
+            raise ValueError(self._candidates_error)
+        features, sizes = self._candidates
+        baselines = torch.tensor(self.baselines)
+        probs, _ = target.row_probabilities(features[:rows], baselines[:rows], num_actions=sizes[:rows],
+                                            num_draws=num_draws, seed=int(seed))
+        return probs
 
     # ------------------------------------------------------------------ metadata
     def config(self) -> dict:
@@ -421,12 +448,12 @@ class LoggedAlpha(ABProblem):
             c = by_name.get(r.name)
             if c is None or not c.versus_baseline:
                 continue
-            if not c.at_most and r.high >= 1:
-                raise ValueError(f"parameter {r.name!r}: the factor 1 - t of `{c.describe()}` must stay > 0; "
-                                 f"expected an upper bound < 1, got {r.high}")
-            if c.at_most and r.low <= -1:
-                raise ValueError(f"parameter {r.name!r}: the factor 1 + t of `{c.describe()}` must stay > 0; "
-                                 f"expected a lower bound > -1, got {r.low}")
+            if not c.at_most and r.high >= c.bound:
+                raise ValueError(f"parameter {r.name!r}: the factor {c.bound:g} - t of `{c.describe()}` must stay > 0; "
+                                 f"expected an upper bound < {c.bound:g}, got {r.high}")
+            if c.at_most and r.low <= -c.bound:
+                raise ValueError(f"parameter {r.name!r}: the factor {c.bound:g} + t of `{c.describe()}` must stay > 0; "
+                                 f"expected a lower bound > {-c.bound:g}, got {r.low}")
 
     def tuned_label(self, ab_test) -> str:
         return self.tuned_text if self.tune == "constraints" else "TS-ASC alpha"
@@ -481,7 +508,8 @@ class LoggedAlpha(ABProblem):
 
         alpha = float(parameters["alpha"])
         target = TSASC(self.policy.reward_model, self.policy.constraint_models, alpha=alpha)
-        probs = self.log.target_probabilities(target, num_draws=self.num_draws, seed=int(seed)).to(torch.float64)
+        # the rows read when the problem was made (the rows of self.data, parsed once, not at every trial)
+        probs = self._probabilities(target, num_draws=self.num_draws, seed=int(seed)).to(torch.float64)
         boot = max(2, self.n_boot)
         # the intervals of bayes_safe.offline.estimators: betting for a bounded metric, the bootstrap otherwise
         value = estimate_value(probs, self.data, "snips", n_boot=boot, seed=int(seed))
