@@ -5,7 +5,8 @@
     bayes-safe study list | run NAME --out DIR
     bayes-safe serve STATE_DIR [--host 127.0.0.1] [--port 8080] [--log PATH] [--snapshot-every SECONDS]
         [--read-timeout SECONDS] [--max-bytes-in-flight N] [--limit-concurrency N] [--timeout-keep-alive SECONDS]
-    bayes-safe feedback STATE_DIR --from outcomes.csv|outcomes.parquet [--log PATH] [--url URL]
+    bayes-safe feedback STATE_DIR --from outcomes.csv|outcomes.parquet [--log PATH]
+    bayes-safe feedback [STATE_DIR] --from outcomes.csv|outcomes.parquet --url URL [--token-file PATH] [--chunk-rows N]
     bayes-safe tune ...            (bayes_safe.tuning.cli)
 
 Building the parser imports nothing heavy (no torch, no Ax): ``bayes-safe --help`` and
@@ -29,6 +30,7 @@ import contextlib
 import errno
 import json
 import os
+import pathlib
 import re
 import sys
 import time
@@ -126,6 +128,27 @@ def _build_parser() -> argparse.ArgumentParser:
     study = sub.add_parser("study", help="reproductions of the papers' experiments")
     study_sub = study.add_subparsers(dest="study_command", required=True)
     study_sub.add_parser("list", help="list the available studies")
+    show = study_sub.add_parser("show", help="where a served state came from (its study, trial and parameters), "
+                                             "or a tuning study's recommendation")
+    show.add_argument("path", type=existing_dir, metavar="PATH",
+                      help="a state directory (written by bayes-safe deploy or Decider.save) or a tuning study's --out")
+
+    dep = sub.add_parser("deploy", help="build a tuning study's recommended policy into a state for bayes-safe serve "
+                                        "(needs pip install 'bayes-safe[tune]')")
+    dep.add_argument("study_dir", type=pathlib.Path, metavar="STUDY_DIR", help="the study's --out (study.sqlite, best.json)")
+    dep.add_argument("state_dir", type=pathlib.Path, metavar="STATE_DIR", help="the state directory to write (a new one)")
+    dep.add_argument("--trial", type=int, default=None,
+                     help="deploy this completed trial instead of the recommendation (needed when the study "
+                          "recommends keeping the baseline)")
+    dep.add_argument("--storage", default=None, help="the study's database when it is not STUDY_DIR/study.sqlite")
+    dep.add_argument("--name", default=None, help="the study's name when the database holds several")
+    dep.add_argument("--trust-source", action="store_true",
+                     help="import the problem class a study of your own problem names (module:Class)")
+    dep.add_argument("--log", default=None, help="a decision log for the new state (a file or postgresql://...)")
+    dep.add_argument("--seed", type=int, default=0, help="the Decider's seed (default 0)")
+    dep.add_argument("--num-draws", type=int, default=200, help="the Decider's draws per propensity (default 200)")
+    dep.add_argument("--overwrite", action="store_true", help="replace STATE_DIR if it exists")
+    _add_debug(dep)
     run = study_sub.add_parser("run", help="run a study")
     run.add_argument("name", help="study name (see `bayes-safe study list`)")
     run.add_argument("--out", required=True, type=output_dir, help="output directory")
@@ -181,7 +204,9 @@ def _build_parser() -> argparse.ArgumentParser:
 
     fb = sub.add_parser("feedback", help="apply a table of outcomes (CSV or Parquet, joined on decision ids) to a "
                                          "served Decider's state and log, all or nothing, idempotent")
-    fb.add_argument("state_dir", type=existing_dir, metavar="STATE_DIR", help="a directory written by Decider.save")
+    fb.add_argument("state_dir", type=existing_dir, metavar="STATE_DIR", nargs="?", default=None,
+                    help="a directory written by Decider.save (required without --url; with --url optional and never "
+                         "loaded: only its policy.json is read, for the names of the table's metric columns)")
     fb.add_argument("--from", dest="source", required=True, metavar="FILE",
                     help="the outcomes: a .csv or .parquet table with columns decision_id, reward and one per "
                          "constraint metric (the policy's metric_names after the reward, else constraint0, ...; "
@@ -190,8 +215,12 @@ def _build_parser() -> argparse.ArgumentParser:
                     help="the decision log: a SQLite file (default STATE_DIR.log.sqlite beside STATE_DIR) or a "
                          "PostgreSQL URL postgresql://user@host:port/db")
     fb.add_argument("--url", default=None, metavar="URL",
-                    help="send the table to the running `bayes-safe serve` at URL (one POST /feedback) instead; "
-                         "without it, a state being served is refused")
+                    help="send the table to the running `bayes-safe serve` (or a replica) at URL instead, in POST "
+                         "/feedback chunks each applied all or nothing, without loading any state; without it, a "
+                         "state being served is refused")
+    fb.add_argument("--chunk-rows", type=positive_int, default=None, metavar="N",
+                    help="with --url: rows per request (default 1000; the service takes at most --max-feedback-items "
+                         "and --max-body-bytes per request)")
     fb.add_argument("--token-file", default=None, metavar="PATH",
                     help="with --url: the token to send (a file holding it, or the service's token file: its first "
                          "token with the feedback role); default $BAYES_SAFE_TOKEN, else the file $BAYES_SAFE_TOKEN_FILE "
@@ -475,7 +504,9 @@ class _ProblemShape:
         if len(self.noise_std) != len(names) or not all(v > 0 for v in self.noise_std):
             raise ValueError(f"--problem: {self.name}.noise_std: expected {len(names)} numbers > 0 (one per metric), "
                              f"got {noise!r}")
-        units = problem.draw(1, torch.Generator().manual_seed(0))
+        from .simulation import _draw_takes_step
+
+        units = problem.draw(1, torch.Generator().manual_seed(0), **({"step": 0} if _draw_takes_step(problem) else {}))
         features = getattr(units, "features", None)
         shape = tuple(getattr(features, "shape", ()))
         if len(shape) != 3:
@@ -555,7 +586,9 @@ def _check_own_memory(problem, args) -> None:
     import torch
 
     try:
-        units = problem.draw(1, torch.Generator().manual_seed(0))
+        from .simulation import _draw_takes_step
+
+        units = problem.draw(1, torch.Generator().manual_seed(0), **({"step": 0} if _draw_takes_step(problem) else {}))
         shape = tuple(units.features.shape)
     except Exception:  # noqa: BLE001 - reported by _ProblemShape / simulate with the problem's name
         return
@@ -585,6 +618,8 @@ def _study(args) -> int:
         for name, (_, description) in sorted(available_studies().items()):
             print(f"{name:28s} {description}")
         return 0
+    if args.study_command == "show":
+        return _study_show(args.path)
     from .io import atomic_output_dir
 
     module = get_study(args.name)
@@ -592,6 +627,57 @@ def _study(args) -> int:
     with _writing(args.out, errnos=_DISK_ERRNOS), atomic_output_dir(args.out, replace=True) as tmp:
         results = module.run(tmp, quick=args.quick, seed=args.seed)
     print(f"study {args.name}: wrote {args.out} ({len(results)} result entries)")
+    return 0
+
+
+def _study_show(path) -> int:
+    """``bayes-safe study show PATH``: a state's provenance, or a tuning study's recommendation."""
+    import json
+
+    if (path / "decider.json").is_file():
+        from .online.decider import provenance_lines
+
+        try:
+            meta = json.loads((path / "decider.json").read_text())
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"PATH: {path / 'decider.json'} is not readable JSON ({exc})") from None
+        for line in provenance_lines(meta.get("provenance") if isinstance(meta, dict) else None):
+            print(line)
+        return 0
+    if (path / "best.json").is_file():
+        try:
+            best = json.loads((path / "best.json").read_text())
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"PATH: {path / 'best.json'} is not readable JSON ({exc})") from None
+        print(f"study in {path}: {best.get('recommendation', 'no recommendation')}")
+        if best.get("parameters"):
+            print("  parameters: " + ", ".join(f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}"
+                                               for k, v in best["parameters"].items()))
+            print(f"  deploy it: bayes-safe deploy {path} STATE_DIR")
+        for b in best.get("policy_bounds") or []:
+            if isinstance(b, dict) and b.get("text"):
+                print(f"  {b['text']}")
+        return 0
+    raise UsageError(f"PATH: {path} holds neither a state (decider.json) nor a tuning study's report (best.json)")
+
+
+def _deploy(args) -> int:
+    from bayes_safe.tuning.deploy import (  # a core install: MissingExtraError names the extra
+        DeployError,
+        deploy,
+    )
+
+    from .online.decider import provenance_lines
+
+    try:
+        provenance = deploy(args.study_dir, args.state_dir, trial=args.trial, storage=args.storage, name=args.name,
+                            trust_source=args.trust_source, log=args.log, seed=args.seed, num_draws=args.num_draws,
+                            overwrite=args.overwrite)
+    except DeployError as exc:
+        raise UsageError(str(exc)) from None
+    for line in provenance_lines(provenance):
+        print(line)
+    print(f"wrote {args.state_dir}; serve it: bayes-safe serve {args.state_dir} --log decisions.sqlite")
     return 0
 
 
@@ -604,6 +690,8 @@ def _run(args) -> int:
         return _simulate(args)
     if args.command == "study":
         return _study(args)
+    if args.command == "deploy":
+        return _deploy(args)
     if args.command == "tune":
         if getattr(args, "missing_extra", None):
             raise MissingExtraError(args.missing_extra)
@@ -646,11 +734,19 @@ def _feedback(args) -> int:
         raise UsageError("--log: with --url the running service writes its own log; give one of them")
     if args.url is None and args.token_file is not None:
         raise UsageError("--token-file: only with --url (the token is sent to the service)")
-    out = apply_outcomes(args.state_dir, args.source, log=args.log, url=args.url, token_file=args.token_file)
+    if args.url is None and args.chunk_rows is not None:
+        raise UsageError("--chunk-rows: only with --url (the rows of each request to the service)")
+    if args.url is None and args.state_dir is None:
+        raise UsageError("STATE_DIR: required without --url (the state the outcomes are applied to); with --url URL "
+                         "the table is sent to the running service")
+    out = apply_outcomes(args.state_dir, args.source, log=args.log, url=args.url, token_file=args.token_file,
+                         chunk_rows=args.chunk_rows or 1000)
     line = (f"{args.source}: {out['rows']} rows, {out['applied']} applied, {out['duplicates']} already had feedback "
             "(ignored)")
     if args.url is not None:
-        print(f"{line}; sent to {args.url}")
+        from .online.bulk import _shown_url
+
+        print(f"{line}; sent to {_shown_url(args.url)} in {out['chunks']} request(s)")
     else:
         recovered = out["recovered"]
         if recovered and (recovered["decisions"] or recovered["feedback"]):

@@ -217,12 +217,15 @@ def test_declarations_become_outcome_constraints_and_policy_bounds_with_their_di
     assert [outcome_constraint(c) for c in (up, down, level)] == [
         "unsubscribe_change <= 2", "reliability_change >= -1", "latency <= 250"]
     # the tolerance loosens each bound in its own direction; the policy's constraint keeps the declared limit
-    assert policy_constraint(up, 0.01) == Constraint("unsubscribe", 1.01, True, True, None, 1.02)
-    assert policy_constraint(down, 0.01) == Constraint.relative("reliability", at_least=0.99)
+    # (issue 41: every form around the declared limit, t = 0 the declared one; relative ones used to be 1 -/+ t)
+    tuned_up, tuned_down = policy_constraint(up, 0.01), policy_constraint(down, 0.01)
+    assert (tuned_up.bound, tuned_up.at_most, tuned_up.declared_bound) == (pytest.approx(1.03), True, 1.02)
+    assert (tuned_down.bound, tuned_down.at_most, tuned_down.declared_bound) == (pytest.approx(0.98), False, 0.99)
+    assert policy_constraint(up, 0.0).bound == 1.02 and policy_constraint(down, 0.0).bound == 0.99
     assert policy_constraint(level, 10) == Constraint("latency", 260.0, True, False, None, 250.0)
     # and the study's outcome constraint stays the declared limit, even of a tuned constraint
     assert outcome_constraint(policy_constraint(level, 10)) == "latency <= 250"
-    assert default_range(up) == {"name": "tolerance_unsubscribe", "low": 0.0, "high": 0.04}
+    assert default_range(up) == {"name": "tolerance_unsubscribe", "low": -0.02, "high": 0.02}  # factors 1.00-1.04
     assert default_range(level)["low"] < 0 < default_range(level)["high"]
 
 

@@ -82,6 +82,7 @@ import uuid
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 
+from bayes_safe.envs.tolerance import TOLERANCE_MEANING
 from bayes_safe.progress import progress_bar
 from bayes_safe.threads import single_thread
 
@@ -471,6 +472,25 @@ def _metric_names_in(expression: str) -> list[str]:
     return [t for t in _IDENT_RE.findall(expression) if t != "baseline"]
 
 
+def _check_tolerance_meaning(props: dict, ab_test, experiment, name: str) -> None:
+    """A study stored before a relative tolerance meant the slack around the declared factor (issue 41;
+    ``bayes_safe.envs.tolerance``) and that tunes one: a ``ValueError`` saying so, since its trials'
+    parameters would now build other policies than the ones it measured."""
+    if props.get("tolerance_meaning") == TOLERANCE_MEANING:
+        return
+    from bayes_safe.envs.tolerance import tolerance_name
+
+    declared = getattr(ab_test.problem, "declared", ()) or ()
+    searched = set(experiment.search_space.parameters)
+    relative = [tolerance_name(c) for c in declared if c.versus_baseline and tolerance_name(c) in searched]
+    if relative:
+        raise ValueError(f"name: study {name!r} was tuned when a relative tolerance ({', '.join(relative)}) was the "
+                         "factor's distance from 1 (at_least=1 - t); it is now the slack around the declared factor "
+                         "(at_least=c - t, docs/tuning.md: migration note), so its trials' parameters would build "
+                         "other policies than the ones it measured. Its report and best.json stay true as written "
+                         "(policy_bounds); start a new study to go on")
+
+
 class Study:
     """A tuning study: an Ax experiment (search space, objective, outcome constraints,
     generation strategy) whose trials are ``ABTest`` evaluations.
@@ -604,6 +624,7 @@ class Study:
                 "acquisition": acquisition, "optimizer": optimizer, "objective": objective, "outcome_constraints": constraints,
                 "surface": list(problem.surface) if problem.surface else None, "target_trials": None, "sessions": [],
                 "uid": uuid.uuid4().hex, **({"range_pilot": range_pilot} if range_pilot is not None else {}),
+                "tolerance_meaning": TOLERANCE_MEANING,
             }
             client.configure_optimization(objective=objective, outcome_constraints=constraints or None)
             client.set_generation_strategy(make_generation_strategy(sobol_trials, seed, acquisition, optimizer))
@@ -667,6 +688,7 @@ class Study:
             if props.get("ab_test") is None:
                 raise ValueError(f"ab_test: study {name!r} uses a custom problem or policy factory; pass ab_test= to load it")
             ab_test = ABTest.from_config(props["ab_test"], trust_source=trust_source)
+        _check_tolerance_meaning(props, ab_test, client._experiment, name)
         study = cls.__new__(cls)
         study._init(client, ab_test, url, tracker, verbose)
         return study

@@ -2,12 +2,26 @@
 
 A tuning study (simulated A/B tests in ``bayes_safe.tuning``, or trials estimated from a decision
 log in ``bayes_safe.online.tuning``) tunes how much slack TS-ASC allows around each declared
-``Constraint``, one parameter per constraint: for a relative constraint the factor's distance
-from 1 (``at_most``: the policy keeps ``metric <= (1 + t) x baseline``; ``at_least``:
-``metric >= (1 - t) x baseline``, the paper's alpha; Daulton et al. 2019, section 5.3 tune alpha
-this way), for an absolute one the margin added to the level in the metric's units
-(``at_most``: ``metric <= level + t``; ``at_least``: ``metric >= level - t``). The declaration
-itself stays the study's outcome constraint; a chance constraint keeps its confidence. The
+``Constraint``, one parameter per constraint. **One meaning in every form: the slack around the
+declared limit**, so ``t = 0`` is the declared limit itself and a positive ``t`` is looser:
+
+=====================================  ===============================
+declared                               the policy keeps
+=====================================  ===============================
+``absolute(m, at_most=cap)``           ``m <= cap + t`` (clipped at 0)
+``absolute(m, at_least=floor)``        ``m >= floor - t``
+``relative(m, at_most=c)``             ``m <= (c + t) x baseline``
+``relative(m, at_least=c)``            ``m >= (c - t) x baseline``
+=====================================  ===============================
+
+(Until issue 41 a relative tolerance was the factor's distance from 1, ``(1 - t) x baseline``, so
+that ``t`` was the paper's alpha (Daulton et al. 2019, section 5.3) and ``t = 0`` meant "no worse
+than the baseline" whatever the declared factor: a user who read ``tolerance_revenue = 0`` as the
+declared 0.95 served 1.00. The paper's alpha is ``TSASC(alpha=...)``; a declared ``relative(m,
+at_least=1 - alpha)`` at ``t = 0`` is the same policy. ``TOLERANCE_MEANING`` names the rule;
+studies record it, and a stored study tuned under the old rule with a relative constraint is
+refused on resume and deploy with a message saying so.) The declaration itself stays the
+study's outcome constraint; a chance constraint keeps its confidence. The
 constraint the policy keeps remembers the declared limit (``Constraint.declared``): counters,
 reports and ``/metrics`` read the declared limit, the policy enforces the tuned bound.
 
@@ -17,7 +31,7 @@ probability, ``"none"`` the single-draw test (``with_confidence``).
 
 Lower ``t`` is stricter in every form (``at_most``: a lower cap or factor; ``at_least``: a higher
 floor or factor). ``strictest_tolerance`` is how far a study may push it: the tolerance that
-makes an absolute cap 0 (``-level``) or a relative cap's factor 0.05 (``t = -0.95``); a floor,
+makes an absolute cap 0 (``-level``) or a relative cap's factor 0.05 (``t = 0.05 - c``); a floor,
 which has no natural end, at most twice its declared limit.
 """
 
@@ -25,7 +39,11 @@ from __future__ import annotations
 
 from .problem import Constraint
 
-__all__ = ["confidence_name", "default_range", "parse_confidence", "policy_constraint", "strictest_tolerance",
+#: the rule a tolerance follows (module docstring), recorded by every study: the slack around the
+#: declared limit in every form (absolute and relative alike)
+TOLERANCE_MEANING = "around-declared"
+
+__all__ = ["TOLERANCE_MEANING", "confidence_name", "default_range", "parse_confidence", "policy_constraint", "strictest_tolerance",
            "tolerance_name", "with_confidence"]
 
 
@@ -64,12 +82,12 @@ def with_confidence(constraint: Constraint, confidence) -> Constraint:
 
 def strictest_tolerance(constraint: Constraint) -> float:
     """The lowest (strictest) tolerance worth searching for ``constraint``: for a cap, ``-level``
-    (absolute: the policy's cap reaches 0) or ``-0.95`` (relative: a factor of 0.05 of the
+    (absolute: the policy's cap reaches 0) or ``0.05 - c`` (relative: a factor of 0.05 of the
     baseline); for a floor, which has no natural end, twice the declared limit: ``-|level|``
-    (absolute: a floor of ``2 x level``) or ``-1`` (relative: twice the baseline)."""
+    (absolute: a floor of ``2 x level``) or ``-c`` (relative: a factor of ``2 c``)."""
     c = constraint.as_declared()
     if c.versus_baseline:
-        return -0.95 if c.at_most else -1.0
+        return round(0.05 - float(c.bound), 10) if c.at_most else -abs(float(c.bound))
     return -abs(float(c.bound))
 
 
@@ -83,10 +101,13 @@ def policy_constraint(constraint: Constraint, tolerance: float, confidence=...) 
     declared = constraint.declared_bound
     constraint = constraint.as_declared()  # a tolerance is always around the declared limit
     if constraint.versus_baseline:
-        factor = 1 + t if constraint.at_most else 1 - t
+        c = float(constraint.bound)
+        factor = c + t if constraint.at_most else c - t
         if factor <= 0:
             raise ValueError(f"{tolerance_name(constraint)}: {t:g} leaves no factor > 0 of the baseline's "
-                             f"{constraint.metric}; expected < 1")
+                             f"{constraint.metric} (declared factor {c:g}; the policy keeps "
+                             f"{'c + t' if constraint.at_most else 'c - t'}); expected "
+                             f"{'>' if constraint.at_most else '<'} {-c if constraint.at_most else c:g}")
         return Constraint(constraint.metric, factor, constraint.at_most, True, constraint.confidence, declared)
     level = constraint.bound + t if constraint.at_most else constraint.bound - t
     if constraint.at_most and level < 0:
@@ -95,13 +116,15 @@ def policy_constraint(constraint: Constraint, tolerance: float, confidence=...) 
 
 
 def default_range(constraint: Constraint) -> dict:
-    """The default search range of ``tolerance_name(constraint)``: relative ``[0, 2 |bound - 1|]`` (at
-    least 0.02 wide; capped at 0.9 for ``at_least``), absolute ``[-s, s]`` with ``s = |level| / 4``
-    (0.1 for a level 0)."""
+    """The default search range of ``tolerance_name(constraint)``, around the declared limit (``t = 0``):
+    relative ``[-s, s]`` with ``s = |c - 1|`` (at least 0.01; for ``at_least`` the factor ``c - t``
+    kept >= 0.1), so the factors searched run from the declared ``c`` to the baseline's 1 and as far
+    beyond it; absolute ``[-s, s]`` with ``s = |level| / 4`` (0.1 for a level 0)."""
     if constraint.versus_baseline:
-        slack = max(2 * abs(constraint.bound - 1), 0.02)
-        high = slack if constraint.at_most else min(slack, 0.9)
-        return {"name": tolerance_name(constraint), "low": 0.0, "high": round(float(high), 10)}
+        c = float(constraint.bound)
+        s = max(abs(c - 1), 0.01)
+        high = s if constraint.at_most else min(s, c - 0.1)
+        return {"name": tolerance_name(constraint), "low": round(-s, 10), "high": round(float(high), 10)}
     s = round(abs(constraint.bound) / 4, 10) or 0.1
     return {"name": tolerance_name(constraint), "low": -float(s), "high": float(s)}
 

@@ -232,6 +232,25 @@ def _index(i: int) -> torch.Tensor:
     return _INDEX[i]
 
 
+def provenance_lines(provenance: dict | None) -> list[str]:
+    """Lines that say where a state came from (``bayes-safe study show``, the deploy command)."""
+    if not provenance:
+        return ["provenance: none recorded (the state was not made by bayes-safe deploy)"]
+    p = provenance
+    lines = [(f"deployed from study {p.get('study')!r} ({p.get('storage')}), trial {p.get('trial')} "
+              f"[{p.get('chosen_by')}] on {p.get('deployed_at')} with bayes_safe {p.get('bayes_safe')}"),
+             f"  problem {p.get('problem')}, policy {p.get('policy')}",
+             "  parameters: " + ", ".join(f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}"
+                                          for k, v in (p.get("parameters") or {}).items())]
+    if p.get("recommendation"):
+        pf = p.get("p_feasible")
+        lines.append(f"  recommendation: {p['recommendation']}" + (f" (P(feasible) {pf:.3g})" if pf is not None else ""))
+    for b in p.get("policy_bounds") or []:
+        if isinstance(b, dict) and b.get("text"):
+            lines.append(f"  {b['text']}")
+    return lines
+
+
 def _per_arm(policy) -> int | None:
     """The number of arms when every model of ``policy`` keeps one posterior per arm (a shared context)."""
     arms = {getattr(m, "num_arms", None) for m in policy.models().values()}
@@ -454,6 +473,9 @@ class Decider:
         self.decider_id = uuid.uuid4().hex
         #: what the last ``replay`` applied: ``{"decisions": n, "feedback": m}``
         self.replayed = {"decisions": 0, "feedback": 0}
+        #: where this state came from (``bayes_safe.tuning.deploy``: the study, trial and parameters), a
+        #: JSON-able dict saved with the state, or None; ``/health`` and ``GET /posterior`` show it
+        self.provenance: dict | None = None
         self._count_fallbacks()
         self._generator = torch.Generator().manual_seed(seed)
         self._lock = threading.RLock()
@@ -958,7 +980,7 @@ class Decider:
                     "generator": base64.b64encode(self._generator.get_state().numpy().tobytes()).decode(),
                     "id_key": base64.b64encode(self._id_key).decode(), "legacy_below": self._legacy_below,
                     "feature_limit": self.feature_limit, "outcome_limit": self.outcome_limit,
-                    "outlier_sd": self.outlier_sd} | self._extra_meta()
+                    "outlier_sd": self.outlier_sd, "provenance": self.provenance} | self._extra_meta()
             with atomic_output_dir(directory, replace=True) as out:
                 save_state(self.policy, out / "policy")
                 self._save_extra(out)
@@ -1077,6 +1099,11 @@ class Decider:
                 raise StateError(f"{meta_path}: malformed Decider state ({type(exc).__name__}: {exc})") from None
             if decider_id is not None:
                 out.decider_id = decider_id
+            provenance = meta.get("provenance")
+            if provenance is not None and not isinstance(provenance, dict):
+                raise StateError(f"{meta_path}: malformed Decider state (provenance is a "
+                                 f"{type(provenance).__name__}, expected an object)")
+            out.provenance = provenance
             out._snapshot = (meta, extra)  # what the one read of the directory gave besides the policy
             if log is not None:
                 out.log = log

@@ -774,7 +774,8 @@ class Service:
         d = self.decider
         return out | {"model_version": d.model_version, **self._counts(), "uptime_seconds": time.time() - self.started,
                       "last_snapshot": self.last_snapshot,
-                      "snapshot_error": None if self.snapshot_error is None else str(self.snapshot_error)}
+                      "snapshot_error": None if self.snapshot_error is None else str(self.snapshot_error),
+                      "provenance": getattr(d, "provenance", None)}
 
     def _counts(self) -> dict:
         """``decisions``, ``pending``, ``queued``: of the Decider; a replica's are its own decisions
@@ -790,7 +791,8 @@ class Service:
     def posterior(self) -> dict:
         with self.lock:
             d = self.decider
-            out = {"model_version": d.model_version, **self._counts(), "feature_names": d.feature_names, "models": {}}
+            out = {"model_version": d.model_version, **self._counts(), "feature_names": d.feature_names,
+                   "provenance": getattr(d, "provenance", None), "models": {}}
             for role, model in d.policy.models().items():
                 out["models"][str(role)] = _summary(model)
         return out
@@ -1192,6 +1194,8 @@ def _build_schemas() -> dict:
         snapshot_error: str | None = None
         repairs: int | None = Field(None, description="(a replica) times its posterior did not hold exactly the "
                                                       "log's rows up to its watermark and was rebuilt from the log")
+        provenance: dict[str, Any] | None = Field(None, description="where the served state came from (bayes-safe "
+                                                                     "deploy: the study, trial and parameters)")
 
     class ModelSummary(BaseModel):
         type: str
@@ -1204,6 +1208,8 @@ def _build_schemas() -> dict:
         pending: int
         queued: int
         feature_names: list[str] | None
+        provenance: dict[str, Any] | None = Field(None, description="where the served state came from (bayes-safe "
+                                                                     "deploy: the study, trial and parameters)")
         models: dict[str, ModelSummary]
 
     return {m.__name__: m for m in (DecideRequest, Decision, Feedback, FeedbackAccepted, FeedbackListAccepted,
