@@ -106,6 +106,18 @@ class PerArmLinear:
         self._marginal: _Kept | None = None
         self._select_kept: tuple | None = None  # (x, S_k x [K, d], update count) of the last shared context
 
+    def __setstate__(self, state) -> None:
+        # a copy (deepcopy, pickle) copies the kept moments' numpy views apart from the tensors they view:
+        # view the copies' memory again (the same numbers; ``describes`` sees the copied tensors)
+        self.__dict__.update(state)
+        kept = state.get("_marginal")
+        if kept is not None:
+            a = self.arms
+            kept.cov = kept.cov_t.numpy()
+            kept.eta = a.eta.numpy()
+            if a._masked_count is not None:
+                kept.counts = a._masked_count.numpy()
+
     @property
     def forgetting(self):
         """The arms' forgetting: a factor, ``"adaptive"``, or None (see the class docstring)."""
@@ -247,22 +259,7 @@ class PerArmLinear:
                 and (generator is None or type(generator) is torch.Generator) and self._marginal_fast()):
             # one stream ([K, d], or [1, K, d] as the policies pass it): each arm's score from its
             # marginal N(x_k^T m_k, x_k^T S_k x_k) (module docstring)
-            cov, mean = self._marginal_state()
-            K, d = self.num_arms, self.dim
-            F = features.numpy()
-            if features.stride(-2) == 0:
-                # one context shared by every arm (an expanded row): S_k x for all arms in one product,
-                # kept for the update of the arm that is played at this context
-                x = F.reshape(-1, d)[0] if F.ndim == 2 else F[0, 0]
-                Sx = (cov.reshape(K * d, d) @ x).reshape(K, d)
-                mu, var = mean @ x, Sx @ x
-                self._select_kept = (x.copy(), Sx, self._marginal.updates)
-            else:
-                F = F.reshape(K, d)
-                mu = (F * mean).sum(-1)
-                var = (F * (cov @ F[:, :, None])[:, :, 0]).sum(-1)
-            z = torch.randn(features.shape[:-1], generator=generator, dtype=_F64)
-            return torch.from_numpy(mu + np.sqrt(np.maximum(var, 0.0)) * z.numpy().reshape(-1)).reshape(z.shape)
+            return torch.from_numpy(self._draw_one(features, generator)[0]).reshape(features.shape[:-1])
         w = self.sample(generator, key=key)
         extra = features.dim() - 2 - len(self.batch_shape)
         if extra > 0 and w.dim() > len(self.batch_shape) + 2:
@@ -271,6 +268,26 @@ class PerArmLinear:
             lead = w.dim() - len(self.batch_shape) - 2
             w = w.reshape(*w.shape[:lead], *(1,) * extra, *w.shape[lead:])
         return (features * w).sum(-1)
+
+    def _draw_one(self, features: torch.Tensor, generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``sample_at``'s one-stream draw (``features [K, d]`` or ``[1, K, d]``, checked, on the fast path):
+        ``(scores, mu, var)`` ``[K]`` in numpy, every arm's score and the mean and variance it is drawn from."""
+        cov, mean = self._marginal_state()
+        K, d = self.num_arms, self.dim
+        F = features.numpy()
+        if features.stride(-2) == 0:
+            # one context shared by every arm (an expanded row): S_k x for all arms in one product,
+            # kept for the update of the arm that is played at this context
+            x = F.reshape(-1, d)[0] if F.ndim == 2 else F[0, 0]
+            Sx = (cov.reshape(K * d, d) @ x).reshape(K, d)
+            mu, var = mean @ x, Sx @ x
+            self._select_kept = (x.copy(), Sx, self._marginal.updates)
+        else:
+            F = F.reshape(K, d)
+            mu = (F * mean).sum(-1)
+            var = (F * (cov @ F[:, :, None])[:, :, 0]).sum(-1)
+        z = torch.randn(features.shape[:-1], generator=generator, dtype=_F64)
+        return mu + np.sqrt(np.maximum(var, 0.0)) * z.numpy().reshape(-1), mu, var
 
     def _features(self, features) -> torch.Tensor:
         if not isinstance(features, torch.Tensor) or features.dtype != torch.float64:

@@ -67,6 +67,16 @@ record of decisions, whether or not their feedback has arrived); under a ``DrawB
 ``Policy.action_probabilities`` (a query) nothing is committed, and under the ``Decider``'s
 ``DrawBatch(played=True)`` the first, played, draw's decision is.
 
+**One stream, fast** (issue 42). Over an unbatched known-noise ``PerArmLinear`` (no forgetting),
+``select`` with float64 features ``[K, d]``, an int baseline, no mask and a ``torch.Generator`` (or
+None), and ``update`` with a float reward, run in numpy on the moments the model keeps
+(``PerArmLinear``'s one-stream path): the proposal is ``sample_at``'s draw (the same random
+numbers), the check's moments come from that draw's per-arm means and variances when no decision is
+pending (else from the kept covariances), and the budget's terms touch two blocks. The decisions,
+``budget``, ``known``, ``counterfactual`` and the counts are the general path's (the check's sums
+may differ in the last bit: a proposal within rounding of the bound could go the other way);
+``fast_path = False`` forces the general path. ``benchmarks/conservative_speed.py`` measures it.
+
 Example (one stream):
     >>> import pyro.distributions as dist, torch
     >>> from bayes_safe.models import PerArmLinear
@@ -81,8 +91,10 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
+from .. import _validation
 from .._validation import check_in_range
 from ..random import DrawBatch, Generator
 from .base import Policy, check_model, check_select_inputs
@@ -93,6 +105,13 @@ __all__ = ["ConservativeTS"]
 
 def _normal_quantile(p: float) -> float:
     return math.sqrt(2.0) * torch.special.erfinv(torch.tensor(2.0 * p - 1.0, dtype=torch.float64)).item()
+
+
+def _moment_one(c: np.ndarray, cov: np.ndarray, mean: np.ndarray) -> tuple[float, float]:
+    """Mean and variance of ``<c, theta>`` under one stream's per-arm posterior, ``c``, ``mean [K, d]``,
+    ``cov [K, d, d]`` (two dot products and one batched product: picking the few blocks a step touches
+    costs more in indexing than the zero blocks' arithmetic)."""
+    return float(np.vdot(c, mean)), float(np.vdot(c, cov @ c[:, :, None]))
 
 
 class ConservativeTS(Policy):
@@ -116,6 +135,10 @@ class ConservativeTS(Policy):
             played, and the steps the baseline was played in place of one (the budget's own rule,
             inside its guarantee: not a fallback of ``Policy.fallback_constraints``, which stays
             None, so ``simulate`` records no ``Trace.fallback`` for it).
+        fast_path: True (default): one stream over an unbatched known-noise ``PerArmLinear`` decides
+            and learns in numpy on the model's kept moments when the inputs are the common ones
+            (float64 ``[K, d]`` features, an int baseline, no mask, a ``torch.Generator`` or None);
+            the same decisions and bookkeeping as the general path, which ``False`` forces.
     """
 
     def __init__(self, model, alpha: float = 0.1, confidence: float = 0.95, *, budget: str = "expected",
@@ -159,6 +182,11 @@ class ConservativeTS(Policy):
         self._pending: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
         noise = getattr(self._core, "noise_std", None)
         self._noise_var = 0.25 if noise is None else float(noise) ** 2  # NIG: the largest 0/1 variance
+        # the one-stream fast path (an unbatched PerArmLinear with its kept moments; ``_select_one``):
+        # ``fast_path = False`` on an instance runs the general path only (the same decisions)
+        self._fast_ok = self._per_arm and not self._batch and hasattr(model, "_marginal_fast")
+        self.fast_path = True
+        self._views: dict[str, tuple[torch.Tensor, np.ndarray]] = {}  # numpy views of the state tensors
 
     def models(self) -> dict[str, object]:
         return {"reward": self.model}
@@ -233,6 +261,18 @@ class ConservativeTS(Policy):
         return torch.maximum(model, rate)
 
     def select(self, features, baseline=None, generator: Generator = None, valid=None) -> torch.Tensor:
+        if (self._fast_ok and valid is None and (generator is None or type(generator) is torch.Generator)
+                and self.fast_path and self.model._marginal_fast()):
+            # one stream, a PerArmLinear keeping its moments: the common inputs (float64 [K, d], an int or one
+            # long baseline) checked in a few comparisons, anything else by the general check below
+            m = self.model
+            if type(features) is torch.Tensor and features.dtype is torch.float64 and features.shape == (m.num_arms, m.dim):
+                b = baseline if type(baseline) is int else baseline.item() if (
+                    type(baseline) is torch.Tensor and baseline.dtype is torch.long and baseline.dim() <= 1
+                    and baseline.numel() == 1) else None
+                if b is not None and 0 <= b < m.num_arms and (
+                        _validation.trusted() or math.isfinite(features.sum().item())):
+                    return self._select_one(features, b, generator)
         features, baseline, valid = check_select_inputs(features, baseline, valid, models=(self.model,),
                                                         require_baseline="ConservativeTS")
         proposed = self._ts.select(features, baseline, generator=generator, valid=valid)   # [R] or [S, R]
@@ -257,11 +297,135 @@ class ConservativeTS(Policy):
     def _budget(self) -> torch.Tensor:
         return self.budget if self._batch else self.budget[None]
 
+    # ------------------------------------------------------------------ the one-stream fast path
+    # An unbatched PerArmLinear keeps each arm's covariance and mean (numpy, ``_marginal_state``): the
+    # check reads them in place (no [K, d, d] copy per decision), the budget's terms touch two blocks,
+    # and the realised mode's pending decisions are kept as those blocks, not as [1, K, d] tensors.
+    # The same arithmetic as the general path, term by term: the budget, the counts and the known part
+    # are the same numbers; the check's sums may differ from torch's in the last bit.
+
+    def _view(self, name: str) -> np.ndarray:
+        """A numpy view of the tensor attribute ``name`` (cached while the attribute is that tensor)."""
+        t = self.__dict__[name]
+        kept = self._views.get(name)
+        if kept is not None and kept[0] is t:
+            return kept[1]
+        a = t.numpy()
+        self._views[name] = (t, a)
+        return a
+
+    def _set(self, name: str, a: np.ndarray) -> None:
+        """Set the tensor attribute ``name`` to a new tensor on ``a``'s memory."""
+        t = torch.from_numpy(a)
+        setattr(self, name, t)
+        self._views[name] = (t, a)
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state.pop("_views", None)  # views of the tensors' memory: a copy (deepcopy, pickle) makes its own
+        return state
+
+    def __setstate__(self, state) -> None:
+        self.__dict__.update(state)
+        self._views = {}
+
+    def _select_one(self, features: torch.Tensor, b: int, generator) -> torch.Tensor:
+        """``select`` for one stream: ``features [K, d]`` (checked), the baseline ``b``; ``[1]`` as the general path."""
+        model = self.model
+        # ThompsonSampling's draw (sample_at's numbers) with each arm's mean and variance at its row
+        scores, mu, var = model._draw_one(features, generator)
+        p = int(scores.argmax())                                     # the first maximal index, as torch's argmax
+        F = features.numpy()
+        keep = -(1 - self.alpha)
+        xb_term = keep * F[b]                                        # -(1 - alpha) x_b
+        budget = self._view("budget")
+        ok = True
+        if p != b:
+            cov, mean = model._marginal_state()
+            c = budget.copy()                                        # the budget with the proposal's step
+            c[p] += F[p]
+            c[b] += xb_term
+            if budget.any():
+                m, v = _moment_one(c, cov, mean)
+            else:  # the step alone (no decision pending): its two blocks' moments are the draw's
+                m, v = float(mu[p] + keep * mu[b]), float(var[p] + keep * keep * var[b])
+            ok = self._lower_one(m, v, cov, mean) >= 0
+        if ok and p != b:
+            played, new, steps = p, c, ((p, F[p].copy()), (b, xb_term))
+            self._view("explored")[0] += 1
+        else:
+            played, new = b, budget.copy()
+            sb = F[b] + xb_term                                      # alpha x_b, as x_b - (1 - alpha) x_b
+            new[b] += sb
+            steps = ((b, sb),)
+            if not ok:
+                self._view("fallbacks")[0] += 1
+        self._set("budget", new)
+        if self.budget_kind == "realised":
+            self._pending.append((steps, played != b, b, F[b].copy()))  # four entries: a fast path's step
+        return torch.from_numpy(np.array([played], dtype=np.int64))
+
+    def _lower_one(self, m: float, v: float, cov: np.ndarray, mean: np.ndarray) -> float:
+        """``_lower`` of one stream, given the mean ``m`` and variance ``v`` of ``<c, theta>`` (the kept
+        ``cov [K, d, d]``, ``mean [K, d]`` for the deviations' term)."""
+        if self.budget_kind == "expected":
+            return m - self._z * math.sqrt(max(self.variance_scale * v, 0.0))
+        b = (1 - self.alpha) ** 2
+        noise = self._noise_var * (len(self._pending) * (1 + b) + 1 + b)
+        lower = float(self._view("known")[0]) + m - self._z * math.sqrt(max(self.variance_scale * (v + noise), 0.0))
+        dev = int(self._view("deviations")[0])
+        cf = self._view("counterfactual")
+        if dev == 0 and not cf.any():
+            return lower  # no deviation yet: nothing to pay for (the general path subtracts max(0, 0))
+        m, v = _moment_one(cf, cov, mean)
+        model_cost = -m + self._z * math.sqrt(max(self.variance_scale * (v + self._noise_var * b * dev), 0.0))
+        n = float(self._view("baseline_plays")[0])
+        p = (float(self._view("baseline_successes")[0]) + 1) / (n + 2)
+        rate = (1 - self.alpha) * dev * (p + self._z * math.sqrt(p * (1 - p) / (n + 3)))
+        return lower - max(model_cost, rate)
+
+    def _settle_one(self, entry: tuple, r: float) -> None:
+        """The realised mode's bookkeeping of ``update`` for a fast path's pending step (the general path's numbers)."""
+        steps, moved, b, xb = entry
+        if moved:
+            self._view("known")[0] += r
+            self._view("deviations")[0] += 1
+            cf = self._view("counterfactual").copy()
+            cf[b] += -(1 - self.alpha) * xb
+            self._set("counterfactual", cf)
+        else:
+            self._view("known")[0] += self.alpha * r
+            self._view("baseline_plays")[0] += 1
+            self._view("baseline_successes")[0] += r
+        budget = self._view("budget").copy()
+        for k, v in steps:
+            budget[k] -= v
+        self._set("budget", budget)
+
+    def _pending_tensors(self, entry: tuple) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """A fast path's pending step as the general path keeps it: ``(step, moved, x_b's block)``, ``[1, K, d]``."""
+        if len(entry) == 3:
+            return entry
+        steps, moved, b, xb = entry
+        step = torch.zeros((1, *self.budget.shape), dtype=torch.float64)
+        for k, v in steps:
+            step[0, k] += torch.from_numpy(v)
+        base_x = torch.zeros_like(step)
+        base_x[0, b] = torch.from_numpy(xb)
+        return step, torch.tensor([moved]), base_x
+
     def update(self, features_chosen, reward, constraints=None, actions=None) -> None:
         """Learn from every play, the baseline's included (its reward is learned, not assumed).
         Realised budget: the reward settles the oldest pending decision's term (module docstring)."""
         if self.budget_kind == "realised" and self._pending:
-            step, moved, base_x = self._pending.pop(0)
+            if len(self._pending[0]) == 4:  # a fast path's step settled by a float reward: the same numbers in numpy
+                r = reward if type(reward) is float else reward.item() if (
+                    type(reward) is torch.Tensor and reward.dtype is torch.float64 and reward.numel() == 1) else None
+                if r is not None:
+                    self._settle_one(self._pending.pop(0), r)
+                    self.model.update(features_chosen, reward, actions=actions)
+                    return
+            step, moved, base_x = self._pending_tensors(self._pending.pop(0))
             r = torch.as_tensor(reward, dtype=torch.float64).reshape(-1)
             if r.numel() != moved.numel():
                 raise ValueError(f"reward: expected {moved.numel()} rewards (one per replication), got {r.numel()}")
