@@ -152,6 +152,46 @@ rows.
 ``TSASC.CALIBRATED`` (``chance_mcse="batch"``) is the recommended rule; the default remains the
 declared one (``p >= q`` of the estimate), so that existing runs reproduce.
 
+Chance draws from a refreshed bank (issue 42; ``chance_refresh=m``; the default ``None`` keeps fresh
+draws at every decision, the rule before, so that existing runs reproduce and the claim is the fresh
+rule's; ``SERVING_CHANCE_REFRESH`` = 24 is the setting recommended for serving a chain-engine
+constraint model). Drawing ``S`` joint draws at every
+decision costs ``S`` chain sweeps of a Gibbs or Langevin model (each ``O(n d^2)``): on
+``SparseDosing`` at ``d = 15`` (logistic AE model) 30-70 times the single-draw rule's time in a
+``Decider`` and 7-11 times in ``simulate``. Instead, for a ``BayesianLinear`` constraint model (any
+engine; ``f(x) = link(x^T w)``), the policy keeps a bank of ``S`` joint draws of the weights
+(``[S, *batch_shape, d]``: one bank per replication under ``simulate``), drawn as the fresh draws
+are (the same streams: at a refresh the bank's ``f`` *are* the fresh draws), and evaluates every
+decision's ``S`` draws of ``f`` at its candidates from it (a matrix product). The bank is drawn anew
+at the first decision after the model learnt ``min(m, max(n0, 1))`` rows since the refresh (``n0``
+its rows then: at ``1, 2, 4, ...`` rows early on, every ``m`` rows later), or when the model was
+replaced or has fewer rows (a reset). Per-arm models and the probit GP's views keep fresh draws.
+
+The error this adds: the probabilities are those of the posterior given the first ``n0`` rows, at
+most ``m - 1`` rows (and less than half of the rows) behind the model's. That posterior is a proper
+one, given less data, so under a correct model its claims hold as stated for actions chosen without
+the rows since ``n0``; what breaks that, and costs calibration, is that the actions *are* chosen with
+them (the reward's fresh draw and the argmax, the winner's curse of item 2 above), and that the bank's
+Monte-Carlo error is frozen for up to ``m`` decisions (an action whose estimate came out high stays
+allowed, where fresh draws would re-randomise it). Measured (benchmarks/chance_speed.py and
+``_late_calibration`` of tests/test_chance_calibration.py: d = 15, 8 trials x 400 patients,
+``TSASC.CALIBRATED``, late played allowed doses truly under the cap): fresh draws 96.6 % / 97.3 %
+(seeds 0, 1); ``m = 16`` 94.8 / 96.2 / 98.3 % (seeds 0-2), ``m = 24`` 94.2 / 94.9 / 99.2 %, ``m = 32``
+93.6 / 95.8 / 97.8 %; the declared rule loses more (``m = 24``: 92.5 / 93.5 / 98.7 %, fresh 94.6 /
+94.6 %). Cost relative to the single-draw rule: each refresh is ``S`` sweeps, about ``S / m`` sweeps
+a decision in the long run (the single-draw rule makes one per model). ``m = 24`` is the recommended
+serving setting, not the default: the smallest of those measured whose long-run cost stays under
+twice the single-draw rule's in ``simulate`` at 400 patients (``m = 16``: 1.6-2.7 times there); it
+costs one to two points of the realised share against the fresh rule (above), so a claim that
+gates harm keeps the fresh default unless the speed is needed. Use ``m = 1`` (a refresh at every decision that follows a
+new row: the fresh draws' law) where calibration must not move at all, a larger ``m`` for speed.
+
+The bank is part of the saved state (``bayes_safe.state``: ``chance_refresh`` and the banks), so a
+loaded copy makes the same decisions. A query (``action_probabilities``, a ``DrawBatch`` that is not
+played) never draws a bank (the models stay as they were): while it is due the query makes fresh
+draws. In a ``Decider`` the refresh is made by the decision that finds it due, so that decision is
+slower (about ``S`` sweeps); the others skip the constraint model's draws altogether.
+
 Under a ``bayes_safe.random.DrawBatch`` (``action_probabilities``, the ``Decider``'s
 propensities) the chance probabilities are computed once per call and shared by the batched
 draws: the action probabilities are those given that estimate (exact for the closed form).
@@ -179,7 +219,7 @@ from .base import (
     masked_argmax,
 )
 
-__all__ = ["CHANCE_MCSE", "CHANCE_SELECTION", "FALLBACKS", "TSASC"]
+__all__ = ["CHANCE_MCSE", "CHANCE_REFRESH_DEFAULT", "CHANCE_SELECTION", "FALLBACKS", "SERVING_CHANCE_REFRESH", "TSASC"]
 
 #: what TS-ASC plays in a row where no action is allowed (see the module docstring)
 FALLBACKS = ("safest", "baseline")
@@ -189,6 +229,13 @@ CHANCE_MCSE = (None, "batch")
 CHANCE_SELECTION = (None, "bonferroni")
 #: ``chance_monotone``: None, or how the chance-guarded metrics' means change with the action index
 CHANCE_MONOTONE = (None, "increasing", "decreasing")
+#: ``chance_refresh``'s default: None, fresh chance draws at every decision (module docstring, "Chance draws
+#: from a refreshed bank")
+CHANCE_REFRESH_DEFAULT = None
+#: the ``chance_refresh`` recommended for serving a chain-engine (Gibbs, Langevin) constraint model: the bank
+#: is drawn anew once the model learnt this many rows (at most twice the single-draw rule's cost; one to two
+#: points of calibration, module docstring)
+SERVING_CHANCE_REFRESH = 24
 
 
 class TSASC(Policy):
@@ -223,6 +270,11 @@ class TSASC(Policy):
             metrics' true means change with the action index (absolute chance constraints).
         chance_recalibrate: add the model's bias on the played allowed actions to absolute chance
             constraints' draws (default False).
+        chance_refresh: None (fresh chance draws at every decision) or ``m``, an int >= 1: the chance
+            draws of a ``BayesianLinear`` model come from a cached bank of ``S`` weight draws drawn
+            anew once the model learnt ``m`` rows (or doubled its rows) since (default None;
+            ``SERVING_CHANCE_REFRESH`` = 24 for serving; module docstring, "Chance draws from a
+            refreshed bank").
 
     Attributes:
         constraints: the declared tuple (None with ``alpha``).
@@ -244,7 +296,7 @@ class TSASC(Policy):
                  constraints: Sequence | None = None, *, metric_names: Sequence[str] | None = None,
                  fallback: str = "safest", confidence_draws: int = 64, chance_mcse: str | None = None,
                  chance_selection: str | None = None, confidence_thin: int = 1, chance_monotone: str | None = None,
-                 chance_recalibrate: bool = False):
+                 chance_recalibrate: bool = False, chance_refresh: int | None = CHANCE_REFRESH_DEFAULT):
         if not isinstance(constraint_models, (list, tuple)):
             constraint_models = [constraint_models]
         if len(constraint_models) == 0:
@@ -292,6 +344,17 @@ class TSASC(Policy):
         self._recal: dict = {}
         self._recal_pred: dict = {}
         self.confidence_thin = int(confidence_thin)
+        if chance_refresh is not None and (isinstance(chance_refresh, bool) or not isinstance(
+                chance_refresh, numbers.Integral) or int(chance_refresh) < 1):
+            raise ValueError(f"chance_refresh: expected None (fresh chance draws at every decision) or an int >= 1 "
+                             f"(refresh the bank of chance draws once the model learnt that many rows), "
+                             f"got {chance_refresh!r}")
+        self.chance_refresh = None if chance_refresh is None else int(chance_refresh)
+        #: the cached banks of chance draws (``chance_refresh``): ``{model index: (model, weights [S, *batch, d],
+        #: rows the model had learnt at the refresh)}``; not saved (rebuilt at the first decision after a load)
+        self._bank: dict = {}
+        #: how many times a bank of chance draws was drawn (``chance_refresh``; diagnostics and tests)
+        self.chance_refreshes = 0
         self.metric_names = _check_metric_names(metric_names, C)
         self.constraints: tuple | None = None
         #: per guard: (model index: 0 the reward, j + 1 constraint model j; its Constraint, None for alpha)
@@ -478,10 +541,38 @@ class TSASC(Policy):
             if kind == "single":
                 single[m] = models[m].sample_at(features, generator, key=f"constraint{m - 1}")
             else:
-                key = "reward/chance" if m == 0 else f"constraint{m - 1}/chance"
-                draws[m] = _joint_draws(models[m], features, generator, key, self.confidence_draws,
-                                        self.confidence_thin)
+                draws[m] = self._chance_draws(m, models[m], features, generator)
         return fr, single, draws
+
+    def _chance_draws(self, m: int, model, features, generator) -> torch.Tensor:
+        """The ``S`` joint draws ``[S, *lead, R, K]`` behind model ``m``'s chance probabilities: fresh
+        (``_joint_draws``), or with ``chance_refresh`` the cached bank of weight draws evaluated at
+        ``features`` (module docstring, "Chance draws from a refreshed bank"), the bank drawn anew
+        when due (``_bank_due``). A query (a ``DrawBatch`` that is not played: ``action_probabilities``)
+        never refreshes the bank, so it leaves the models as they were: while the bank is due it
+        makes fresh draws, as without the option."""
+        key = "reward/chance" if m == 0 else f"constraint{m - 1}/chance"
+        S, thin = self.confidence_draws, self.confidence_thin
+        if self.chance_refresh is None or not _bankable(model):
+            return _joint_draws(model, features, generator, key, S, thin)
+        bank = self._bank.get(m)
+        rows = _rows_learnt(model)
+        if self._bank_due(bank, model, rows):
+            if isinstance(generator, DrawBatch) and not generator.played:
+                return _joint_draws(model, features, generator, key, S, thin)
+            weights = _weight_draws(model, generator, key, S, thin, features.shape[0])
+            bank = self._bank[m] = (model, weights, rows)
+            self.chance_refreshes += 1
+        return _at_weights(model, bank[1], features)
+
+    def _bank_due(self, bank, model, rows: int) -> bool:
+        """Whether a bank ``(model, weights, rows at the refresh)`` must be drawn anew: none yet, another
+        model, fewer rows than at the refresh (a reset or a load), or the model learnt at least
+        ``min(chance_refresh, max(rows at the refresh, 1))`` rows since (so the bank is at most
+        ``chance_refresh - 1`` rows behind, and has seen more than half of the model's rows)."""
+        if bank is None or bank[0] is not model or rows < bank[2]:
+            return True
+        return rows - bank[2] >= min(self.chance_refresh, max(bank[2], 1))
 
     def _probability(self, m: int, c, features, baseline, draws: dict, moments: dict) -> torch.Tensor:
         """``P(c met)`` ``[R, K]`` of each action under model ``m``'s posterior (closed form or draws);
@@ -678,9 +769,7 @@ class TSASC(Policy):
         out = []
         for m, c in self._guards:
             if not self._closed[m] and m not in draws:
-                key = "reward/chance" if m == 0 else f"constraint{m - 1}/chance"
-                draws[m] = _joint_draws(models[m], features, generator, key, self.confidence_draws,
-                                        self.confidence_thin)
+                draws[m] = self._chance_draws(m, models[m], features, generator)
             out.append(self._probability(m, c, features, baseline, draws, moments))
         if not out:
             return torch.zeros((0, *features.shape[:2]), dtype=torch.float64)
@@ -843,6 +932,62 @@ def _joint_draws(model, features: torch.Tensor, generator: Generator, key: str, 
             kept.append(model.sample_at(features, generator, key=key))
         return torch.stack(kept)
     return torch.stack([model.sample_at(features, generator, key=key) for _ in range(S)])
+
+
+def _bankable(model) -> bool:
+    """Whether ``model``'s chance draws can come from a bank of weight draws (``chance_refresh``): a
+    ``BayesianLinear`` (duck-typed: ``sample`` of the weights, ``f(x) = link(x^T w)``), not a per-arm
+    model or the probit GP's views (their draws stay fresh)."""
+    return (callable(getattr(model, "sample", None)) and isinstance(getattr(model, "dim", None), int)
+            and getattr(model, "likelihood", None) in ("gaussian", "probit", "logistic")
+            and getattr(model, "engine_name", None) is not None and not hasattr(model, "arms")
+            and hasattr(model, "num_observations"))
+
+
+def _rows_learnt(model) -> int:
+    """The most rows any batch element of ``model`` has learnt."""
+    n = model.num_observations
+    return int(n.max()) if isinstance(n, torch.Tensor) and n.numel() else int(n) if not isinstance(n, torch.Tensor) else 0
+
+
+def _weight_draws(model, generator: Generator, key: str, S: int, thin: int, R: int) -> torch.Tensor:
+    """``S`` joint draws of ``model``'s weights ``[S, *batch, d]`` made as ``_joint_draws`` makes its
+    draws of ``f`` (the same streams and the same numbers: ``_at_weights`` of them is what ``_joint_draws``
+    returns): one batched call for the conjugate ``[R]`` models, else ``S`` ordinary draws in turn (a chain
+    advances ``S`` steps, keeping every ``thin``-th). Under a played ``DrawBatch`` (the ``Decider``) the
+    draws are ordinary ones from its generator."""
+    if _batched_draws(model):
+        if isinstance(generator, DrawBatch):
+            batch = DrawBatch(S, R, generator.generator, independent_rows=generator.independent_rows)
+        elif isinstance(generator, ReplicationRNG):
+            batch = _StreamDraws(generator, S)
+        else:
+            batch = DrawBatch(S, R, generator if generator is not None else torch.default_generator)
+        return model.sample(batch, key=key)
+    if isinstance(generator, DrawBatch):
+        generator = generator.generator
+    step = thin if getattr(model, "engine_name", None) in ("gibbs", "langevin") else 1
+    kept = []
+    for _ in range(S):
+        for _ in range(step - 1):
+            model.sample(generator, key=key)
+        kept.append(model.sample(generator, key=key))
+    return torch.stack(kept)
+
+
+def _at_weights(model, weights: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+    """``f(x) = link(x^T w)`` of ``S`` weight draws ``[S, *batch, d]`` at ``features [*batch, K, d]`` (or
+    ``[R, K, d]`` for a model without a batch axis) -> ``[S, R, K]``, as ``BayesianLinear.sample_at``."""
+    extra = features.dim() - 2 - len(tuple(getattr(model, "batch_shape", ()) or ()))
+    if extra > 0:
+        weights = weights.reshape(weights.shape[0], *(1,) * extra, *weights.shape[1:])
+    f = (weights[..., None, :] @ features.mT)[..., 0, :]
+    if model.likelihood == "gaussian":
+        return f
+    from ..models.gibbs import lanewise
+    from ..models.linear import _LINKS
+
+    return lanewise(_LINKS[model.likelihood], f)
 
 
 def _shortfall(c, values: torch.Tensor, base: torch.Tensor, rows, baseline) -> torch.Tensor:

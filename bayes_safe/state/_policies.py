@@ -83,6 +83,10 @@ def encode_policy(policy, enc: Encoder, what: str, model_node) -> dict:
         if names is not None:
             node["metric_names"] = list(names)
         node.update(fallback=policy.fallback, confidence_draws=int(policy.confidence_draws))
+        node["chance_refresh"] = getattr(policy, "chance_refresh", None)
+        # the cached banks of chance draws (chance_refresh): a loaded copy makes the same decisions
+        node["chance_bank"] = [{"model": int(m), "rows": int(rows), "weights": t(w, f"{what}.chance_bank{m}")}
+                               for m, (_, w, rows) in sorted(getattr(policy, "_bank", {}).items())]
     elif name == "BCTS":
         node.update(sigma_online=t(policy.sigma_online, f"{what}.sigma_online"),
                     random_teaching=t(policy.random_teaching, f"{what}.random_teaching"),
@@ -168,11 +172,17 @@ def decode_policy(node, dec: Decoder, where: str):
                    "fallback": dec.field(node, "fallback", str, where) if "fallback" in node else "safest",
                    "confidence_draws": dec.int_field(node, "confidence_draws", where, minimum=2)
                    if "confidence_draws" in node else 64}
+        if "chance_refresh" in node:  # files written before issue 42 have none: the default
+            refresh = node["chance_refresh"]
+            if refresh is not None and (isinstance(refresh, bool) or not isinstance(refresh, int) or refresh < 1):
+                dec.fail(f"{where}: field 'chance_refresh' must be null or an int >= 1, got {refresh!r}")
+            options["chance_refresh"] = refresh
         if "constraints" in node:
             declared = _declarations(node, None if names is not None else len(cons), dec, where)
-            return build(dec, where, lambda: cls(reward, cons, constraints=declared, **options))
+            return _restore_bank(build(dec, where, lambda: cls(reward, cons, constraints=declared, **options)),
+                                 node, dec, where)
         alpha = _alphas(node, len(cons), dec, where)
-        return build(dec, where, lambda: cls(reward, cons, alpha=alpha, **options))
+        return _restore_bank(build(dec, where, lambda: cls(reward, cons, alpha=alpha, **options)), node, dec, where)
     # BCTS
     reward, constraint = need("reward", "constraint")
     sigma = t("sigma_online", dtype=_F64, finite=True).clone()
@@ -220,3 +230,27 @@ def _alphas(node, count: int, dec: Decoder, where: str) -> list[float]:
     if len(alpha) != count or not all(isinstance(a, (int, float)) and not isinstance(a, bool) for a in alpha):
         dec.fail(f"{where}: field 'alpha' must hold {count} numbers (one per constraint model), got {alpha!r}")
     return [float(a) for a in alpha]
+
+
+def _restore_bank(policy, node: dict, dec: Decoder, where: str):
+    """TS-ASC's cached banks of chance draws (``chance_refresh``), as saved; files without them (written
+    before issue 42) leave none, and the bank is drawn at the first decision."""
+    bank = node.get("chance_bank", [])
+    if not isinstance(bank, list):
+        dec.fail(f"{where}: field 'chance_bank' must be a list, got {bank!r}")
+    models = (policy.reward_model, *policy.constraint_models)
+    for j, entry in enumerate(bank):
+        at = f"{where}.chance_bank[{j}]"
+        if not isinstance(entry, dict):
+            dec.fail(f"{at}: expected an object with model, rows and weights, got {entry!r}")
+        m = dec.int_field(entry, "model", at, minimum=0)
+        rows = dec.int_field(entry, "rows", at, minimum=0)
+        if m >= len(models):
+            dec.fail(f"{at}: model {m} is not one of the policy's {len(models)} models")
+        model = models[m]
+        shape = (None, *tuple(getattr(model, "batch_shape", ()) or ()), getattr(model, "dim", None))
+        weights = dec.tensor(entry.get("weights"), f"{at}.weights", dtype=_F64, finite=True).clone()
+        if weights.dim() != len(shape) or any(s is not None and s != w for s, w in zip(shape, weights.shape)):
+            dec.fail(f"{at}: weights of shape {list(weights.shape)}, expected [S, *batch_shape, d] of model {m}")
+        policy._bank[m] = (model, weights, rows)
+    return policy
