@@ -252,8 +252,9 @@ def test_the_ab_tuners_trial_reports_fallback_rates():
     ab = ABTest(problem=Guarded(), n_users=n, batches=batches, compare=("ts",), replicates=1)
     result = ab.evaluate_once({}, seed=0)
     rows = torch.arange(n // batches)
-    imp = impossible(0, rows)  # every batch is drawn at step 0
-    tr = trap(0, rows)
+    # batch b is drawn at step b (issue 41: the tuner passes a draw that takes a step its batch's index)
+    imp = torch.cat([impossible(b, rows) for b in range(batches)])
+    tr = torch.cat([trap(b, rows) for b in range(batches)])
     share = 100 * float(imp.double().mean())
     assert result["fallback_rate"][0] == pytest.approx(share)
     assert result["fallback_rate_risk"][0] == pytest.approx(share) and result["fallback_rate_risk_2"][0] == 0.0
@@ -341,7 +342,8 @@ def test_the_ab_tuners_trial_reports_chance_calibration():
     ab = ABTest(problem=Guarded(confidence=0.9), n_users=n, batches=batches, compare=("ts",), replicates=1)
     result = ab.evaluate_once({}, seed=0)
     rows = torch.arange(n // batches)
-    imp, tr = impossible(0, rows), trap(0, rows)
+    imp = torch.cat([impossible(b, rows) for b in range(batches)])  # batch b at step b
+    tr = torch.cat([trap(b, rows) for b in range(batches)])
     assert result["chance_claimed_risk"][0] == pytest.approx(0.9)
     assert result["chance_realised_risk"][0] == pytest.approx(1 - float(tr[~imp].double().mean()))
     assert not any(k.startswith("ts_chance") for k in result)  # plain TS claims nothing

@@ -120,7 +120,7 @@ def test_power_check_states_the_minimum_detectable_change_and_warns_on_a_bound_b
     power = study.check_power()
     tight, loose = power["constraints"]
     assert power["units_per_arm"] == 300 and power["replicates"] == 4
-    assert power["point"] == {"tolerance_unsubscribe": pytest.approx(0.02)}  # the centre of [0, 0.04]
+    assert power["point"] == {"tolerance_unsubscribe": pytest.approx(0.0)}  # the centre of [-0.02, 0.02]: the declared 1.02
     # the +2 % bound on a rare event at 300 units per arm: far below what a trial can detect
     assert tight["mdc"] == pytest.approx(MDC_FACTOR * tight["se"]) and tight["mdc"] > 2
     assert tight["warn"] and "WARNING" in tight["text"] and "minimum detectable change" in tight["text"]
@@ -223,8 +223,8 @@ def test_best_point_states_its_probability_of_feasibility_and_the_search_space_b
     assert 0 <= chosen["p_feasible"] <= 1
     pred = chosen["predicted"]["unsubscribe_change"]
     assert chosen["p_feasible"] == pytest.approx(0.5 * math.erfc((pred[0] - 2) / pred[1] / math.sqrt(2)))
-    assert study.on_bounds({"tolerance_unsubscribe": 0.04}) == ["tolerance_unsubscribe at its upper bound 0.04"]
-    assert study.on_bounds({"tolerance_unsubscribe": 0.02}) == []
+    assert study.on_bounds({"tolerance_unsubscribe": 0.02}) == ["tolerance_unsubscribe at its upper bound 0.02"]
+    assert study.on_bounds({"tolerance_unsubscribe": 0.0}) == []
     stored = json.loads((out / "best.json").read_text())
     text = (out / "report.md").read_text()
     if best["confident"]:

@@ -23,7 +23,7 @@ logs and is refused by name.
 
 Example::
 
-    from tuning.deploy import deploy
+    from bayes_safe.tuning.deploy import deploy
     info = deploy("runs/dose", "state/dose", trust_source=True)   # a study of your own problem class
     # then: bayes-safe serve state/dose --log decisions.sqlite
 """

@@ -456,7 +456,6 @@ class Decider:
         self._guarded = tuple(
             m if callable(getattr(m, "predictive_residual", None)) and not binary else None
             for m, binary in zip((roles.get(r) for r in ("reward", *(f"constraint{j}" for j in range(C)))), self._binary))
-        self._per_arm_guard = _per_arm(policy) is not None
         # the guarded models whose residual has the numpy path: one-stream conjugate BayesianLinear
         self._fast_guard = {id(m) for m in self._guarded if m is not None and type(m).__name__ == "BayesianLinear"
                             and m.conjugate and math.prod(m.batch_shape) == 1}
@@ -787,7 +786,7 @@ class Decider:
                     self._outlying(metric, value, z)
                 continue
             with self._quiet():
-                if self._per_arm_guard:
+                if getattr(model, "num_arms", None) is not None:  # a model per arm (PerArmLinear): the played arm's
                     z = float(model.predictive_residual(torch.tensor(entry["features"], dtype=torch.float64), value,
                                                         entry["action"]))
                 else:
