@@ -36,7 +36,7 @@ every row in turn, so a change of the machine's load hits all of them alike), on
 
 Targets (issue 27 item 3): the public loop at R = 1 at least 0.8x ``simulate``'s lean path on
 the same problem (TS-ASC: against ``simulate`` of TS-ASC); ``Decider.decide`` + ``feedback`` at
-least 5,000 per second, 1,000 with the logistic constraint. ``vs ref`` is the rate over the row's reference measured in the same
+least 5,000 per second without a log and 3,000 with SQLite (issue 42), 1,000 with the logistic constraint. ``vs ref`` is the rate over the row's reference measured in the same
 run; ``ratio`` the rate over the target (>= 1: met). The 1-minute load average is printed at the
 start, the end and per row (the machine has 2 cores; other jobs may share it). On a shared machine
 the process does not have a core to itself: ``per CPU s`` is the rate over the process's share
@@ -62,6 +62,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 TARGET_VS_LEAN = 0.8
 TARGET_DECIDER = 5_000
+TARGET_DECIDER_LOG = 3_000  # with an SQLite log (issue 42)
 TARGET_DECIDER_GIBBS = 1_000
 
 
@@ -213,7 +214,8 @@ def run(quick: bool = False, repeats: int | None = None) -> list[dict]:
             row["ratio"] = value / (TARGET_VS_LEAN * med[ref])
             row["ratio (CPU)"] = idle[name] / (TARGET_VS_LEAN * idle[ref])
         elif name.startswith("Decider"):
-            target = TARGET_DECIDER_GIBBS if "Gibbs" in name else TARGET_DECIDER
+            target = (TARGET_DECIDER_GIBBS if "Gibbs" in name else TARGET_DECIDER_LOG if "SQLite" in name
+                      else TARGET_DECIDER)
             row["target"] = f">= {target:,}/s"
             row["ratio"] = value / target
             row["ratio (CPU)"] = idle[name] / target
