@@ -19,7 +19,7 @@ from ._priors import decode_distribution, decode_prior, encode_distribution, enc
 _F64 = torch.float64
 _LONG = torch.long
 
-SAVEABLE_MODELS = ("BayesianLinear (conjugate, Normal-Inverse-Gamma, Gibbs, Langevin, NUTS, SVI), PerArmLinear, CTSPosterior, ProbitGP "
+SAVEABLE_MODELS = ("BayesianLinear (conjugate, Normal-Inverse-Gamma, Gibbs, Langevin, NUTS, SVI, laplace), PerArmLinear, CTSPosterior, ProbitGP "
                    "and its views SuccessProbability / ScaledOutcome, RidgeRewardModel, LogisticRewardModel, and "
                    "torch.nn modules built from Sequential, Linear and standard activations")
 
@@ -67,6 +67,12 @@ def _enc_linear(m, enc: Encoder, what: str) -> dict:
             node.update(a=enc.tensor(m._a, f"{what}.a"), b0=enc.tensor(m._b0, f"{what}.b0"), sq=enc.tensor(m._sq, f"{what}.sq"))
         return node
     e = m.engine
+    if getattr(m, "engine_name", None) == "laplace":  # the online Laplace approximation: its summary, no rows
+        node.update(engine="laplace", likelihood=m.likelihood, laplace={
+            "options": {k: getattr(e, k) for k in _LAPLACE_OPTIONS},
+            "counters": {"n": int(e.n), "since_refresh": int(e.since_refresh)},
+            "tensors": {k: enc.tensor(v, f"{what}.laplace.{k}") for k, v in e.state_tensors().items()}})
+        return node
     if getattr(m, "engine_name", None) in ("gibbs", "langevin"):
         node.update(engine=m.engine_name, likelihood=m.likelihood, chain=_enc_chain(e, enc, f"{what}.chain"))
         return node
@@ -92,6 +98,7 @@ def _enc_linear(m, enc: Encoder, what: str) -> dict:
 # the numbers of a Gibbs or Langevin chain: the data it has seen and its current state
 _CHAIN_COUNTERS = {"gibbs": ("n", "_n_at_draw"),
                    "langevin": ("n", "_n_at_draw", "_n_at_refresh", "_adapt_count")}
+_LAPLACE_OPTIONS = ("refresh_every", "em_steps", "newton_steps", "tol")
 _CHAIN_OPTIONS = {"gibbs": ("sweeps", "burn_in", "predict_sweeps", "pg_terms", "seed"),
                   "langevin": ("steps", "burn_in", "predict_steps", "seed")}
 
@@ -226,6 +233,26 @@ def _dec_linear(node: dict, dec: Decoder, where: str):
             det.alarms = dec.tensor(adaptive.get("alarms"), f"{where}.adaptive.alarms", shape=b, dtype=_LONG).clone()
             if bool((det.alarms < 0).any()):
                 dec.fail(f"{where}.adaptive.alarms: expected counts >= 0")
+    elif "laplace" in node:  # the online Laplace approximation
+        likelihood = dec.field(node, "likelihood", str, where)
+        state = dec.field(node, "laplace", dict, where)
+        opts = dec.field(state, "options", dict, f"{where}.laplace")
+        if set(opts) != set(_LAPLACE_OPTIONS):
+            dec.fail(f"{where}.laplace.options: expected exactly {sorted(_LAPLACE_OPTIONS)}, got {sorted(opts)}")
+        m = build(dec, where, lambda: BayesianLinear(prior, noise_std, noise_prior, batch_shape=b, inference="laplace",
+                                                     dim=d, likelihood=likelihood, inference_options=opts,
+                                                     forgetting=forgetting, forgetting_rule=rule, feature_names=names))
+        counters = dec.field(state, "counters", dict, f"{where}.laplace")
+        if set(counters) != {"n", "since_refresh"}:
+            dec.fail(f"{where}.laplace.counters: expected exactly ['n', 'since_refresh'], got {sorted(counters)}")
+        refs = dec.field(state, "tensors", dict, f"{where}.laplace")
+        template = m.engine.state_tensors()
+        if set(refs) != set(template):
+            dec.fail(f"{where}.laplace.tensors: expected exactly {sorted(template)}, got {sorted(refs)}")
+        values = {k: dec.tensor(refs[k], f"{where}.laplace.tensors.{k}", shape=tuple(v.shape), dtype=_F64, finite=True)
+                  for k, v in template.items()}
+        m.engine.load_state_tensors(values, dec.int_field(counters, "n", f"{where}.laplace.counters"),
+                                    dec.int_field(counters, "since_refresh", f"{where}.laplace.counters"))
     elif "chain" in node:  # a Gibbs or Langevin chain (NUTS / SVI nodes have no "chain")
         engine = dec.field(node, "engine", str, where)
         if engine not in _CHAIN_OPTIONS:
