@@ -568,6 +568,18 @@ def _printer_with_tracking(progress):
     return show
 
 
+def stored_study_name(stored: dict, name: str | None) -> str:
+    """The study to open among ``stored`` (``storage.stored_studies``): ``name``, or the only one; a
+    ``ValueError`` naming ``--name`` otherwise (``tune resume``, ``deploy``)."""
+    if name is None:
+        if len(stored) != 1:
+            raise ValueError(f"--name: the database holds several studies ({', '.join(sorted(stored))}); name one")
+        return next(iter(stored))
+    if name not in stored:
+        raise ValueError(f"--name: no study named {name!r} in the database (found: {', '.join(sorted(stored))})")
+    return name
+
+
 def run_tune(args) -> int:
     """Run ``bayes-safe tune ...`` from parsed arguments. Bad input raises ``ValueError``."""
     from . import storage
@@ -585,13 +597,7 @@ def run_tune(args) -> int:
         # read-only first: a missing database, a foreign SQLite file, an untrusted stored path
         # all stop here, before Ax creates a table or the study writes anything
         stored = storage.stored_studies(url, what="--storage" if args.storage is not None else "--out")
-        name = args.name
-        if name is None:
-            if len(stored) != 1:
-                raise ValueError(f"--name: the database holds several studies ({', '.join(sorted(stored))}); name one")
-            name = next(iter(stored))
-        elif name not in stored:
-            raise ValueError(f"--name: no study named {name!r} in the database (found: {', '.join(sorted(stored))})")
+        name = stored_study_name(stored, args.name)
         if isinstance(stored[name], dict) and stored[name].get("ab_test", {}) is None:
             raise ValueError(f"--out: study {name!r} was made in Python with a problem (or policy factory) that cannot "
                              "be rebuilt by name, e.g. a class defined in a script or notebook; define the class in a "

@@ -45,17 +45,15 @@ class DeployError(ValueError):
 def _load_study(study_dir: Path, *, storage=None, name=None, trust_source: bool = False):
     """The stored study of ``study_dir`` (or ``storage``), loaded after the same checks as ``tune resume``."""
     from . import storage as st
-    from .cli import check_resume_trust
+    from .cli import check_resume_trust, stored_study_name
     from .study import Study
 
     url = st.resolve_url(storage, study_dir)
     stored = st.stored_studies(url, what="--storage" if storage is not None else "study_dir")
-    if name is None:
-        if len(stored) != 1:
-            raise DeployError(f"--name: the database holds several studies ({', '.join(sorted(stored))}); name one")
-        name = next(iter(stored))
-    elif name not in stored:
-        raise DeployError(f"--name: no study named {name!r} in the database (found: {', '.join(sorted(stored))})")
+    try:
+        name = stored_study_name(stored, name)
+    except ValueError as exc:
+        raise DeployError(str(exc)) from None
     props = stored[name]
     if isinstance(props, dict) and props.get("ab_test", {}) is None:
         raise DeployError(f"study_dir: study {name!r} was made in Python with a problem (or policy factory) that "

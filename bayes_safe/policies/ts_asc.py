@@ -905,18 +905,22 @@ def _batch_means_se(met: torch.Tensor, batches: int = 8) -> torch.Tensor:
     return means.std(0) / b ** 0.5
 
 
+def _batch_of(generator: Generator, S: int, R: int):
+    """The ``S`` batched draws of a conjugate ``[R]`` model under ``generator``: a ``DrawBatch`` on the same
+    stream (a log's rows keep their own draws), a ``ReplicationRNG``'s streams, or a plain generator's."""
+    if isinstance(generator, DrawBatch):
+        return DrawBatch(S, R, generator.generator, independent_rows=generator.independent_rows)
+    if isinstance(generator, ReplicationRNG):
+        return _StreamDraws(generator, S)
+    return DrawBatch(S, R, generator if generator is not None else torch.default_generator)
+
+
 def _joint_draws(model, features: torch.Tensor, generator: Generator, key: str, S: int, thin: int = 1) -> torch.Tensor:
     """``S`` joint posterior draws of ``model`` at ``features [R, K, d]`` -> ``[S, R, K]`` (module docstring);
     a chain engine drawn one at a time keeps every ``thin``-th draw (``confidence_thin``)."""
     R = features.shape[0]
     if _batched_draws(model):
-        if isinstance(generator, DrawBatch):
-            batch = DrawBatch(S, R, generator.generator, independent_rows=generator.independent_rows)
-        elif isinstance(generator, ReplicationRNG):
-            batch = _StreamDraws(generator, S)
-        else:
-            batch = DrawBatch(S, R, generator if generator is not None else torch.default_generator)
-        return model.sample_at(features, batch, key=key)
+        return model.sample_at(features, _batch_of(generator, S, R), key=key)
     if isinstance(generator, DrawBatch):
         # propensities / action_probabilities: S draws from copies of a chain, which does not move
         # (played=False; the engines' draw docstrings), nor does any other engine's state; a log's rows
@@ -957,13 +961,7 @@ def _weight_draws(model, generator: Generator, key: str, S: int, thin: int, R: i
     advances ``S`` steps, keeping every ``thin``-th). Under a played ``DrawBatch`` (the ``Decider``) the
     draws are ordinary ones from its generator."""
     if _batched_draws(model):
-        if isinstance(generator, DrawBatch):
-            batch = DrawBatch(S, R, generator.generator, independent_rows=generator.independent_rows)
-        elif isinstance(generator, ReplicationRNG):
-            batch = _StreamDraws(generator, S)
-        else:
-            batch = DrawBatch(S, R, generator if generator is not None else torch.default_generator)
-        return model.sample(batch, key=key)
+        return model.sample(_batch_of(generator, S, R), key=key)
     if isinstance(generator, DrawBatch):
         generator = generator.generator
     step = thin if getattr(model, "engine_name", None) in ("gibbs", "langevin") else 1
