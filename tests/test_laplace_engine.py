@@ -238,3 +238,26 @@ def test_sparse_logistic_matches_a_long_gibbs_chain_at_d_40():
     pl, _ = lap.predict(Xt)
     pg, _ = gibbs.predict(Xt)
     assert float((pl - pg).abs().mean()) < 0.01
+
+
+def test_to_inference_data_gives_independent_draws_of_the_approximation():
+    """ArviZ (``bayes-safe diagnose``): the laplace engine's draws, split into chains, with the
+    log-likelihood of the data; their mean is the approximation's."""
+    import pyro.distributions as dist
+    import torch
+
+    from bayes_safe import BayesianLinear
+    from bayes_safe.diagnostics import to_inference_data
+
+    g = torch.Generator().manual_seed(3)
+    X = torch.randn(200, 3, generator=g, dtype=torch.float64)
+    y = (torch.rand(200, generator=g, dtype=torch.float64) < torch.sigmoid(X @ torch.tensor([1.0, -1.0, 0.5],
+                                                                                              dtype=torch.float64))).double()
+    m = BayesianLinear(dist.Normal(torch.zeros(3, dtype=torch.float64), 1.0).to_event(1), likelihood="logistic",
+                       inference="laplace")
+    m.update(X, y)
+    idata = to_inference_data(m, X=X, y=y, num_draws=500, num_chains=4)
+    w = torch.as_tensor(idata.posterior["w"].values)
+    assert tuple(w.shape) == (4, 500, 3) and "log_likelihood" in idata.groups()
+    sd = m.posterior_covariance.diagonal().sqrt()
+    assert ((w.reshape(-1, 3).mean(0) - m.posterior_mean).abs() < 4 * sd / 2000 ** 0.5).all()

@@ -330,6 +330,8 @@ def _linear_inference_data(model, X, y, num_draws, num_chains, feature_names, se
     elif engine_name == "langevin":
         with single_thread():
             posterior, sample_stats = _langevin_draws(model, num_draws, num_chains, seed)
+    elif engine_name == "laplace":  # the online Gaussian (issue 42): independent exact draws of the approximation
+        posterior = {"w": _split_chains(model.sample((num_chains * num_draws,), generator=gen), num_chains)}
     else:
         engine = model.engine
         chains = engine.chains
