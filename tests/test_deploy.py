@@ -131,7 +131,8 @@ def test_health_and_posterior_show_the_provenance(study_dir, tmp_path, capsys):
     from serving import ServeProcess
 
     state = tmp_path / "state"
-    assert _run(["deploy", str(study_dir), str(state), "--trust-source"], capsys)[0] == 0
+    status, _, err = _run(["deploy", str(study_dir), str(state), "--trust-source"], capsys)
+    assert status == 0, err
     server = ServeProcess(state, "--log", tmp_path / "log.sqlite", stderr=tmp_path / "serve.err")
     try:
         health = server.client.get("/health").json()

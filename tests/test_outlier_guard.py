@@ -216,3 +216,19 @@ def test_replicas_guard_their_feedback_from_the_logged_decision(tmp_path, postgr
     assert b.outliers == [2, 0] and b.log.feedback_for([d.decision_id.split("-")[0]]) == []
     assert b.feedback(d.decision_id, 900.0, [0.0]) is True
     assert a.sync() == 1
+
+
+def test_a_replica_acknowledges_a_repeat_whatever_its_value(tmp_path, postgres_server):
+    """A decision that has its feedback: a resend is acknowledged and ignored (False), an outlying
+    value included; the guard judges only outcomes that would be learned."""
+    from bayes_safe.online import ReplicaDecider
+
+    url = postgres_server.url()
+    warm = Decider(_policy("conjugate"), num_draws=40, seed=1)
+    _warm(warm, 20)
+    warm.save(tmp_path / "state")
+    replica = ReplicaDecider.load(tmp_path / "state", log=url)
+    d = replica.decide(OFFERS, baseline=0)
+    assert replica.feedback(d.decision_id, 1.0, [0.0]) is True
+    assert replica.feedback(d.decision_id, 1e6, [0.0]) is False and replica.outliers == [0, 0]
+    assert replica.feedback_many([(d.decision_id, 1e6, [0.0])]) == [False]

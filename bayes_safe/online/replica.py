@@ -205,10 +205,16 @@ class ReplicaDecider(Decider):
             for key, (action, K, ctx) in logged.items():
                 entry = {"features": _played_features(ctx, action, K, dim, per_arm, key, self.log.path),
                          "action": action}
+                before = list(self.outliers)
                 problem = self._outlier(entry, *outcomes[key])
                 if problem:
-                    out[key] = problem
-        return out
+                    out[key] = (problem, [a - b for a, b in zip(self.outliers, before)])
+            if out:  # a decision that already has its feedback: a repeat is acknowledged and ignored, never judged
+                for key, *_ in self.log.feedback_for(list(out)):
+                    if key in out:
+                        counted = out.pop(key)[1]
+                        self.outliers = [n - c for n, c in zip(self.outliers, counted)]
+        return {key: problem for key, (problem, _) in out.items()}
 
     def feedback_written(self, decision_id: str, new: bool | None) -> bool:
         """``feedback``'s answer for the log's answer ``new`` to the row of ``decision_id`` (counted)."""

@@ -696,7 +696,10 @@ class Service:
         """(Replicas, on the event loop) one feedback checked, written by the group commit, answered."""
         decision_id = args["decision_id"]
         try:
+            # (the outlier guard reads the decision's features from the log: a log that cannot be read is a 503)
             row = self.decider.feedback_row(decision_id, args["reward"], args["constraints"])
+        except self.log_errors as exc:
+            raise self._log_failed(exc) from None
         except (ValueError, TypeError) as exc:
             raise self._bad_feedback(exc) from None
         try:
