@@ -128,11 +128,19 @@ def test_a_study_of_the_users_class_needs_consent(study_dir, tmp_path):
 @pytest.mark.slow  # 7 s (a real serve): in the slow job
 def test_health_and_posterior_show_the_provenance(study_dir, tmp_path, capsys):
     pytest.importorskip("fastapi")
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
     from serving import ServeProcess
 
     state = tmp_path / "state"
-    status, _, err = _run(["deploy", str(study_dir), str(state), "--trust-source"], capsys)
-    assert status == 0, err
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), str(root / "tests")]))
+    deployed = subprocess.run([sys.executable, "-m", "bayes_safe.cli", "deploy", str(study_dir), str(state),
+                               "--trust-source"], check=False, capture_output=True, text=True, env=env, timeout=300)
+    assert deployed.returncode == 0, deployed.stderr
     server = ServeProcess(state, "--log", tmp_path / "log.sqlite", stderr=tmp_path / "serve.err")
     try:
         health = server.client.get("/health").json()
