@@ -459,7 +459,6 @@ class Decider:
         # the guarded models whose residual has the numpy path: one-stream conjugate BayesianLinear
         self._fast_guard = {id(m) for m in self._guarded if m is not None and type(m).__name__ == "BayesianLinear"
                             and m.conjugate and math.prod(m.batch_shape) == 1}
-        self._problems: list[str] = []
         #: per metric: outcomes the outlier guard refused (in this process since it started)
         self.outliers = [0] * (1 + C)
         self._id_key = secrets.token_bytes(32)
@@ -774,39 +773,41 @@ class Decider:
         ``entry`` lies within ``outlier_sd`` predictive sd of its model's prediction, else the
         message naming the first that does not (and each such outcome is counted in ``outliers``).
         Asked under the lock, of the posterior as the last ``refresh`` left it."""
+        found = self._outlying(entry, reward, constraints)
+        for metric, _ in found:
+            self.outliers[metric] += 1
+        return found[0][1] if found else None
+
+    def _outlying(self, entry: dict, reward: float, constraints) -> list[tuple[int, str]]:
+        """``[(metric, message)]`` of the outcomes of ``entry`` beyond ``outlier_sd`` (``_outlier``;
+        counts nothing)."""
         if self.outlier_sd is None:
-            return None
+            return []
+        found = []
         for metric, value in enumerate((reward, *(constraints or ()))):
             model = self._guarded[metric]
             if model is None:
                 continue
             if id(model) in self._fast_guard:
                 z = model._residual_one(entry["features"], value)
-                if not abs(z) <= self.outlier_sd:
-                    self._outlying(metric, value, z)
-                continue
-            with self._quiet():
-                if getattr(model, "num_arms", None) is not None:  # a model per arm (PerArmLinear): the played arm's
-                    z = float(model.predictive_residual(torch.tensor(entry["features"], dtype=torch.float64), value,
-                                                        entry["action"]))
-                else:
-                    shape = tuple(model.batch_shape)
-                    x = torch.tensor(entry["features"], dtype=torch.float64).reshape(*shape, -1)
-                    z = float(model.predictive_residual(x, torch.full(shape, float(value), dtype=torch.float64)).reshape(-1)[0])
+            else:
+                with self._quiet():
+                    if getattr(model, "num_arms", None) is not None:  # a model per arm (PerArmLinear): the played arm's
+                        z = float(model.predictive_residual(torch.tensor(entry["features"], dtype=torch.float64),
+                                                            value, entry["action"]))
+                    else:
+                        shape = tuple(model.batch_shape)
+                        x = torch.tensor(entry["features"], dtype=torch.float64).reshape(*shape, -1)
+                        z = float(model.predictive_residual(x, torch.full(shape, float(value), dtype=torch.float64))
+                                  .reshape(-1)[0])
             if not abs(z) <= self.outlier_sd:
-                self._outlying(metric, value, z)
-        problems, self._problems = self._problems, []
-        return problems[0] if problems else None
-
-    def _outlying(self, metric: int, value: float, z: float) -> None:
-        """Count one refused outcome of ``metric`` and keep its message (``_outlier``)."""
-        self.outliers[metric] += 1
-        what = "reward" if metric == 0 else f"constraints[{metric - 1}]"
-        self._problems.append(
-            f"{what}: {value:g} lies {abs(z):.3g} predictive sd from its model's prediction for this decision; the "
-            f"Decider's outlier_sd refuses more than {self.outlier_sd:g} (one such outcome would dominate the "
-            "posterior: check the value and the decision's features, or raise outlier_sd, or the model's noise_std, "
-            "if outcomes this far out are real)")
+                what = "reward" if metric == 0 else f"constraints[{metric - 1}]"
+                found.append((metric, (
+                    f"{what}: {value:g} lies {abs(z):.3g} predictive sd from its model's prediction for this decision; "
+                    f"the Decider's outlier_sd refuses more than {self.outlier_sd:g} (one such outcome would dominate "
+                    "the posterior: check the value and the decision's features, or raise outlier_sd, or the model's "
+                    "noise_std, if outcomes this far out are real)")))
+        return found
 
     def feedback_many(self, rows, *, check_only: bool = False) -> list[bool]:
         """Record many outcomes at once, all or nothing: ``rows`` of ``(decision_id, reward,

@@ -200,21 +200,22 @@ class ReplicaDecider(Decider):
         dim = dims.pop() if len(dims) == 1 else None
         per_arm = _per_arm(self.policy) is not None
         logged = self.log.decisions_of(outcomes)
-        out = {}
+        found = {}
         with self._lock:  # the posterior as the last sync left it (a sync holds the lock)
             for key, (action, K, ctx) in logged.items():
                 entry = {"features": _played_features(ctx, action, K, dim, per_arm, key, self.log.path),
                          "action": action}
-                before = list(self.outliers)
-                problem = self._outlier(entry, *outcomes[key])
-                if problem:
-                    out[key] = (problem, [a - b for a, b in zip(self.outliers, before)])
-            if out:  # a decision that already has its feedback: a repeat is acknowledged and ignored, never judged
-                for key, *_ in self.log.feedback_for(list(out)):
-                    if key in out:
-                        counted = out.pop(key)[1]
-                        self.outliers = [n - c for n, c in zip(self.outliers, counted)]
-        return {key: problem for key, (problem, _) in out.items()}
+                outlying = self._outlying(entry, *outcomes[key])
+                if outlying:
+                    found[key] = outlying
+        if found:  # a decision that already has its feedback: a repeat is acknowledged and ignored, never judged
+            for key, *_ in self.log.feedback_for(list(found)):
+                found.pop(key, None)
+        with self._lock:
+            for outlying in found.values():
+                for metric, _ in outlying:
+                    self.outliers[metric] += 1
+        return {key: outlying[0][1] for key, outlying in found.items()}
 
     def feedback_written(self, decision_id: str, new: bool | None) -> bool:
         """``feedback``'s answer for the log's answer ``new`` to the row of ``decision_id`` (counted)."""
