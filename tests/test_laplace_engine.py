@@ -207,7 +207,8 @@ def test_works_in_a_decider_with_ts_asc(tmp_path):
 
 @pytest.mark.parametrize("kwargs, match", [
     ({"noise_std": 1.0}, "likelihood"),  # a Gaussian likelihood: the conjugate engine is exact
-    ({"likelihood": "logistic", "forgetting": 0.99}, "forgetting"),
+    ({"likelihood": "logistic", "forgetting": 0.99, "forgetting_rule": "exponential"}, "forgetting_rule"),
+    ({"likelihood": "logistic", "forgetting": 0.99, "base_prior": "weak"}, "base_prior"),
     ({"likelihood": "logistic", "inference_options": {"sweeps": 2}}, "inference_options"),
     ({"likelihood": "logistic", "inference_options": {"refresh_every": 0}}, "refresh_every"),
 ])

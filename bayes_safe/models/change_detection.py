@@ -43,30 +43,111 @@ import torch
 _DTYPE = torch.float64
 
 
+OUTCOMES = ("auto", "gaussian", "binary")
+BINARY_FALSE_ALARM_RATE = 1e-5  # the 0/1 test's default bound on false alarms per observation
+BINARY_WARMUP_PER_FEATURE = 20  # the 0/1 test's default warm-up: 20 observations per feature
+
+
 @dataclass(frozen=True)
 class AdaptiveForgetting:
     """Forgetting that waits for evidence of a change (see the module docstring).
 
+    One sensitivity setting, read as a false-alarm rate: ``false_alarm_rate`` (per observation,
+    both directions together) sets the alarm level ``h = log(2 / false_alarm_rate)`` of the
+    log-likelihood-ratio statistic, whose in-control run length is at least ``exp(h)`` per side
+    (Lorden 1971), so a right model raises false alarms at most at that rate; and a detectable
+    shift: ``drift`` (Gaussian, in predictive sd: the test is tuned to a shift of ``2 drift``) or
+    ``odds_ratio`` (0/1 outcomes: tuned to the odds of a success multiplied, or divided, by it).
+
     Args:
-        threshold: ``h > 0``, the CUSUM's alarm level in units of the predictive standard
-            deviation (default 10: a false alarm once in about 7e4 observations of a right model).
-        drift: ``k >= 0``, the allowance subtracted per observation (default 0.5: tuned to shifts
-            of one predictive standard deviation; larger ignores smaller shifts).
+        threshold: ``h > 0`` in the statistic's units (predictive sd for Gaussian outcomes, nats
+            for 0/1 outcomes); give it or ``false_alarm_rate``, not both. Default: Gaussian 10
+            (the issue-30 setting: a false alarm at most once in ``exp(2 drift h) / 2 = 1.1e4``
+            observations by Lorden's bound, once in about 7e4 by Siegmund's approximation);
+            0/1 ``log(2 / 1e-5)`` (at most one false alarm in 1e5 observations).
+        drift: ``k >= 0``, the Gaussian test's allowance per observation (default 0.5: tuned to
+            shifts of one predictive standard deviation; larger ignores smaller shifts).
+        false_alarm_rate: in (0, 0.5): the bound on false alarms per observation (sets ``threshold``;
+            the Gaussian test then needs ``drift > 0``).
+        odds_ratio: ``> 1``, the 0/1 test's shift: an upward test against the odds of success
+            times ``odds_ratio`` and a downward one against them divided by it (default 2).
+        outcomes: ``"auto"`` (default: 0/1 for a logistic or probit model, Gaussian otherwise),
+            ``"gaussian"`` or ``"binary"`` (a Gaussian model of a 0/1 metric: the test reads the
+            model's mean ``x^T m`` as the success probability, clipped to ``[1e-4, 1 - 1e-4]``).
+        warmup: observations a batch element learns after its construction or a restart before
+            it is tested (default: 0 for Gaussian outcomes, ``20 d`` for 0/1: a predictive still
+            learning its rates looks like drift). A model warm-started by ``update`` has counted
+            its history rows already.
+        keep: in ``[0, 1)``, the weight what was learned keeps at a restart (default 0: the
+            base prior alone; ``keep > 0`` restarts from a discounted warm start, the stabilised
+            rule at factor ``keep``).
     """
 
-    threshold: float = 10.0
+    threshold: float | None = None
     drift: float = 0.5
+    false_alarm_rate: float | None = None
+    odds_ratio: float = 2.0
+    outcomes: str = "auto"
+    warmup: int | None = None
+    keep: float = 0.0
 
     def __post_init__(self):
-        for name, value, low in (("threshold", self.threshold, "> 0"), ("drift", self.drift, ">= 0")):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or (
-                    value <= 0 if name == "threshold" else value < 0):
-                raise ValueError(f"{name}: expected a finite number {low} (AdaptiveForgetting), got {value!r}")
-        object.__setattr__(self, "threshold", float(self.threshold))
-        object.__setattr__(self, "drift", float(self.drift))
+        def number(name, value, ok, expected):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not ok(value):
+                raise ValueError(f"{name}: expected {expected} (AdaptiveForgetting), got {value!r}")
+            object.__setattr__(self, name, float(value))
+
+        if self.threshold is not None:
+            number("threshold", self.threshold, lambda v: v > 0, "a finite number > 0")
+        number("drift", self.drift, lambda v: v >= 0, "a finite number >= 0")
+        if self.false_alarm_rate is not None:
+            number("false_alarm_rate", self.false_alarm_rate, lambda v: 0 < v < 0.5,
+                   "a number in (0, 0.5): false alarms per observation")
+            if self.threshold is not None:
+                raise ValueError("threshold, false_alarm_rate: give one of them (the rate sets the threshold), "
+                                 f"got threshold={self.threshold!r} and false_alarm_rate={self.false_alarm_rate!r}")
+        number("odds_ratio", self.odds_ratio, lambda v: v > 1, "a finite number > 1")
+        number("keep", self.keep, lambda v: 0 <= v < 1, "a number in [0, 1)")
+        if not isinstance(self.outcomes, str) or self.outcomes not in OUTCOMES:
+            raise ValueError(f"outcomes: expected one of {list(OUTCOMES)} (AdaptiveForgetting), got {self.outcomes!r}")
+        if self.warmup is not None and (isinstance(self.warmup, bool) or not isinstance(self.warmup, int)
+                                        or self.warmup < 0):
+            raise ValueError(f"warmup: expected an int >= 0 (AdaptiveForgetting), got {self.warmup!r}")
+
+    def level(self, binary: bool) -> float:
+        """The alarm level ``h`` of the test on 0/1 (``binary``) or Gaussian outcomes, in its units."""
+        if self.threshold is not None:
+            return self.threshold
+        if binary:
+            return math.log(2.0 / (self.false_alarm_rate or BINARY_FALSE_ALARM_RATE))
+        if self.false_alarm_rate is None:
+            return 10.0
+        if self.drift <= 0:
+            raise ValueError("drift: a false_alarm_rate needs a Gaussian test tuned to a shift (drift > 0), got 0")
+        return math.log(2.0 / self.false_alarm_rate) / (2.0 * self.drift)  # the LLR level over the shift 2k
+
+    def rate_bound(self, binary: bool) -> float:
+        """Lorden's bound on false alarms per observation of a right model (both sides together)."""
+        h = self.level(binary)
+        return min(1.0, 2.0 * math.exp(-(h if binary else 2.0 * self.drift * h)))
+
+    def warmup_for(self, binary: bool, dim: int) -> int:
+        """The observations an element learns after a (re)start before it is tested."""
+        if self.warmup is not None:
+            return self.warmup
+        return BINARY_WARMUP_PER_FEATURE * int(dim) if binary else 0
+
+    def is_binary(self, likelihood: str) -> bool:
+        """Whether the test reads 0/1 outcomes for a model of this ``likelihood``."""
+        return self.outcomes == "binary" or (self.outcomes == "auto" and likelihood != "gaussian")
 
     def __str__(self) -> str:
-        return f"adaptive (CUSUM h={self.threshold:g}, k={self.drift:g})"
+        extra = "".join(f", {k}={v:g}" for k, v in (("false_alarm_rate", self.false_alarm_rate),
+                                                    ("keep", self.keep or None)) if v is not None)
+        if self.outcomes == "binary":
+            return f"adaptive (0/1 CUSUM, odds ratio {self.odds_ratio:g}{extra})"
+        h = "" if self.threshold is None else f"h={self.threshold:g}, "
+        return f"adaptive (CUSUM {h}k={self.drift:g}{extra})"
 
 
 def parse_forgetting(forgetting):
@@ -86,29 +167,61 @@ def parse_forgetting(forgetting):
 class CusumDetector:
     """Two-sided CUSUM statistics of a batch, ``[*batch]`` each (Page 1954; see the module docstring).
 
+    Gaussian outcomes: ``step(z)`` on standardised residuals. 0/1 outcomes: ``step_binary(p, y)``
+    on the predictive success probability and the outcome, the log-likelihood ratio of the odds
+    multiplied (``upper``) or divided (``lower``) by ``odds_ratio`` (the risk-adjusted Bernoulli
+    CUSUM of Steiner, Cook, Farewell & Treasure 2000, eq. 2).
+
     Attributes:
         upper, lower: the statistics of an upward and a downward shift (float64, >= 0).
         alarms: how many changes each batch element detected (long).
+        since: observations each element learned since its construction or last alarm (long).
     """
 
-    def __init__(self, config: AdaptiveForgetting, batch_shape):
+    def __init__(self, config: AdaptiveForgetting, batch_shape, *, binary: bool = False, dim: int = 1):
         self.config = config
+        self.binary = bool(binary)
+        self.level = config.level(self.binary)
+        self.warmup = config.warmup_for(self.binary, dim)
         self.upper = torch.zeros(tuple(batch_shape), dtype=_DTYPE)
         self.lower = torch.zeros(tuple(batch_shape), dtype=_DTYPE)
         self.alarms = torch.zeros(tuple(batch_shape), dtype=torch.long)
+        self.since = torch.zeros(tuple(batch_shape), dtype=torch.long)
 
     def step(self, z: torch.Tensor, active: torch.Tensor | None = None) -> torch.Tensor:
         """Add the standardised residuals ``z [*batch]`` (only where ``active`` when given); return
         the alarms (bool ``[*batch]``), whose statistics restart at 0."""
-        k, h = self.config.drift, self.config.threshold
-        upper = (self.upper + z - k).clamp_min(0.0)
-        lower = (self.lower - z - k).clamp_min(0.0)
-        if active is not None:
-            upper = torch.where(active, upper, self.upper)
-            lower = torch.where(active, lower, self.lower)
+        k = self.config.drift
+        return self._advance(z - k, -z - k, active)
+
+    def step_binary(self, p: torch.Tensor, y: torch.Tensor, active: torch.Tensor | None = None) -> torch.Tensor:
+        """Add 0/1 outcomes ``y [*batch]`` of predictive success probability ``p [*batch]``: the
+        log-likelihood ratio ``y log r - log(1 - p + r p)`` for ``r`` the odds ratio (upward) and
+        ``1 / r`` (downward). Returns the alarms as ``step`` does."""
+        p = p.to(_DTYPE).clamp(1e-12, 1.0 - 1e-12)
+        y = y.to(_DTYPE)
+        log_r = math.log(self.config.odds_ratio)
+        r = self.config.odds_ratio
+        up = y * log_r - torch.log1p((r - 1.0) * p)
+        down = -y * log_r - torch.log1p((1.0 / r - 1.0) * p)
+        return self._advance(up, down, active)
+
+    def _advance(self, up: torch.Tensor, down: torch.Tensor, active: torch.Tensor | None) -> torch.Tensor:
+        tested = self.since >= self.warmup
+        active = tested if active is None else (active & tested)
+        upper = torch.where(active, (self.upper + up).clamp_min(0.0), self.upper)
+        lower = torch.where(active, (self.lower + down).clamp_min(0.0), self.lower)
+        h = self.level
         alarm = (upper > h) | (lower > h)
         zero = torch.zeros((), dtype=_DTYPE)
         self.upper = torch.where(alarm, zero, upper)
         self.lower = torch.where(alarm, zero, lower)
         self.alarms = self.alarms + alarm.long()
         return alarm
+
+    def learned(self, active: torch.Tensor | None, alarm: torch.Tensor) -> None:
+        """Count one observation learned by the ``active`` elements (all when None); an element that
+        raised an ``alarm`` starts counting again (the observation that raised it is its first)."""
+        one = torch.ones((), dtype=torch.long)
+        since = self.since + (one if active is None else active.long())
+        self.since = torch.where(alarm, one, since)

@@ -260,6 +260,16 @@ class LaplaceLinearPosterior:
             if float((w - fitted).abs().max()) < 1e-6:  # the rows' expansion point is the mode: done
                 return
 
+    def forget(self, factor: torch.Tensor) -> None:
+        """Stabilised forgetting (Kulhavy & Zarrop 1993): the data summary ``(H, g)`` of each batch
+        element weighed by ``factor [*b]`` in ``[0, 1]``, the prior kept. The Gaussian pseudo-
+        likelihood of the rows learned so far raised to the power ``factor``: a fixed factor before
+        each row, or ``keep`` at an adaptive restart (0: the prior alone)."""
+        f = factor.to(_DTYPE)
+        self.H = self.H * f[..., None, None]
+        self.g = self.g * f[..., None]
+        self._invalidate()
+
     # ------------------------------------------------------------------ scale-mixture prior: EM
     def refresh(self, steps: int | None = None) -> None:
         """EM of a scale-mixture prior's precisions against the kept data summary: ``steps``

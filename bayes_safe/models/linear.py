@@ -278,6 +278,7 @@ class BayesianLinear:
         forgetting: float | None = None,
         forgetting_rule: str = "stabilized",
         feature_names: Sequence[str] | None = None,
+        base_prior=None,
     ):
         from .gibbs import LIKELIHOODS
 
@@ -396,19 +397,20 @@ class BayesianLinear:
                     "prior: the laplace engine (inference='laplace') takes Gaussian, Laplace, StudentT and Cauchy priors "
                     "(.expand([d]).to_event(1)) and a horseshoe Pyro model (the Gibbs engine's priors); use "
                     f"inference='langevin' for any other prior, got {type(prior).__name__}")
-            if forgetting is not None or adaptive is not None:
-                raise ValueError("forgetting: the laplace engine does not forget yet; use inference='gibbs' (logistic) "
-                                 "or 'langevin' for a 0/1 model that forgets")
+            if forgetting_rule != "stabilized" and (forgetting is not None or adaptive is not None):
+                raise ValueError("forgetting_rule: the laplace engine forgets under the stabilized rule (its data "
+                                 f"summary weighed, the prior kept); expected 'stabilized', got {forgetting_rule!r}")
         self.engine_name = "laplace" if inference == "laplace" else "conjugate" if self.conjugate else (
             "gibbs" if mixture is not None else "langevin" if langevin else "svi" if inference == "svi" else "nuts")
-        if adaptive is not None and not self.conjugate:
+        if adaptive is not None and not self.conjugate and self.engine_name != "laplace":
             raise ValueError(f"forgetting: the {self.engine_name} engine (this prior"
                              f"{'' if likelihood == 'gaussian' else ', likelihood=' + repr(likelihood)}) does not forget "
                              "adaptively yet; forgetting='adaptive' works with the conjugate engines (a Gaussian prior "
-                             "and likelihood, known noise or an InverseGamma noise_prior); give a factor instead")
+                             "and likelihood, known noise or an InverseGamma noise_prior) and, for 0/1 outcomes, with "
+                             "inference='laplace'; give a factor instead")
         # the chain engines forget under the stabilized rule (the data weighed, the prior kept); the Gibbs
         # engine's probit likelihood is refused by the engine itself (GibbsLinearPosterior says why)
-        chain_forgets = self.engine_name in ("gibbs", "langevin", "nuts", "svi") and forgetting_rule == "stabilized"
+        chain_forgets = self.engine_name in ("gibbs", "langevin", "nuts", "svi", "laplace") and forgetting_rule == "stabilized"
         if self.forgetting is not None and not self.conjugate and not chain_forgets:
             raise ValueError(f"forgetting: the {self.engine_name} engine (this prior{'' if likelihood == 'gaussian' else ', likelihood=' + repr(likelihood)}, "
                              f"forgetting_rule={forgetting_rule!r}) does not forget; forgetting works with the conjugate "
@@ -416,7 +418,16 @@ class BayesianLinear:
                              "with the Gibbs (Gaussian or logistic likelihood), Langevin, NUTS and SVI engines under the "
                              "stabilized rule (the data weighed, the prior kept)")
         # adaptive forgetting: the change detector's statistics per batch element
-        self._detector = None if adaptive is None else CusumDetector(adaptive, self.batch_shape)
+        self._detector = None if adaptive is None else CusumDetector(
+            adaptive, self.batch_shape, binary=adaptive.is_binary(likelihood), dim=d)
+        if base_prior is not None and (forgetting is None and adaptive is None):
+            raise ValueError("base_prior: the prior forgetting returns to; give it with forgetting (a factor or "
+                             "'adaptive'), got forgetting=None")
+        if base_prior is not None and not self.conjugate:
+            raise ValueError(f"base_prior: the {self.engine_name} engine forgets back to its own prior; base_prior "
+                             "works with the conjugate engines (warm-start the others by update)")
+        # decay on the clock of the batch elements a masked update skips (set by ``PerArmLinear``)
+        self.decay: float | None = None
         self._count = 0  # observations given to every batch element
         self._masked_count: torch.Tensor | None = None  # per-element counts of masked (per-arm) updates
 
@@ -430,7 +441,11 @@ class BayesianLinear:
             self._scale = 1.0 if noise_prior is not None else 1.0 / noise_std**2
             self.precision = self._prior_precision.clone()
             self.eta = (self._prior_precision @ loc[..., None])[..., 0]
-            self._prior_eta = self.eta.clone()  # what stabilised forgetting keeps
+            self._prior_eta = self.eta.clone()
+            # what stabilised forgetting keeps and a restart returns to: the prior, or the base prior
+            self._base: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # (loc, precision, eta)
+            if base_prior is not None:
+                self._set_base_prior(base_prior, d)
             if noise_prior is not None:
                 self._a = noise_prior.concentration.to(_DTYPE).expand(self.batch_shape).clone()
                 self._b0 = noise_prior.rate.to(_DTYPE).expand(self.batch_shape).clone()
@@ -574,6 +589,8 @@ class BayesianLinear:
             self._masked_count = weight.long() if self._masked_count is None else self._masked_count + weight.long()
         if self.conjugate:
             s = self._scale
+            if self.decay is not None and weight is not None:
+                self._decay_unplayed(weight)
             if self._detector is not None:
                 self._detect_change(X if single else X[..., 0, :], y if single else y[..., 0], weight)  # n = 1 here
             elif self.forgetting is not None:
@@ -605,11 +622,71 @@ class BayesianLinear:
                     self._count -= n
                     raise ValueError(f"y: likelihood={self.likelihood!r} needs outcomes in {{0, 1}}, got "
                                      f"{y[bad].reshape(-1)[:3].tolist()}")
+            if self.engine_name == "laplace" and self.forgetting is not None:  # one row here (forgetting: in order)
+                if self._detector is not None:
+                    self._detect_change(X[..., 0, :], y[..., 0], None)
+                else:
+                    self.engine.forget(torch.full(self.batch_shape, self.forgetting, dtype=_DTYPE))
             self.engine.add(X, y)
             return
         self._X.append(X.expand(*self.batch_shape, *X.shape[-2:]))
         self._y.append(y.expand(*self.batch_shape, y.shape[-1]))
         self._since_fit += n
+
+    def _set_base_prior(self, base_prior, d: int) -> None:
+        """Check and keep ``base_prior`` (a Gaussian with event shape ``[d]``): the prior that
+        stabilised forgetting keeps and a restart after an alarm returns to, in place of ``prior``."""
+        if not isinstance(base_prior, tdist.Distribution) or tuple(base_prior.event_shape) != (d,):
+            raise ValueError(f"base_prior: expected a Gaussian distribution with event shape [{d}] (e.g. the weak "
+                             "prior a power_prior was built on), got "
+                             f"{type(base_prior).__name__}{'' if not isinstance(base_prior, tdist.Distribution) else ' with event shape ' + str(list(base_prior.event_shape))}")
+        gaussian = gaussian_prior_parameters(base_prior)
+        if gaussian is None:
+            raise ValueError(f"base_prior: expected a Gaussian (MultivariateNormal or Normal(...).to_event(1)), got "
+                             f"{type(base_prior).__name__}")
+        try:
+            loc = gaussian[0].to(_DTYPE).expand(*self.batch_shape, d).clone()
+            cov = gaussian[1].to(_DTYPE).expand(*self.batch_shape, d, d)
+        except RuntimeError:
+            raise ValueError(f"base_prior: batch shape {list(base_prior.batch_shape)} does not broadcast to "
+                             f"batch_shape {list(self.batch_shape)}") from None
+        precision = torch.cholesky_inverse(_cholesky(cov))
+        self._set_base(loc, precision)
+
+    def _set_base(self, loc: torch.Tensor, precision: torch.Tensor) -> None:
+        self._base = (loc, precision, (precision @ loc[..., None])[..., 0])
+        if self.noise_prior is not None:
+            self._sq0 = (loc[..., None, :] @ precision @ loc[..., None])[..., 0, 0]
+
+    @property
+    def base_prior(self):
+        """The Gaussian that stabilised forgetting keeps and a restart returns to: ``prior``, unless a
+        ``base_prior`` was given (conjugate models; None for the other engines)."""
+        if not self.conjugate:
+            return None
+        if self._base is None:
+            return self.prior
+        loc, precision, _ = self._base
+        return tdist.MultivariateNormal(loc, precision_matrix=precision)
+
+    def _anchor(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(precision [*b, d, d], eta [*b, d])`` of the base prior (forgetting's anchor)."""
+        if self._base is None:
+            return self._prior_precision, self._prior_eta
+        return self._base[1], self._base[2]
+
+    def _decay_unplayed(self, weight: torch.Tensor) -> None:
+        """Decay on the clock: the batch elements that receive no observation this step (``weight
+        [*batch] == 0``: the arms not played) forget at ``decay`` toward the base prior, so the
+        uncertainty about an arm left unplayed grows back with time (the stabilised rule, Kulhavy &
+        Zarrop 1993, applied per step rather than per observation; as bayesianbandits' ``decay``)."""
+        f = torch.where(weight > 0, 1.0, self.decay).to(_DTYPE)
+        p0, eta0 = self._anchor()
+        self.precision.sub_(p0).mul_(f[..., None, None]).add_(p0)
+        self.eta.sub_(eta0).mul_(f[..., None]).add_(eta0)
+        if self.noise_prior is not None:
+            self._sq = self._sq0 + f * (self._sq - self._sq0)
+            self._a = self._a0 + f * (self._a - self._a0)
 
     def _forget(self, weight: torch.Tensor | None) -> None:
         """Weigh what the batch elements learned by ``forgetting`` before one more observation
@@ -625,7 +702,7 @@ class BayesianLinear:
             if self.noise_prior is not None:
                 self._sq, self._a = self._sq * f, self._a * f
             return
-        p0, eta0 = self._prior_precision, self._prior_eta
+        p0, eta0 = self._anchor()
         self.precision.sub_(p0).mul_(f3).add_(p0)
         self.eta.sub_(eta0).mul_(f2).add_(eta0)
         if self.noise_prior is not None:
@@ -633,20 +710,59 @@ class BayesianLinear:
             self._a = self._a0 + f * (self._a - self._a0)
 
     def _detect_change(self, X: torch.Tensor, y: torch.Tensor, weight: torch.Tensor | None) -> None:
-        """Adaptive forgetting, before one more observation ``X [*batch, d]``, ``y [*batch]``: its
-        standardised one-step predictive residual goes to the CUSUM test, and the batch elements
-        that raise an alarm (of those with ``weight > 0``) restart from the prior
-        (``bayes_safe.models.change_detection``)."""
-        z = self.predictive_residual(X, y)
-        alarm = self._detector.step(z, None if weight is None else weight > 0)
-        if not bool(alarm.any()):
+        """Adaptive forgetting, before one more observation ``X [*batch, d]``, ``y [*batch]``: the
+        test sees its standardised one-step predictive residual (Gaussian outcomes) or its
+        predictive success probability and the 0/1 outcome, and the batch elements that raise an
+        alarm (of those with ``weight > 0``) restart from the base prior, keeping ``keep`` of what
+        they learned (``bayes_safe.models.change_detection``)."""
+        det = self._detector
+        active = None if weight is None else weight > 0
+        if det.binary:
+            p = self.predictive_probability(X)
+            if not bool(((y == 0) | (y == 1)).all()):
+                bad = y[(y != 0) & (y != 1)].reshape(-1)[:3].tolist()
+                raise ValueError(f"y: this model's change test reads 0/1 outcomes (AdaptiveForgetting outcomes="
+                                 f"{det.config.outcomes!r}), got {bad}")
+            alarm = det.step_binary(p, y, active)
+        else:
+            alarm = det.step(self.predictive_residual(X, y), active)
+        det.learned(active, alarm)
+        if bool(alarm.any()):
+            self._restart(alarm, det.config.keep)
+
+    def _restart(self, alarm: torch.Tensor, keep: float) -> None:
+        """The batch elements ``alarm [*batch]`` return to the base prior, keeping ``keep`` of what
+        they learned (the stabilised rule at factor ``keep``)."""
+        if self.engine_name == "laplace":
+            self.engine.forget(torch.where(alarm, keep, 1.0).to(_DTYPE))
             return
+        p0, eta0 = self._anchor()
         a3, a2 = alarm[..., None, None], alarm[..., None]
-        self.precision = torch.where(a3, self._prior_precision, self.precision)
-        self.eta = torch.where(a2, self._prior_eta, self.eta)
+        self.precision = torch.where(a3, p0 + keep * (self.precision - p0), self.precision)
+        self.eta = torch.where(a2, eta0 + keep * (self.eta - eta0), self.eta)
         if self.noise_prior is not None:
-            self._sq = torch.where(alarm, self._sq0, self._sq)
-            self._a = torch.where(alarm, self._a0, self._a)
+            self._sq = torch.where(alarm, self._sq0 + keep * (self._sq - self._sq0), self._sq)
+            self._a = torch.where(alarm, self._a0 + keep * (self._a - self._a0), self._a)
+        self._invalidate(alarm)
+
+    def predictive_probability(self, X) -> torch.Tensor:
+        """The one-step posterior predictive probability that one more 0/1 outcome at ``X [*batch,
+        d]`` is 1, ``[*batch]``: a logistic or probit model's ``E[link(x^T w)]`` under its Gaussian
+        posterior (laplace engine: ``sigmoid(mu / sqrt(1 + pi s^2 / 8))``, MacKay 1992; probit:
+        ``Phi(mu / sqrt(1 + s^2))`` exactly); a Gaussian model of a 0/1 metric (a linear
+        probability model): its mean ``x^T m`` clipped to ``[1e-4, 1 - 1e-4]``."""
+        if self.likelihood == "gaussian":
+            return self.predict(X)[0].clamp(1e-4, 1.0 - 1e-4)
+        if self.engine_name != "laplace":
+            raise ValueError(f"predictive_probability: the {self.engine_name} engine's predictive probability is "
+                             "its predict(X)[0]; this one-step form needs the laplace engine's Gaussian posterior")
+        L, u = self.engine.factor()  # x^T w ~ N(x^T m, |L^-1 x|^2)
+        a = torch.linalg.solve_triangular(L, X.to(_DTYPE).expand(*self.batch_shape, self.dim)[..., None], upper=False)
+        mean = (a * u).sum((-2, -1))
+        var = (a * a).sum((-2, -1))
+        if self.likelihood == "probit":
+            return torch.special.ndtr(mean / (1.0 + var).sqrt())
+        return torch.sigmoid(mean / (1.0 + math.pi * var / 8.0).sqrt())
 
     def predictive_residual(self, X, y) -> torch.Tensor:
         """The standardised one-step posterior predictive residual of one more observation,

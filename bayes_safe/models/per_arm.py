@@ -85,6 +85,15 @@ class PerArmLinear:
             ``forgetting`` (or, adaptively, arm ``k``'s change test sees the residual); arms not
             played keep what they know (bayesianbandits' per-learner rule). An arm left unplayed
             through a change is still corrected at its next plays.
+        decay: in (0, 1), or None (default): decay on the clock (issue 43). At every step (every
+            ``update``), each arm *not* played forgets at ``decay`` toward the base prior, so the
+            uncertainty about an arm the policy has abandoned grows back with time and exploration
+            returns to it: after ``t`` unplayed steps what it learned weighs ``decay^t`` (a
+            half-life of ``log(1/2) / log(decay)`` steps). As bayesianbandits' ``decay(...,
+            steps=)``, under the stabilised rule (its variance never grows past the prior's).
+            Composes with ``forgetting`` (which acts on the played arm).
+        base_prior: the Gaussian that forgetting and decay return to (default: ``prior``); name the
+            weak prior a ``power_prior`` warm start was built on (``BayesianLinear``'s argument).
 
     Shapes: contexts ``[*batch, d]``, ``actions [*batch]`` (long), outcomes ``[*batch]``;
     ``sample() -> [*batch, K, d]``; ``sample_at(features [*batch, K, d]) -> [*batch, K]``
@@ -92,15 +101,24 @@ class PerArmLinear:
     """
 
     def __init__(self, prior, num_arms: int, noise_std=None, noise_prior=None, *, batch_shape: Sequence[int] = (),
-                 feature_names: Sequence[str] | None = None, forgetting=None, forgetting_rule: str = "stabilized"):
+                 feature_names: Sequence[str] | None = None, forgetting=None, forgetting_rule: str = "stabilized",
+                 decay: float | None = None, base_prior=None):
         feature_names = check_feature_names(feature_names)
         self.num_arms = check_positive_int(num_arms, "num_arms")
         self.batch_shape = check_batch_shape(batch_shape, "batch_shape")
         self.arms = BayesianLinear(
             prior, noise_std=noise_std, noise_prior=noise_prior,
             batch_shape=(*self.batch_shape, self.num_arms), inference="conjugate", feature_names=feature_names,
-            forgetting=forgetting, forgetting_rule=forgetting_rule,
+            forgetting=forgetting, forgetting_rule=forgetting_rule, base_prior=base_prior,
         )
+        if decay is not None:
+            if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0 < decay < 1:
+                raise ValueError(f"decay: expected a number in (0, 1) (the weight an unplayed arm's learning keeps "
+                                 f"per step), or None, got {decay!r}")
+            if forgetting_rule != "stabilized":
+                raise ValueError("forgetting_rule: decay pulls an unplayed arm toward its base prior (the stabilized "
+                                 f"rule); expected 'stabilized', got {forgetting_rule!r}")
+            self.arms.decay = float(decay)
         self.dim = self.arms.dim
         # the one-stream fast path's covariances and means (see the module docstring), with what they describe
         self._marginal: _Kept | None = None
@@ -124,6 +142,11 @@ class PerArmLinear:
         return self.arms.forgetting
 
     @property
+    def decay(self) -> float | None:
+        """The unplayed arms' decay per step, or None (see the class docstring)."""
+        return self.arms.decay
+
+    @property
     def feature_names(self) -> list[str] | None:
         """Names of the ``d`` context features (``list[str]``), or None; kept by the arms' model."""
         return self.arms.feature_names
@@ -135,13 +158,14 @@ class PerArmLinear:
         per_arm = seen.reshape(-1, self.num_arms).sum(0).tolist()
         return (f"PerArmLinear(dim={self.dim}, num_arms={self.num_arms}, {noise}, batch_shape={list(self.batch_shape)}, "
                 f"{'' if a.forgetting is None else f'forgetting={a.adaptive or a.forgetting}, '}"
+                f"{'' if a.decay is None else f'decay={a.decay}, '}"
                 f"observations per arm={per_arm})")
 
     # ------------------------------------------------------------------ the one-stream fast path
     def _marginal_fast(self) -> bool:
         """Whether the one-stream fast path applies: no batch shape, known noise, no forgetting."""
         a = self.arms
-        return not self.batch_shape and a.noise_prior is None and a.forgetting is None
+        return not self.batch_shape and a.noise_prior is None and a.forgetting is None and a.decay is None
 
     def _marginal_state(self) -> tuple[np.ndarray, np.ndarray]:
         """``(cov [K, d, d], mean [K, d])`` of the arms (numpy, float64), kept by ``_fast_update`` and
@@ -224,8 +248,9 @@ class PerArmLinear:
             raise ValueError(f"y, actions: expected shape {list(self.batch_shape)}, got {list(y.shape)} and {list(a.shape)}")
         if bool(((a < 0) | (a >= self.num_arms)).any()):
             raise ValueError(f"actions: expected indices in [0, {self.num_arms}), got {a.tolist()}")
-        if self.arms.forgetting is not None:
+        if self.arms.forgetting is not None or self.arms.decay is not None:
             # forgetting: the masked update, in which only the played arm forgets (or tests for a change)
+            # and, under decay, the others decay
             K = self.num_arms
             weight = torch.nn.functional.one_hot(a, K).to(torch.float64)  # [*b, K]
             X = c.to(torch.float64).unsqueeze(-2) * weight[..., None]  # [*b, K, d]: zero rows for the others

@@ -50,15 +50,25 @@ def _enc_linear(m, enc: Encoder, what: str) -> dict:
     }
     if getattr(m, "adaptive", None) is not None:  # adaptive forgetting: the test's settings and statistics
         det = m._detector
+        cfg = m.adaptive
         node.update(forgetting="adaptive", forgetting_rule=m.forgetting_rule,
-                    adaptive={"threshold": m.adaptive.threshold, "drift": m.adaptive.drift,
+                    adaptive={"threshold": cfg.threshold, "drift": cfg.drift,
+                              # the 0/1 test's settings (issue 43; absent from states written before: defaults)
+                              "false_alarm_rate": cfg.false_alarm_rate, "odds_ratio": cfg.odds_ratio,
+                              "outcomes": cfg.outcomes, "warmup": cfg.warmup, "keep": cfg.keep,
                               "upper": enc.tensor(det.upper, f"{what}.adaptive.upper"),
                               "lower": enc.tensor(det.lower, f"{what}.adaptive.lower"),
-                              "alarms": enc.tensor(det.alarms, f"{what}.adaptive.alarms")})
+                              "alarms": enc.tensor(det.alarms, f"{what}.adaptive.alarms"),
+                              "since": enc.tensor(det.since, f"{what}.adaptive.since")})
     elif getattr(m, "forgetting", None) is not None:  # (absent: no forgetting, as in states written before)
         node.update(forgetting=float(m.forgetting), forgetting_rule=m.forgetting_rule)
     if getattr(m, "feature_names", None) is not None:  # (absent: no names, as in states written before: x0, x1, ...)
         node["feature_names"] = list(m.feature_names)
+    if getattr(m, "decay", None) is not None:  # a per-arm model's decay of unplayed arms (issue 43)
+        node["decay"] = float(m.decay)
+    if m.conjugate and getattr(m, "_base", None) is not None:  # the base prior forgetting returns to (issue 43)
+        node.update(base_loc=enc.tensor(m._base[0], f"{what}.base_loc"),
+                    base_precision=enc.tensor(m._base[1], f"{what}.base_precision"))
     if m.conjugate:
         node.update(prior_loc=enc.tensor(m._prior_loc, f"{what}.prior_loc"),
                     prior_precision=enc.tensor(m._prior_precision, f"{what}.prior_precision"),
@@ -200,8 +210,10 @@ def _dec_linear(node: dict, dec: Decoder, where: str):
         from ..models.change_detection import AdaptiveForgetting
 
         adaptive = dec.field(node, "adaptive", dict, where)
+        settings = {k: adaptive[k] for k in ("false_alarm_rate", "odds_ratio", "outcomes", "warmup", "keep")
+                    if k in adaptive}
         forgetting = build(dec, f"{where}.adaptive", lambda: AdaptiveForgetting(adaptive.get("threshold"),
-                                                                               adaptive.get("drift")))
+                                                                               adaptive.get("drift"), **settings))
     else:
         forgetting = dec.float_field(node, "forgetting", where, allow_none=True) if "forgetting" in node else None
     rule = node.get("forgetting_rule", "stabilized")
@@ -214,12 +226,6 @@ def _dec_linear(node: dict, dec: Decoder, where: str):
         def t(name, shape):
             return dec.tensor(node.get(name), f"{where}.{name}", shape=shape, dtype=_F64, finite=True).clone()
 
-        def t_stat(group, name):  # a CUSUM statistic: finite, >= 0
-            v = dec.tensor(group.get(name), f"{where}.adaptive.{name}", shape=b, dtype=_F64, finite=True).clone()
-            if bool((v < 0).any()):
-                dec.fail(f"{where}.adaptive.{name}: expected values >= 0")
-            return v
-
         m._prior_loc, m._prior_precision = t("prior_loc", (*b, d)), t("prior_precision", (*b, d, d))
         m.precision, m.eta = t("precision", (*b, d, d)), t("eta", (*b, d))
         m._prior_eta = (m._prior_precision @ m._prior_loc[..., None])[..., 0]  # what stabilised forgetting keeps
@@ -227,12 +233,8 @@ def _dec_linear(node: dict, dec: Decoder, where: str):
             m._a, m._b0, m._sq = t("a", b), t("b0", b), t("sq", b)
             m._sq0 = (m._prior_loc[..., None, :] @ m._prior_precision @ m._prior_loc[..., None])[..., 0, 0]
         m._factor, m._dirty = None, None
-        if adaptive is not None:
-            det = m._detector
-            det.upper, det.lower = t_stat(adaptive, "upper"), t_stat(adaptive, "lower")
-            det.alarms = dec.tensor(adaptive.get("alarms"), f"{where}.adaptive.alarms", shape=b, dtype=_LONG).clone()
-            if bool((det.alarms < 0).any()):
-                dec.fail(f"{where}.adaptive.alarms: expected counts >= 0")
+        if "base_loc" in node:
+            m._set_base(t("base_loc", (*b, d)), t("base_precision", (*b, d, d)))
     elif "laplace" in node:  # the online Laplace approximation
         likelihood = dec.field(node, "likelihood", str, where)
         state = dec.field(node, "laplace", dict, where)
@@ -316,7 +318,32 @@ def _dec_linear(node: dict, dec: Decoder, where: str):
             setattr(e, f"_{name}", {k: dec.tensor(v, f"{where}.{name}.{k}") for k, v in refs.items()})
     m._count = count
     m._masked_count = None if masked is None else masked.clone()
+    if adaptive is not None:
+        _dec_detector(m._detector, adaptive, dec, where, b)
+    if "decay" in node:
+        decay = dec.float_field(node, "decay", where)
+        if not 0 < decay < 1:
+            dec.fail(f"{where}.decay: expected a number in (0, 1), got {decay!r}")
+        m.decay = decay
     return m
+
+
+def _dec_detector(det, adaptive: dict, dec: Decoder, where: str, b: tuple) -> None:
+    """The change test's statistics (issue 30; ``since``, issue 43: absent before, then taken as
+    past the warm-up)."""
+    for name in ("upper", "lower"):
+        v = dec.tensor(adaptive.get(name), f"{where}.adaptive.{name}", shape=b, dtype=_F64, finite=True).clone()
+        if bool((v < 0).any()):
+            dec.fail(f"{where}.adaptive.{name}: expected values >= 0")
+        setattr(det, name, v)
+    for name in ("alarms", "since"):
+        if name == "since" and name not in adaptive:
+            det.since = torch.full(b, det.warmup, dtype=_LONG)
+            continue
+        v = dec.tensor(adaptive.get(name), f"{where}.adaptive.{name}", shape=b, dtype=_LONG).clone()
+        if bool((v < 0).any()):
+            dec.fail(f"{where}.adaptive.{name}: expected counts >= 0")
+        setattr(det, name, v)
 
 
 # ---------------------------------------------------------------------- PerArmLinear, CTSPosterior
