@@ -83,6 +83,7 @@ from ._gaussian import cholesky as _cholesky
 __all__ = ["BayesianLinear", "check_real_support", "gaussian_prior_parameters"]
 
 _DTYPE = torch.float64
+_ONE = torch.ones((), dtype=_DTYPE)  # (torch.where of two Python floats is float32: 0.99 would be 0.9900000095)
 
 
 @functools.cache
@@ -609,7 +610,8 @@ class BayesianLinear:
                 if self.noise_prior is not None:
                     self._sq = self._sq + (y * y).sum(-1)
                     self._a = self._a + 0.5 * n
-            self._invalidate(None if weight is None else weight > 0)
+            # (under decay the unplayed elements moved too: every factor is stale)
+            self._invalidate(None if weight is None or self.decay is not None else weight > 0)
             return
         if weight is not None:
             raise ValueError("masked updates need a conjugate model")
@@ -680,7 +682,7 @@ class BayesianLinear:
         [*batch] == 0``: the arms not played) forget at ``decay`` toward the base prior, so the
         uncertainty about an arm left unplayed grows back with time (the stabilised rule, Kulhavy &
         Zarrop 1993, applied per step rather than per observation; as bayesianbandits' ``decay``)."""
-        f = torch.where(weight > 0, 1.0, self.decay).to(_DTYPE)
+        f = torch.where(weight > 0, _ONE, torch.tensor(self.decay, dtype=_DTYPE))
         p0, eta0 = self._anchor()
         self.precision.sub_(p0).mul_(f[..., None, None]).add_(p0)
         self.eta.sub_(eta0).mul_(f[..., None]).add_(eta0)
@@ -693,7 +695,7 @@ class BayesianLinear:
         (only the elements ``weight [*batch] > 0`` receive it); ``forgetting_rule`` says whether the
         prior is kept (stabilised) or weighed too (exponential)."""
         lam = self.forgetting
-        f = lam if weight is None else torch.where(weight > 0, lam, 1.0).to(_DTYPE)
+        f = lam if weight is None else torch.where(weight > 0, torch.tensor(lam, dtype=_DTYPE), _ONE)
         f2 = f if weight is None else f[..., None]
         f3 = f if weight is None else f[..., None, None]
         if self.forgetting_rule == "exponential":
@@ -734,7 +736,7 @@ class BayesianLinear:
         """The batch elements ``alarm [*batch]`` return to the base prior, keeping ``keep`` of what
         they learned (the stabilised rule at factor ``keep``)."""
         if self.engine_name == "laplace":
-            self.engine.forget(torch.where(alarm, keep, 1.0).to(_DTYPE))
+            self.engine.forget(torch.where(alarm, torch.tensor(keep, dtype=_DTYPE), _ONE))
             return
         p0, eta0 = self._anchor()
         a3, a2 = alarm[..., None, None], alarm[..., None]
@@ -823,7 +825,9 @@ class BayesianLinear:
         """``predictive_residual`` of one observation of a one-stream conjugate model (batch of one
         element) in numpy and BLAS's triangular solve: the same number in about a tenth of the
         time (the Decider's outlier guard asks it at every feedback)."""
-        factor = self.factor
+        factor = self._factor if self._dirty is None else None  # ``self.factor`` without the property's calls
+        if factor is None:
+            factor = self.factor
         kept = self.__dict__.get("_residual_kept")
         if kept is None or kept[0] is not factor:  # numpy views of the factor and mean, kept with the factor
             d = self.dim
