@@ -205,6 +205,29 @@ def test_the_laplace_engine_forgets_with_a_factor_and_adaptively():
     assert int(adaptive.change_points) >= 1
 
 
+def test_a_logistic_gibbs_chain_restarts_by_weighing_old_rows_and_saves_them(tmp_path):
+    d, R = 2, 3
+    cfg = AdaptiveForgetting(warmup=0, keep=0.0)
+    model = BayesianLinear(_prior(d, 3.0), likelihood="logistic", inference="gibbs", batch_shape=[R],
+                           forgetting=cfg, inference_options={"seed": 0})
+    x = torch.tensor([1.0, 0.0], dtype=F64).expand(R, d)
+    g = torch.Generator().manual_seed(0)
+    for t in range(160):  # a rate of 0.05 jumping to 0.95 at step 80 (replications 0 and 2 only)
+        rate = torch.tensor([0.95 if t >= 80 else 0.05, 0.05, 0.95 if t >= 80 else 0.05], dtype=F64)
+        model.update(x, torch.bernoulli(rate, generator=g))
+        model.sample(generator=g)  # the chain advances as a policy's draws advance it
+    points = model.change_points.tolist()
+    assert points[0] >= 1 and points[2] >= 1 and points[1] == 0
+    mask = model.engine.row_mask
+    assert float(mask[1].min()) == 1.0 and float(mask[0, :80].max()) == 0.0  # the old world's rows weigh 0
+    # after the restart the chain learns the new rate, not the mix of both worlds
+    mean, _ = model.predict(x)
+    assert float(mean[0]) > 0.7 and float(mean[1]) < 0.3
+    save_state(model, tmp_path / "g")
+    back = load_state(tmp_path / "g")
+    assert torch.equal(back.engine.row_mask, mask) and back.change_points.tolist() == points
+
+
 def test_settings_and_statistics_survive_a_save_and_load(tmp_path):
     d, R = 3, 4
     cfg = AdaptiveForgetting(outcomes="binary", false_alarm_rate=1e-3, odds_ratio=3.0, warmup=10, keep=0.1)
@@ -252,7 +275,7 @@ def test_every_engine_detects_on_0_1_outcomes_or_refuses_by_name(engine):
         return
     if engine == "unbatched":
         model = BayesianLinear(_prior(d), noise_std=0.3, forgetting=cfg)
-    elif engine in ("gibbs", "langevin", "nuts", "svi"):
+    elif engine in ("langevin", "nuts", "svi"):
         with pytest.raises(ValueError, match="forgetting: the .* engine .* does not forget adaptively"):
             BayesianLinear(_prior(d), forgetting=cfg, **ENGINES[engine])
         return
@@ -261,6 +284,8 @@ def test_every_engine_detects_on_0_1_outcomes_or_refuses_by_name(engine):
     x = torch.tensor([1.0, 0.0], dtype=F64)
     for t in range(300):  # a rate of 0 that jumps to 1
         model.update(x.expand(*model.batch_shape, d), torch.full(model.batch_shape, float(t >= 150), dtype=F64))
+        if engine == "gibbs":
+            model.sample(generator=torch.Generator().manual_seed(t))  # a chain advances as a policy draws
     assert int(model.change_points.min()) >= 1
 
 

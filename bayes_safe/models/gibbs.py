@@ -910,8 +910,13 @@ class GibbsLinearPosterior:
         else:
             start, wts = (0, None) if self.forgetting is None else self._row_weights()
             X, y = self._X[..., start:n, :], self._y[..., start:n]
+            mask = self._restart_weights(start, n)
+            if mask is not None:  # an adaptive restart's row weights per element ([*b, rows]; issue 43)
+                wts = mask if wts is None else wts * mask
             psi = (X @ st.w[..., None])[..., 0]
             omega = polya_gamma(psi, generator, key=key + "/pg", terms=self.pg_terms, b=wts)
+            if mask is not None:
+                omega = torch.where(wts > 0, omega, torch.zeros((), dtype=_DTYPE))  # a forgotten row: no latent
             prec = (X * omega[..., None]).mT @ X
             kappa = y - 0.5 if wts is None else wts * (y - 0.5)
             self._weight_step(st, generator, key, (X.mT @ kappa[..., None])[..., 0], prec, 1.0, z)
@@ -922,6 +927,32 @@ class GibbsLinearPosterior:
             self._noise_step(st, generator, key)
         self._scale_step(st, generator, key, extra)
         return draws
+
+    def _restart_weights(self, start: int, n: int) -> torch.Tensor | None:
+        """The weights of rows ``start .. n`` per batch element left by adaptive restarts
+        (``restart``), ``[*b, n - start]``, or None when no element has restarted."""
+        mask = getattr(self, "row_mask", None)
+        if mask is None:
+            return None
+        if mask.shape[-1] < n:  # rows learned since the last restart weigh 1
+            mask = self.row_mask = torch.cat(
+                [mask, torch.ones((*self.batch_shape, n - mask.shape[-1]), dtype=_DTYPE)], -1)
+        return mask[..., start:n]
+
+    def restart(self, alarm: torch.Tensor, keep: float) -> None:
+        """Adaptive forgetting's restart (issue 43) of a logistic chain: the rows the batch elements
+        ``alarm [*b]`` learned so far weigh ``keep`` (0: forgotten; the prior kept) in every later
+        sweep, as a fixed factor weighs old rows (the row's likelihood raised to its weight,
+        Polya-Gamma ``PG(w, .)`` latents)."""
+        if self.likelihood != "logistic":
+            raise ValueError("restart: the Gibbs engine restarts a logistic chain; its Gaussian likelihood is exact "
+                             "with the conjugate engine")
+        n = self.n
+        mask = self._restart_weights(0, n)
+        if mask is None:
+            mask = torch.ones((*self.batch_shape, n), dtype=_DTYPE)
+        self.row_mask = torch.where(alarm[..., None], mask * keep, mask).clone()
+        self._fixed = None
 
     def _row_weights(self) -> tuple[int, torch.Tensor]:
         """``forgetting_weights(forgetting, n)``, cached per ``n``."""

@@ -123,6 +123,8 @@ def _chain_tensors(e, kind: str) -> dict:
         out.update(w=st.w, v=st.v, inv=st.inv, s2=st.s2, **{f"aux.{k}": v for k, v in st.aux.items()})
         if getattr(e, "forgetting", None) is not None:  # the weighted count of a forgetting chain (issue 30)
             out["n_eff"] = e._n_eff
+        if getattr(e, "row_mask", None) is not None:  # the row weights adaptive restarts left (issue 43)
+            out["row_mask"] = e.row_mask
     else:
         out.update(theta=e.theta, log_step=e.log_step, factor=e.factor, accept_rate=e.accept_rate,
                    rejected_non_finite=e.rejected_non_finite)
@@ -150,9 +152,15 @@ def _dec_chain(m, node: dict, dec: Decoder, where: str) -> None:
         dec.fail(f"{where}.counters: expected exactly {sorted(names)}, got {sorted(counters)}")
     for name, attr in names.items():
         setattr(e, attr, dec.int_field(counters, name, f"{where}.counters"))
-    refs = dec.field(node, "tensors", dict, where)
+    refs = dict(dec.field(node, "tensors", dict, where))
     template = _chain_tensors(e, kind)
     n, b, d = e.n, tuple(e.batch_shape), e.dim
+    if kind == "gibbs" and "row_mask" in refs:  # the row weights adaptive restarts left (issue 43)
+        mask = dec.tensor(refs.pop("row_mask"), f"{where}.tensors.row_mask", dtype=_F64, finite=True)
+        if mask.dim() != len(b) + 1 or tuple(mask.shape[:-1]) != b or mask.shape[-1] > n or bool(
+                ((mask < 0) | (mask > 1)).any()):
+            dec.fail(f"{where}.tensors.row_mask: expected weights in [0, 1] of shape [*{list(b)}, m], m <= {n}")
+        e.row_mask = mask.clone()
     if e.likelihood != "gaussian":
         template["X"] = torch.zeros((*b, n, d), dtype=_F64)
         template["y"] = torch.zeros((*b, n), dtype=_F64)
