@@ -210,9 +210,12 @@ class BayesianLinear:
             x)`` raises an alarm; a batch element that raises one restarts from the prior (the
             stabilised rule at factor 0) and learns the observation that raised it, as the
             change-detection bandits reset an arm (CUSUM-UCB, Liu, Lee & Shroff 2018). Each batch
-            element tests on its own; ``change_points`` counts its alarms. Deterministic;
-            conjugate engines only (the other engines refuse it by name); see
-            ``bayes_safe.models.change_detection`` for the test's error rates.
+            element tests on its own; ``change_points`` counts its alarms. Deterministic. For 0/1
+            outcomes (a logistic or probit model; ``AdaptiveForgetting(outcomes="binary")`` for a
+            Gaussian model of a 0/1 metric) the test is a Bernoulli likelihood-ratio CUSUM on the
+            predictive probability, set by ``false_alarm_rate`` (issue 43). Conjugate engines, the
+            laplace engine and the Gibbs engine's logistic chain (Langevin, NUTS and SVI refuse it
+            by name); see ``bayes_safe.models.change_detection`` for the tests' error rates.
         forgetting_rule: ``"stabilized"`` (default) forgets the data and keeps the prior: the
             sufficient statistics are pulled toward the prior's, ``Lambda <- Lambda0 + lambda
             (Lambda - Lambda0)`` (and so ``eta``, and the noise posterior's ``a`` and ``y^T y``),
@@ -230,6 +233,12 @@ class BayesianLinear:
             ``to_inference_data`` and ``bayes-safe diagnose`` as the ``feature`` coordinates
             (without them: ``x0, x1, ...``). A wrong number of names, a non-string or a repeated
             name is a ``ValueError`` naming ``feature_names``, raised before anything is built.
+
+        base_prior: the Gaussian that forgetting returns to (stabilised forgetting keeps it, an
+            adaptive restart starts from it), when it is not ``prior``: name the weak prior a
+            ``power_prior`` warm start was built on, so that a model warm-started from the old
+            world forgets back to the weak prior and not to the old world (issue 43). Conjugate
+            engines, with ``forgetting`` given; a Gaussian with event shape ``[d]``.
 
     Attributes:
         engine_name: ``"conjugate"``, ``"gibbs"``, ``"langevin"``, ``"nuts"``, ``"svi"`` or ``"laplace"``.
