@@ -91,6 +91,61 @@ def _time(fn) -> float:
     return time.perf_counter() - start
 
 
+KINDS = {"TS-ASC conjugate": "conjugate", "TS-ASC conjugate, batch_shape [1]": "batch1",
+         "TS-ASC, NIG reward": "nig", "TS-ASC declared chance cap": "declared", "Gibbs reward (row by row)": "gibbs"}
+#: seconds for 20,000 rows x 100 draws at d = 90, K = 20 with the conjugate models (issue 41 item 6)
+TARGET_S = 3.0
+
+
+def measure(rows: int = 20_000, draws: int = 100, dim: int = 90, actions: int = 20, repeats: int = 3,
+            old_rows: int = 400, gibbs_rows: int = 40) -> dict:
+    """``{name: (old s, new s, load)}`` for every policy of ``KINDS``: medians of ``repeats`` interleaved
+    repeats (the module docstring)."""
+    torch.set_num_threads(1)
+    n, S, d, K = rows, draws, dim, actions
+    g = torch.Generator().manual_seed(0)
+    features = torch.randn(n, K, d, generator=g, dtype=F64) / d ** 0.5
+    sizes = torch.randint(K // 2, K + 1, (n,), generator=g)  # ragged: K/2 .. K candidates (padded to K)
+    sizes[0] = K
+    baseline = torch.zeros(n, dtype=torch.long)
+    policies = {name: _policy(d, kind) for name, kind in KINDS.items()}
+    old = {name: [] for name in KINDS}
+    new = {name: [] for name in KINDS}
+    loads = {name: [] for name in KINDS}
+    for _ in range(repeats):
+        for name, policy in policies.items():
+            m = gibbs_rows if KINDS[name] == "gibbs" else min(n, old_rows)
+
+            def per_row(policy=policy, m=m):
+                policy.row_probabilities(features[:m], baseline[:m], num_actions=sizes[:m], num_draws=S, seed=0,
+                                         batched=False)
+
+            old[name].append(_time(per_row) * n / m)
+            if KINDS[name] == "gibbs":
+                new[name].append(old[name][-1])  # the chain engine keeps the per-row path
+            else:
+                new[name].append(_time(lambda policy=policy: policy.row_probabilities(
+                    features, baseline, num_actions=sizes, num_draws=S, seed=0)))
+            loads[name].append(os.getloadavg()[0])
+    return {name: (statistics.median(old[name]), statistics.median(new[name]), statistics.median(loads[name]))
+            for name in KINDS}
+
+
+def run(quick: bool = False) -> list[dict]:
+    """Rows for ``benchmarks/run.py``: seconds for the log's propensities under each policy (the batched
+    path), ``vs_per_row`` = the per-row loop's seconds over them; the conjugate row against the 3 s target
+    (scaled to the rows measured: ``quick`` is 2,000 rows, 2 repeats, so its target is 0.3 s)."""
+    rows_n, repeats, old_rows = (2_000, 2, 200) if quick else (20_000, 3, 400)
+    found = measure(rows=rows_n, repeats=repeats, old_rows=old_rows)
+    out = []
+    for name, (old, new, load) in found.items():
+        target = TARGET_S * rows_n / 20_000 if KINDS[name] == "conjugate" else None
+        out.append({"benchmark": f"log_propensities {rows_n:,} rows x 100 draws d=90 K=20: {name}", "value": new,
+                    "unit": "s", "vs_per_row": round(old / new, 1), "load_avg": round(load, 2),
+                    "target": f"<= {target:g}" if target else "", "ratio": target / new if target else None})
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rows", type=int, default=20_000)
@@ -104,42 +159,15 @@ def main() -> None:
     args = ap.parse_args()
     if args.quick:
         args.rows, args.repeats, args.old_rows = 2_000, 2, 200
-    torch.set_num_threads(1)
     n, S, d, K = args.rows, args.draws, args.dim, args.actions
     print(f"load average at start: {os.getloadavg()[0]:.2f} (1 min), {os.cpu_count()} cores; torch {torch.__version__}, "
           f"1 thread; rows {n}, draws {S}, d {d}, K {K}", flush=True)
-    g = torch.Generator().manual_seed(0)
-    features = torch.randn(n, K, d, generator=g, dtype=F64) / d ** 0.5
-    sizes = torch.randint(K // 2, K + 1, (n,), generator=g)  # ragged: K/2 .. K candidates (padded to K)
-    sizes[0] = K
-    baseline = torch.zeros(n, dtype=torch.long)
-    kinds = {"TS-ASC conjugate": "conjugate", "TS-ASC conjugate, batch_shape [1]": "batch1",
-             "TS-ASC, NIG reward": "nig", "TS-ASC declared chance cap": "declared", "Gibbs reward (row by row)": "gibbs"}
-    policies = {name: _policy(d, kind) for name, kind in kinds.items()}
-    old = {name: [] for name in kinds}
-    new = {name: [] for name in kinds}
-    loads = {name: [] for name in kinds}
-    for _ in range(args.repeats):
-        for name, policy in policies.items():
-            m = args.gibbs_rows if kinds[name] == "gibbs" else min(n, args.old_rows)
-
-            def per_row(policy=policy, m=m):
-                policy.row_probabilities(features[:m], baseline[:m], num_actions=sizes[:m], num_draws=S, seed=0,
-                                         batched=False)
-
-            old[name].append(_time(per_row) * n / m)
-            if kinds[name] == "gibbs":
-                new[name].append(old[name][-1])  # the chain engine keeps the per-row path
-            else:
-                new[name].append(_time(lambda policy=policy: policy.row_probabilities(
-                    features, baseline, num_actions=sizes, num_draws=S, seed=0)))
-            loads[name].append(os.getloadavg()[0])
+    found = measure(n, S, d, K, args.repeats, args.old_rows, args.gibbs_rows)
     header = f"{'policy':38s} {'rows':>7s} {'draws':>5s} {'d':>4s} {'K':>4s} {'old s':>9s} {'new s':>8s} {'ratio':>7s} {'load':>5s}"
     print(header)
     print("-" * len(header))
-    for name in kinds:
-        o, w = statistics.median(old[name]), statistics.median(new[name])
-        print(f"{name:38s} {n:7d} {S:5d} {d:4d} {K:4d} {o:9.2f} {w:8.2f} {o / w:7.1f} {statistics.median(loads[name]):5.2f}")
+    for name, (o, w, load) in found.items():
+        print(f"{name:38s} {n:7d} {S:5d} {d:4d} {K:4d} {o:9.2f} {w:8.2f} {o / w:7.1f} {load:5.2f}")
     print(f"load average at end: {os.getloadavg()[0]:.2f}", flush=True)
 
 

@@ -98,6 +98,18 @@ def rows(repeats: int = 3, threads: int | None = 1) -> list[dict]:
     return out
 
 
+def run(quick: bool = False) -> list[dict]:
+    """``rows`` in ``benchmarks/run.py``'s format (times and memory: ``ratio`` is target over value,
+    > 1 met); quick: one fit."""
+    out = []
+    for r in rows(1 if quick else 3):
+        unit = "GiB" if r["name"] == "peak_memory_gib" else "s"
+        out.append({"benchmark": r["label"], "value": r["value"], "unit": unit,
+                    "target": "" if r["target"] is None else f"<= {r['target']:g} {unit}",
+                    "ratio": None if r["target"] is None else r["target"] / r["value"]})
+    return out
+
+
 def format_table(table: list[dict]) -> str:
     lines = [f"{'benchmark':58s} {'median':>10s} {'target':>8s} {'ratio':>7s}  runs", "-" * 92]
     for r in table:
