@@ -31,6 +31,22 @@ replications, and the ratio of the median regret to the reference measured in th
 same policy without forgetting). Targets (issue 30): after an abrupt change, regret over the
 next 2,000 decisions at most 0.5 x no forgetting's; on a stationary problem, at most 1.10 x.
 The load average is printed at the start and the end. One process, one torch thread.
+
+0/1 problems (issue 43; ``benchmarks/_drift_binary.py`` builds them, a second set of tables after the
+Gaussian one; ``--binary-only`` runs them alone):
+
+    .venv/bin/python benchmarks/drift.py --binary-only           # news R = 8, T = 2,000; rare R = 40; arm R = 100
+    .venv/bin/python benchmarks/drift.py --binary-only --quick   # smaller and shorter (a smoke run)
+
+(a) a news recommender (20 articles, 0/1 clicks, a change of preferences half-way that costs a
+stuck policy 0.11 clicks per decision, a stationary twin), cold and warm-started (the log's rows
+given to ``update``; ``power_prior`` with ``base_prior=`` the weak prior), on the conjugate Gaussian
+model of clicks and the logistic laplace engine, without forgetting, at 0.995 and adaptive (the 0/1
+CUSUM; restarts keeping 0 and 0.05 of what was learned), with a rare 0/1 metric (hide, ~1 %, never
+changing) modelled alongside; (b) the rare metric alone: false alarms against the documented rate
+bound, and a doubled rate; (c) an abandoned arm (``PerArmLinear`` with and without ``decay``).
+Targets (issue 43): after the change <= 0.5 x no forgetting's regret; before it and on the stationary
+twin <= 1.2 x; false alarms within the documented rate; an abandoned arm's change found in >= 95 %.
 """
 
 from __future__ import annotations
@@ -128,8 +144,17 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="R = 10, T = 1,000, change at 500")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-peer", action="store_true", help="leave bayesianbandits out")
+    parser.add_argument("--binary-only", action="store_true",
+                        help="run only the 0/1 problems of issue 43 (news recommender, rare metric, abandoned arm)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
+    if args.binary_only:
+        print(f"drift benchmark, 0/1 problems only{' (quick)' if args.quick else ''}: seed {args.seed}; "
+              f"torch {torch.__version__}, {os.cpu_count()} cores")
+        print(f"load average at start (1 / 5 / 15 min): {_load()}")
+        _binary(args)
+        print(f"load average at end (1 / 5 / 15 min): {_load()}")
+        return 0
     R, T, change = (10, 1000, 500) if args.quick else (100, 4000, 2000)
     window = T - change
     print(f"drift benchmark: R = {R}, T = {T}, change at step {change}, window {window}, seed {args.seed}; "
@@ -228,8 +253,17 @@ def main(argv=None) -> int:
         if r.violation_ratio is not None and r.policy == "ts-asc":
             print(f"  guardrail, {r.problem}, ts-asc ({r.forgetting}): violations {r.violations:.0f}, "
                   f"{r.violation_ratio:.2f} x no forgetting's (no target in the issue; reported)")
+    _binary(args)
     print(f"load average at end (1 / 5 / 15 min): {_load()}")
     return 0
+
+
+def _binary(args) -> None:
+    """The 0/1 problems of issue 43 (``benchmarks/_drift_binary.py``): their tables and targets."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from _drift_binary import report, sizes
+
+    report(sizes(args.quick), args.seed, lambda line: print(line, file=sys.stderr))
 
 
 def _ratio(value: float, reference: float | None) -> float | None:

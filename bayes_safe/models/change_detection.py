@@ -178,9 +178,13 @@ class AdaptiveForgetting:
         return self.outcomes == "binary" or (self.outcomes == "auto" and likelihood != "gaussian")
 
     def __str__(self) -> str:
+        return self.describe(self.outcomes == "binary")
+
+    def describe(self, binary: bool) -> str:
+        """The setting as a model of 0/1 (``binary``) or Gaussian outcomes runs it."""
         extra = "".join(f", {k}={v:g}" for k, v in (("false_alarm_rate", self.false_alarm_rate),
                                                     ("keep", self.keep or None)) if v is not None)
-        if self.outcomes == "binary":
+        if binary:
             return f"adaptive (0/1 CUSUM, odds ratio {self.odds_ratio:g}{extra})"
         h = "" if self.threshold is None else f"h={self.threshold:g}, "
         return f"adaptive (CUSUM {h}k={self.drift:g}{extra})"

@@ -1462,7 +1462,7 @@ class BayesianLinear:
         stale = ""
         if self.unfitted_observations:
             stale = f", unfitted_observations={self.unfitted_observations} (refit at the next draw or fit())"
-        forget = "" if self.forgetting is None else f", forgetting={self.adaptive}" if self.adaptive is not None else (
+        forget = "" if self.forgetting is None else f", forgetting={self.adaptive.describe(self._detector.binary)}" if self.adaptive is not None else (
             f", forgetting={self.forgetting} ({self.forgetting_rule})")
         return (f"BayesianLinear(dim={self.dim}, {noise}, batch_shape={list(self.batch_shape)}, "
                 f"inference={self.engine_name!r}{forget}{stale})")
