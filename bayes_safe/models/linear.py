@@ -728,13 +728,12 @@ class BayesianLinear:
         they learned (``bayes_safe.models.change_detection``)."""
         det = self._detector
         active = None if weight is None else weight > 0
+        if det.binary and not bool(((y == 0) | (y == 1)).all()):
+            bad = y[(y != 0) & (y != 1)].reshape(-1)[:3].tolist()
+            raise ValueError(f"y: this model's change test reads 0/1 outcomes (AdaptiveForgetting outcomes="
+                             f"{det.config.outcomes!r}), got {bad}")
         if det.binary:
-            p = self.predictive_probability(X)
-            if not bool(((y == 0) | (y == 1)).all()):
-                bad = y[(y != 0) & (y != 1)].reshape(-1)[:3].tolist()
-                raise ValueError(f"y: this model's change test reads 0/1 outcomes (AdaptiveForgetting outcomes="
-                                 f"{det.config.outcomes!r}), got {bad}")
-            alarm = det.step_binary(p, y, active)
+            alarm = det.step_binary(self.predictive_probability(X), y, active)
         else:
             alarm = det.step(self.predictive_residual(X, y), active)
         det.learned(active, alarm)

@@ -35,8 +35,10 @@ bayes_safe_guardrail_limit`` (an ``at_least`` constraint whose served interval l
 below its limit). The estimates run over the whole log (every decision since the log began),
 so they move slowly once the log is long; a new process (a restart) reads the log again from
 its start. ``feedback delay`` (seconds from a decision to its feedback) is a histogram of the
-same rows. The Prometheus objects (a per-app ``CollectorRegistry``, so apps and tests never
-share one) are built by ``registry(service)``.
+same rows. Models that detect changes (adaptive forgetting, issue 43) export their alarms,
+``bayes_safe_drift_alarms_total{metric}``, and the observations learned since the last one,
+``bayes_safe_drift_observations_since_change{metric, arm}``. The Prometheus objects (a per-app
+``CollectorRegistry``, so apps and tests never share one) are built by ``registry(service)``.
 """
 
 from __future__ import annotations
@@ -308,6 +310,23 @@ def registry(service):
                 for m, n in enumerate(outliers):
                     refused.add_metric(["reward" if m == 0 else f"constraint{m - 1}"], n)
                 yield refused
+            drift = getattr(d, "drift_alarms", None)
+            if drift:  # models with adaptive forgetting (issue 43)
+                alarms = CounterMetricFamily("bayes_safe_drift_alarms",
+                                             "Changes the metric's model detected (adaptive forgetting: each alarm "
+                                             "restarted its posterior from its base prior), since the model was made "
+                                             "(saved with it; the same on every replica at the same log row)",
+                                             labels=["metric"])
+                for name, n in drift.items():
+                    alarms.add_metric([name], n)
+                yield alarms
+                since = GaugeMetricFamily("bayes_safe_drift_observations_since_change",
+                                          "Observations the metric's model (one per arm: arm) learned since its last "
+                                          "detected change (or since it was made)", labels=["metric", "arm"])
+                for name, counts in d.drift_observations.items():
+                    for arm, n in enumerate(counts):
+                        since.add_metric([name, str(arm) if len(counts) > 1 else ""], n)
+                yield since
             families = {}
             for key, doc in (("served", "the served policy's mean of the logged metric"),
                              ("baseline", "the always-baseline policy's mean, self-normalised IPS from the log")):

@@ -21,9 +21,11 @@
 * ``GET /health``: 200 ``{"status": "ok", ...}``, or 503 ``{"status": "degraded", "problems":
   [...]}`` when the last write to the decision log failed, the last snapshot failed, or changes
   have waited more than ``STALE_INTERVALS`` snapshot intervals; open to all, but the counts only
-  for a caller with a token when the service has tokens;
+  for a caller with a token when the service has tokens (and ``drift_alarms``, per metric, when a
+  model detects changes: adaptive forgetting, issue 43);
 * ``GET /posterior``: ``model_version``, ``decisions``, ``pending``, ``queued`` and, per model
-  role, the posterior ``mean`` and ``sd`` of models that have them;
+  role, the posterior ``mean`` and ``sd`` of models that have them (and ``change_points`` and
+  ``observations_since_change`` of a model that detects changes);
 * ``GET /metrics``: the Prometheus text format (prometheus-client, a registry per app):
   counters and gauges of the Decider and live guardrail estimates from the log
   (``bayes_safe.online.metrics``).
@@ -778,7 +780,12 @@ class Service:
         return out | {"model_version": d.model_version, **self._counts(), "uptime_seconds": time.time() - self.started,
                       "last_snapshot": self.last_snapshot,
                       "snapshot_error": None if self.snapshot_error is None else str(self.snapshot_error),
-                      "provenance": getattr(d, "provenance", None)}
+                      "provenance": getattr(d, "provenance", None)} | self._drift()
+
+    def _drift(self) -> dict:
+        """``{"drift_alarms": {metric: alarms}}`` when a model detects changes (issue 43), else ``{}``."""
+        alarms = getattr(self.decider, "drift_alarms", None)
+        return {"drift_alarms": alarms} if alarms else {}
 
     def _counts(self) -> dict:
         """``decisions``, ``pending``, ``queued``: of the Decider; a replica's are its own decisions
@@ -865,8 +872,14 @@ def _hold_state_lock(state_dir, wait: bool = True):
 
 def _summary(model) -> dict:
     """``{"type", "mean", "sd"}`` of a model with ``posterior_mean`` / ``posterior_covariance``
-    (the batch dimension of one dropped), ``{"type"}`` otherwise."""
+    (the batch dimension of one dropped), ``{"type"}`` otherwise; with ``change_points`` and
+    ``observations_since_change`` (one per arm) for a model that detects changes (issue 43)."""
+    from .decider import _detector_of
+
     out = {"type": type(model).__name__}
+    det = _detector_of(model)
+    if det is not None:  # adaptive forgetting: its alarms, and what it learned since the last
+        out.update(change_points=det.alarms.reshape(-1).tolist(), observations_since_change=det.since.reshape(-1).tolist())
     source = model if hasattr(type(model), "posterior_mean") else getattr(model, "arms", None)
     try:
         mean = source.posterior_mean
@@ -1197,6 +1210,8 @@ def _build_schemas() -> dict:
         snapshot_error: str | None = None
         repairs: int | None = Field(None, description="(a replica) times its posterior did not hold exactly the "
                                                       "log's rows up to its watermark and was rebuilt from the log")
+        drift_alarms: dict[str, int] | None = Field(None, description="per metric whose model detects changes "
+                                                                      "(adaptive forgetting): the alarms so far")
         provenance: dict[str, Any] | None = Field(None, description="where the served state came from (bayes-safe "
                                                                      "deploy: the study, trial and parameters)")
 
@@ -1204,6 +1219,10 @@ def _build_schemas() -> dict:
         type: str
         mean: list[Any] | None = Field(None, description="the posterior mean of the weights (models that have one)")
         sd: list[Any] | None = Field(None, description="their posterior standard deviations")
+        change_points: list[int] | None = Field(None, description="adaptive forgetting: the changes detected (one "
+                                                                  "count, or one per arm)")
+        observations_since_change: list[int] | None = Field(None, description="adaptive forgetting: observations "
+                                                                              "learned since the last change")
 
     class Posterior(BaseModel):
         model_version: int

@@ -487,6 +487,24 @@ class TSASC(Policy):
         constraint: 13 tensor operations (both factorisations included) and 6 numpy ones, against
         26 tensor operations one model at a time; the same normals, so the same decisions as the
         models drawn one at a time (tests/test_single_stream_speed_paths.py)."""
+        actions = self._stacked_actions(features, baseline, batch, valid)
+        return None if actions is None else torch.from_numpy(actions[:, None])
+
+    def _draw_actions(self, features, baseline, batch: DrawBatch, valid) -> np.ndarray | None:
+        """The Decider's propensity draws: ``select(features, baseline, generator=batch, valid=valid)``
+        as the numpy array of its actions ``[S]`` (the same numbers) when ``select`` would take
+        ``_select_stacked``, else None (the Decider then calls ``select``). For inputs the Decider
+        checked and coerced (float64 candidates ``[1, K, d]``, a long baseline ``[1]`` in range, a bool
+        ``valid [1, K]`` with an allowed action): ``select``'s own checks would return them unchanged
+        (``_fast.select_inputs``), so only what they compare with the models, ``d``, is compared here,
+        and a missing baseline (which select refuses, naming it) is left to select."""
+        if (baseline is None or not self._paper or self.constraints is not None
+                or features.shape[2] != self._plan_of_models()[3][2]):
+            return None
+        return self._stacked_actions(features, baseline, batch, valid)
+
+    def _stacked_actions(self, features, baseline, batch: DrawBatch, valid) -> np.ndarray | None:
+        """``_select_stacked``'s actions as a numpy array ``[S]``, or None."""
         models = self._stackable()
         if models is None:
             return None
@@ -508,7 +526,7 @@ class TSASC(Policy):
         if valid is not None:
             ok &= valid.numpy()  # [S, K] & [1, K]
         ok[:, b] = True  # the baseline stays a candidate
-        return torch.from_numpy(np.where(ok, draws[0], -np.inf).argmax(-1)[:, None])
+        return np.where(ok, draws[0], -np.inf).argmax(-1)
 
     def _stackable(self) -> tuple | None:
         """``(reward_model, *constraint_models)`` when they all have the same ``_stack_key`` (conjugate,
@@ -785,17 +803,7 @@ class TSASC(Policy):
         if checked is not None and plan[4]:
             features_chosen, reward, constraints = checked
             if features_chosen.shape[0] == 1 and plan[2] is not None:
-                # one stream, conjugate known-noise models: the row's views made once for all of them
-                # (``BayesianLinear._update_checked``), each constraint's outcome a column view [1, 1]
-                # (one row: x^T [d, 1] and x [1, d] broadcast as the unsqueezed views do, the outcomes [1])
-                x = features_chosen
-                rows = (x.mT, x)
-                self.reward_model._update_checked(x, reward, (*rows, reward))
-                if len(self.constraint_models) == 1:  # constraints [1, 1]: the column itself
-                    self.constraint_models[0]._update_checked(x, None, (*rows, constraints))
-                else:
-                    for j, model in enumerate(self.constraint_models):
-                        model._update_checked(x, None, (*rows, constraints.narrow(1, j, 1)))  # its column [1, 1]
+                self._update_stacked(features_chosen, reward, constraints)
                 return
             _fast.update_model(self.reward_model, features_chosen, reward, actions)
             for j, model in enumerate(self.constraint_models):
@@ -806,6 +814,32 @@ class TSASC(Policy):
         self.reward_model.update(features_chosen, reward, actions=actions)
         for j, model in enumerate(self.constraint_models):
             model.update(features_chosen, constraints[:, j], actions=actions)
+
+    def _update_stacked(self, x, reward, constraints) -> None:
+        """``update``'s one-row path of one stream of conjugate known-noise models (``_stackable``), for
+        checked float64 ``x [1, d]``, ``reward [1]`` and ``constraints [1, C]``: the row's views made
+        once for all of them (``BayesianLinear._update_checked``), each constraint's outcome a column
+        view [1, 1] (one row: x^T [d, 1] and x [1, d] broadcast as the unsqueezed views do, the
+        outcomes [1])."""
+        rows = (x.mT, x)
+        self.reward_model._update_checked(x, reward, (*rows, reward))
+        if len(self.constraint_models) == 1:  # constraints [1, 1]: the column itself
+            self.constraint_models[0]._update_checked(x, None, (*rows, constraints))
+        else:
+            for j, model in enumerate(self.constraint_models):
+                model._update_checked(x, None, (*rows, constraints.narrow(1, j, 1)))  # its column [1, 1]
+
+    def _learn_row(self, x, reward, constraints) -> bool:
+        """The Decider's feedback: ``update(x, reward, constraints)`` through ``_update_stacked`` when
+        ``update`` would take it, True; else False (nothing learned: the Decider calls ``update``).
+        For rows the Decider checked and made (float64 ``x [1, d]``, ``reward [1]``, ``constraints
+        [1, C]``, finite): ``update``'s own checks (``_fast.update_inputs``) would return them
+        unchanged, so only what they compare with the models, ``d``, is compared here."""
+        plan = self._plan_of_models()
+        if self.chance_recalibrate or plan[2] is None or not plan[4] or x.shape[1] != plan[3][2]:
+            return False
+        self._update_stacked(x, reward, constraints)
+        return True
 
     def _settings(self) -> dict[str, object]:
         if self.constraints is not None:
