@@ -116,7 +116,10 @@ class AdaptiveForgetting:
             its history rows already.
         keep: in ``[0, 1)``, the weight what was learned keeps at a restart (default 0: the
             base prior alone; ``keep > 0`` restarts from a discounted warm start, the stabilised
-            rule at factor ``keep``).
+            rule at factor ``keep``). Measured (docs/reports/drift.md): a few rows' worth helps, a
+            share of the history does not; ``keep = 10 / n`` after ``n`` rows (0.0005 after
+            20,000: regret after a change 0.36x no forgetting's, against 0.51x at 0 and over
+            0.7x at 0.02).
     """
 
     threshold: float | None = None
