@@ -292,6 +292,7 @@ _GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # SplitMix64 constants
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
 _STEPS = np.zeros(0, dtype=np.uint64)
+_S30, _S27, _S31, _S11 = (np.uint64(k) for k in (30, 27, 31, 11))
 
 
 def _splitmix_uniform(seeds: np.ndarray, count: int) -> torch.Tensor:
@@ -305,12 +306,13 @@ def _splitmix_uniform(seeds: np.ndarray, count: int) -> torch.Tensor:
     if _STEPS.size < count:
         _STEPS = np.arange(1, max(2 * count, 1024) + 1, dtype=np.uint64) * _GOLDEN
     z = seeds[:, None] + _STEPS[None, :count]
-    z ^= z >> np.uint64(30)
+    t = np.empty_like(z)  # the shifts' scratch: the same numbers, no temporaries
+    z ^= np.right_shift(z, _S30, out=t)
     z *= _M1
-    z ^= z >> np.uint64(27)
+    z ^= np.right_shift(z, _S27, out=t)
     z *= _M2
-    z ^= z >> np.uint64(31)
-    out = (z >> np.uint64(11)).astype(np.float64)
+    z ^= np.right_shift(z, _S31, out=t)
+    out = np.right_shift(z, _S11, out=t).astype(np.float64)
     out += 0.5
     out *= 2.0**-53
     return torch.from_numpy(out)
@@ -438,6 +440,48 @@ def polya_gamma(c: torch.Tensor, generator: Generator = None, key: str = "pg", t
     full_mean = torch.where(small, 0.25 - c * c / 48.0, lanewise(torch.tanh, c / 2.0) / (2.0 * c.clamp_min(1e-4)))
     tail = (full_mean - head_mean).clamp_min(0.0)
     return head + (tail if b is None else b * tail)
+
+
+def _polya_gamma_plain(psi: torch.Tensor, kk: np.ndarray, generator: Generator, key: str) -> torch.Tensor:
+    """``polya_gamma(psi, generator, key, terms=len(kk))`` (``b`` None, ``psi [R, ...]``), bit for bit, in
+    fewer and cheaper operations: ``kk = (k - 1/2)^2`` precomputed; the arithmetic (``+ - * /``, ``abs``,
+    ``max``: IEEE-exact, so numpy's numbers are torch's) in numpy, the ``log``, ``tanh`` and sums in torch on
+    the layouts ``polya_gamma`` gives them; the uniforms of a ``ReplicationRNG`` drawn lane-padded
+    (SplitMix64 at positions ``1 .. m + pad``: the first ``m`` are ``uniform_rows``'s, the padding's ``log``
+    is dropped, so every kept element takes the SIMD lane it takes under ``lanewise``); the head and its
+    mean as one division and one sum over ``[2, *psi, terms]`` (``head = -s[0]``: negation is exact, so
+    ``head + tail`` is ``tail - s[0]``)."""
+    c = np.abs(psi.numpy())
+    cc = c * c
+    terms = kk.shape[0]
+    denom = kk + (cc / (4.0 * math.pi**2))[..., None]
+    shape = (*c.shape, terms)
+    R = shape[0]
+    m = c.size // R * terms if R else 0
+    pad = (-m) % _LANES
+    if type(generator) is ReplicationRNG:
+        u0 = standard_uniform((R,), generator, key=key)
+        seeds = (u0.numpy() * 2.0**53).astype(np.uint64) * np.uint64(2048) + np.uint64(1)  # as uniform_rows
+        u = _splitmix_uniform(seeds, m + pad)
+    else:
+        u = uniform_rows(shape, generator, key=key).reshape(R, m)
+        if pad:
+            u = torch.nn.functional.pad(u, (0, pad), value=1.0)
+    lg = torch.log(u).numpy()
+    q = np.empty((2, *shape))
+    np.divide(lg[:, :m].reshape(shape), denom, out=q[0])
+    np.divide(1.0, denom, out=q[1])
+    s = torch.from_numpy(q).sum(-1).numpy() / (2.0 * math.pi**2)
+    rows = c.reshape(R, c.size // R if R else 0)  # lanewise(torch.tanh, c / 2.0), padded with 1.0 in numpy
+    k = rows.shape[1]
+    half = np.ones((R, k + (-k) % _LANES))
+    np.divide(rows, 2.0, out=half[:, :k])
+    th = torch.tanh(torch.from_numpy(half)).numpy()[:, :k].reshape(c.shape)
+    full_mean = th / (2.0 * np.maximum(c, 1e-4))
+    small = c < 1e-4
+    if small.any():
+        full_mean = np.where(small, 0.25 - cc / 48.0, full_mean)
+    return torch.from_numpy(np.maximum(full_mean - s[1], 0.0) - s[0])
 
 
 def _exp_draw(shape, generator, key) -> torch.Tensor:
@@ -890,6 +934,11 @@ class GibbsLinearPosterior:
         ``generator``), the sweep goes on from the first and the ``[S, *b, d]`` weights are returned."""
         key = key + "/gibbs"
         n = self.n
+        if (batch is None and self.likelihood == "logistic" and self.prior.kind == "gaussian"
+                and self.forgetting is None and getattr(self, "row_mask", None) is None
+                and (generator is None or type(generator) in (torch.Generator, ReplicationRNG))):
+            self._logistic_sweep(st, generator, key)  # the same numbers in fewer operations
+            return None
         z = extra = None
         if self.prior.kind == "laplace":  # one stream call per sweep: w's normals and the lasso step's
             normals = standard_normal((*self.batch_shape, self.dim, 2), generator, key=key + "/wl")
@@ -927,6 +976,38 @@ class GibbsLinearPosterior:
             self._noise_step(st, generator, key)
         self._scale_step(st, generator, key, extra)
         return draws
+
+    def _logistic_context(self) -> tuple:
+        """``(n, X buffer, y buffer, prior, X [*b, n, d], eta [*b, d, 1], (k - 1/2)^2 [terms])``: what a
+        logistic sweep under a Gaussian prior (no forgetting, no restart) keeps between ``add`` s: the rows,
+        ``eta = Lambda_prior m0 + X^T kappa`` (``kappa = y - 1/2``) and the Polya-Gamma series' constants,
+        made as ``sweep`` makes them (the same numbers), anew when the rows, their buffers or the prior change."""
+        ctx = getattr(self, "_logit_ctx", None)
+        if (ctx is None or ctx[0] != self.n or ctx[1] is not self._X or ctx[2] is not self._y or ctx[3] is not self.prior
+                or ctx[6].shape[0] != self.pg_terms):
+            n, p = self.n, self.prior
+            X, y = self._X[..., :n, :], self._y[..., :n]
+            rhs = (X.mT @ (y - 0.5)[..., None])[..., 0]
+            eta = rhs if self._zero_loc else (p.precision @ p.loc[..., None])[..., 0] + rhs
+            k = torch.arange(1, self.pg_terms + 1, dtype=_DTYPE) - 0.5
+            ctx = self._logit_ctx = (n, self._X, self._y, p, X, eta[..., None], (k * k).numpy())
+        return ctx
+
+    def _logistic_sweep(self, st: _State, generator: Generator, key: str) -> None:
+        """``sweep`` of a logistic chain under a Gaussian prior (no forgetting or restart, no
+        ``batch``), bit for bit: ``omega | w`` (Polya-Gamma, ``_polya_gamma_plain``), then ``w | omega`` with
+        the per-``add`` terms from ``_logistic_context`` (the bank of chance draws, ``TSASC(chance_refresh=)``,
+        runs ``S`` such sweeps on fixed rows)."""
+        from ._gaussian import cholesky as _cholesky
+
+        _, _, _, p, X, eta, kk = self._logistic_context()
+        psi = (X @ st.w[..., None])[..., 0]
+        omega = _polya_gamma_plain(psi, kk, generator, key + "/pg")
+        L = _cholesky((X * omega[..., None]).mT @ X + p.precision)
+        u = torch.linalg.solve_triangular(L, eta, upper=False)
+        z = standard_normal((*self.batch_shape, self.dim, 1), generator, key=key + "/w")
+        st.w = torch.linalg.solve_triangular(L.mT, u + z, upper=True)[..., 0]
+        self.last_conditional = (L, u)
 
     def _restart_weights(self, start: int, n: int) -> torch.Tensor | None:
         """The weights of rows ``start .. n`` per batch element left by adaptive restarts
