@@ -232,3 +232,35 @@ def test_a_replica_acknowledges_a_repeat_whatever_its_value(tmp_path, postgres_s
     assert replica.feedback(d.decision_id, 1.0, [0.0]) is True
     assert replica.feedback(d.decision_id, 1e6, [0.0]) is False and replica.outliers == [0, 0]
     assert replica.feedback_many([(d.decision_id, 1e6, [0.0])]) == [False]
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_the_guard_reads_the_decisions_own_solve_and_draws_the_same_line(batched):
+    """A feedback that follows its decision (TS-ASC of conjugate models, the Decider's stacked path)
+    is judged from the decision's own ``L^-1 x`` (no second solve); the line it draws is the model's
+    ``predictive_residual``: just inside ``outlier_sd`` learned, just outside refused."""
+    shape = [1] if batched else []
+
+    def model():
+        return BayesianLinear(_prior(), noise_std=0.5, batch_shape=shape)
+
+    rng = np.random.default_rng(3)
+    decider = Decider(TSASC(model(), [model()], alpha=0.1), num_draws=50, seed=0, outlier_sd=4.0)
+    for _ in range(30):
+        d = decider.decide(OFFERS, baseline=0)
+        decider.feedback(d.decision_id, float(OFFERS[d.action] @ TRUE_W + 0.5 * rng.normal()), [0.1])
+    for side, expect_refused in ((3.99, False), (4.01, True)):
+        d = decider.decide(OFFERS, baseline=0)
+        assert decider._last_guard_solve is not None and decider._last_guard_solve[0] == str(decider.next_id - 1)
+        reward_model = decider.policy.reward_model
+        x = torch.tensor(OFFERS[d.action], dtype=F64).reshape(*shape, 3)
+        mean, var = reward_model.predict(x)
+        sd = float((var + 0.25).sqrt().reshape(-1)[0])
+        value = float(mean.reshape(-1)[0]) + side * sd
+        z = float(reward_model.predictive_residual(x, torch.full(shape, value, dtype=F64)).reshape(-1)[0])
+        assert abs(z - side) < 1e-9
+        if expect_refused:
+            with pytest.raises(ValueError, match="predictive sd"):
+                decider.feedback(d.decision_id, value, [0.1])
+        else:
+            assert decider.feedback(d.decision_id, value, [0.1]) is True

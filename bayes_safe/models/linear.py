@@ -1391,7 +1391,8 @@ class BayesianLinear:
         return None
 
     @staticmethod
-    def _stacked_draws_at(models: Sequence[BayesianLinear], features: torch.Tensor, batch: DrawBatch) -> torch.Tensor:
+    def _stacked_draws_at(models: Sequence[BayesianLinear], features: torch.Tensor, batch: DrawBatch,
+                          with_solve: bool = False):
         """``S`` joint draws of ``f = X w`` of each of ``M`` one-stream models at ``features [1, K, d]``
         under a ``DrawBatch``, in one batch: ``[M, S, K]`` (row ``m``: model ``m``'s draws, as
         ``_draws_at`` gives them, ``[S, 1, K]``).
@@ -1404,7 +1405,10 @@ class BayesianLinear:
         model after model, widened by the addition) and one batched product ``(u + z)^T C``
         (R = 1, d = 4, K = 5, S = 200, M = 2: 15 tensor operations with both factorisations against
         18 with ``_draws_at``, and fewer Python calls; the normals the same, the products' last bits
-        possibly not). Every model must have the same ``_stack_key``.
+        possibly not). Every model must have the same ``_stack_key``. ``with_solve``: also return
+        ``C = L^-1 X^T [M, d, K]`` and the whitened means ``u [M, d, 1]`` (``(draws, C, u)``): the
+        played candidate's column of ``C`` is the Decider's outlier guard's ``L^-1 x`` while the
+        models' factors stay the same.
         """
         batched = models[0].precision.dim() == 3  # [1, d, d] each (batch shape [1]), else [d, d]
         join = torch.cat if batched else torch.stack  # -> [M, d, d]
@@ -1441,7 +1445,8 @@ class BayesianLinear:
             z = torch.randn((M, batch.num_draws, models[0].dim), generator=batch.generator, dtype=torch.float32)
         else:
             z = torch.stack([batch._normal32((models[0].dim,)) for _ in models])  # [M, S, d] float32
-        return torch.bmm(torch.add(z, u.mT), C)  # [M, S, K]
+        draws = torch.bmm(torch.add(z, u.mT), C)  # [M, S, K]
+        return (draws, C, u) if with_solve else draws
 
     def _refit_if_due(self, generator: Generator = None, key: str = "weights") -> None:
         """Refit when the schedule says so. With a ``ReplicationRNG`` each batch element's fit is

@@ -678,6 +678,16 @@ class Decider:
                             self.model_version, tuple(probs))
         row = (key, action, p, decision.propensity_se, self.model_version, context, decision.probabilities,
                None if base is None else int(base))
+        solve = self.policy.__dict__.get("_last_solve") if played is not None else None
+        # the decision solved L^-1 x for every candidate: the played column, with the factors it used, is
+        # the outlier guard's solve at this decision's feedback while those factors stand (``_outlying``);
+        # kept for the last decision only (a feedback that follows its decision, the common case)
+        if solve is None:
+            self._last_guard_solve = None
+        else:  # per model: x^T m = u . L^-1 x and x^T Sigma x = |L^-1 x|^2 at the played candidate, as floats
+            col = solve[0][:, :, action].numpy()  # [M, d]
+            u = solve[1].numpy().reshape(col.shape)
+            self._last_guard_solve = (key, solve[2], solve[3], (u * col).sum(1).tolist(), (col * col).sum(1).tolist())
         return decision, row, {"features": cand.numpy()[0, action].tolist(), "action": action}
 
     def _count_fallbacks(self) -> None:
@@ -710,7 +720,7 @@ class Decider:
             entry = self.pending.get(decision_id)
             if entry is None:  # an issued id that is no longer pending has had its feedback
                 return False
-            problem = self._outlier(entry, reward, constraints)
+            problem = self._outlier(entry, reward, constraints, decision_id)
             if problem:
                 raise ValueError(problem)
             del self.pending[decision_id]
@@ -792,17 +802,17 @@ class Decider:
                              f"it for outcomes in larger units), got {value:g}")
         return value
 
-    def _outlier(self, entry: dict, reward: float, constraints) -> str | None:
+    def _outlier(self, entry: dict, reward: float, constraints, key: str | None = None) -> str | None:
         """The outlier guard (module docstring: limits): None when every outcome of the decision
         ``entry`` lies within ``outlier_sd`` predictive sd of its model's prediction, else the
         message naming the first that does not (and each such outcome is counted in ``outliers``).
         Asked under the lock, of the posterior as the last ``refresh`` left it."""
-        found = self._outlying(entry, reward, constraints)
+        found = self._outlying(entry, reward, constraints, key)
         for metric, _ in found:
             self.outliers[metric] += 1
         return found[0][1] if found else None
 
-    def _outlying(self, entry: dict, reward: float, constraints) -> list[tuple[int, str]]:
+    def _outlying(self, entry: dict, reward: float, constraints, key: str | None = None) -> list[tuple[int, str]]:
         """``[(metric, message)]`` of the outcomes of ``entry`` beyond ``outlier_sd`` (``_outlier``;
         counts nothing)."""
         if self.outlier_sd is None:
@@ -814,9 +824,16 @@ class Decider:
             if model is None:
                 continue
             if id(model) in self._fast_guard:
-                if row is None:
-                    row = np.array(entry["features"], dtype=np.float64)
-                z = model._residual_one(row, value)
+                z = None
+                solve = self.__dict__.get("_last_guard_solve")
+                if (solve is not None and solve[0] == key and metric < len(solve[2]) and solve[2][metric] is model
+                        and solve[1][metric] is model._factor and model._dirty is None and model.noise_prior is None):
+                    # the decision's solve under the same factor: ``_residual_one``'s numbers from it
+                    z = (value - solve[3][metric]) / math.sqrt(1.0 / model._scale + solve[4][metric])
+                if z is None:
+                    if row is None:
+                        row = np.array(entry["features"], dtype=np.float64)
+                    z = model._residual_one(row, value)
             else:
                 with self._quiet():
                     if getattr(model, "num_arms", None) is not None:  # a model per arm (PerArmLinear): the played arm's
@@ -856,7 +873,7 @@ class Decider:
                     problems.append((i, str(decision_id)[:80], str(exc)))
                     continue
                 if key in self.pending and key not in seen:
-                    problem = self._outlier(self.pending[key], reward, constraints)
+                    problem = self._outlier(self.pending[key], reward, constraints, key)
                     if problem:
                         problems.append((i, str(decision_id)[:80], problem))
                         continue

@@ -508,7 +508,11 @@ class TSASC(Policy):
         models = self._stackable()
         if models is None:
             return None
-        draws = type(self.reward_model)._stacked_draws_at(models, features, batch).numpy()  # [1 + C, S, K]
+        draws, solve, means = type(self.reward_model)._stacked_draws_at(models, features, batch, with_solve=True)
+        # the decision's L^-1 X^T, whitened means and the factors they came from: the Decider's outlier
+        # guard reads the played column while those factors stand (``Decider._decision``)
+        self._last_solve = (solve, means, tuple(m._factor for m in models), models)
+        draws = draws.numpy()  # [1 + C, S, K]
         b = int(baseline)
         # 1 - alpha_j as Python floats, read once per value of alpha (an assignment or an in-place change
         # of the tensor makes a new key)
