@@ -193,8 +193,7 @@ def run(quick: bool = False) -> list[dict]:
     cost per decision over the single-draw rule's (issue 42 target <= 2; ``simulate``: the rate ratio,
     ``Decider`` and ``serve``: the mean over the stream, which carries the bank's refreshes), and the
     fresh-draw rule's for reference. ``quick``: one repeat of 60 patients; else 3 repeats (the bank's
-    first refreshes, at 1, 2, 4, ... rows, weigh more in a shorter stream: at 30 patients ``simulate``
-    measured 2.1x)."""
+    first refreshes, at 1, 2, 4, ... rows, weigh more in a shorter stream)."""
     from bayes_safe.policies.ts_asc import SERVING_CHANCE_REFRESH
 
     repeats, horizon, reps = (1, 60, 8) if quick else (3, 60, 8)
