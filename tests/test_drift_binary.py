@@ -126,7 +126,7 @@ def test_a_power_prior_warm_start_restarts_to_the_named_base_prior(keep):
     y = (rng.uniform(size=3000) < 0.02).astype(float)
     warm = power_prior(weak, X, y, noise_std=noise, weight=1.0)
     model = BayesianLinear(warm, noise_std=noise, base_prior=weak,
-                           forgetting=AdaptiveForgetting(outcomes="binary", warmup=0, keep=keep))
+                           forgetting=AdaptiveForgetting(outcomes="binary", warmup=0, warmup_events=0, keep=keep))
     assert model.base_prior is not None and model.base_prior.event_shape == (d,)
     x, (precision, eta) = _force_alarm(model, d)
     base_precision = torch.eye(d, dtype=F64) / 4.0
@@ -136,7 +136,8 @@ def test_a_power_prior_warm_start_restarts_to_the_named_base_prior(keep):
     torch.testing.assert_close(model.precision, expected)
     torch.testing.assert_close(model.eta, keep * eta + s * x)
     # without base_prior the restart returns to the warm prior itself: the old world
-    plain = BayesianLinear(warm, noise_std=noise, forgetting=AdaptiveForgetting(outcomes="binary", warmup=0))
+    plain = BayesianLinear(warm, noise_std=noise,
+                           forgetting=AdaptiveForgetting(outcomes="binary", warmup=0, warmup_events=0))
     _force_alarm(plain, d)
     assert float(torch.linalg.matrix_norm(plain.precision - expected)) > 100
 
@@ -289,7 +290,28 @@ def test_every_engine_detects_on_0_1_outcomes_or_refuses_by_name(engine):
     assert int(model.change_points.min()) >= 1
 
 
+def test_a_rare_metric_is_tested_only_once_it_has_seen_enough_events():
+    """``warmup_events`` (default ``2 d``): rows of a 1 % metric carry few events; an element is
+    tested once it has learned that many of the rarer outcome since its (re)start."""
+    d = 3
+    model = BayesianLinear(_prior(d), noise_std=0.1, batch_shape=[2],
+                           forgetting=AdaptiveForgetting(outcomes="binary", warmup=0))
+    det = model._detector
+    assert det.warmup_events == 2 * d
+    x = torch.tensor([1.0, 0.0, 0.0], dtype=F64).expand(2, d)
+    for t in range(200):  # element 0 sees a one every 20 rows, element 1 none
+        model.update(x, torch.tensor([float(t % 20 == 19), 0.0], dtype=F64))
+    assert det.ones.tolist() == [10, 0] and det.since.tolist() == [200, 200]
+    # element 1 (no event yet) has never been tested: its statistics never moved
+    assert float(det.upper[1]) == 0.0 and float(det.lower[1]) == 0.0
+    for _ in range(2 * d - 1):  # a burst of ones: element 1's first events, too few to be tested on
+        model.update(x, torch.ones(2, dtype=F64))
+    assert float(det.upper[1]) == 0.0 and int(model.change_points[1]) == 0
+    assert float(det.upper[0]) > 0.0 or int(model.change_points[0]) == 1  # element 0 is tested and moves
+
+
 @pytest.mark.parametrize("kwargs, name", [
+    ({"warmup_events": -2}, "warmup_events"),
     ({"false_alarm_rate": 0.7}, "false_alarm_rate"),
     ({"false_alarm_rate": 1e-4, "threshold": 5.0}, "threshold, false_alarm_rate"),
     ({"odds_ratio": 1.0}, "odds_ratio"),

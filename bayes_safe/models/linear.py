@@ -736,7 +736,7 @@ class BayesianLinear:
             alarm = det.step_binary(self.predictive_probability(X), y, active)
         else:
             alarm = det.step(self.predictive_residual(X, y), active)
-        det.learned(active, alarm)
+        det.learned(active, alarm, y if det.binary else None)
         if bool(alarm.any()):
             self._restart(alarm, det.config.keep)
 

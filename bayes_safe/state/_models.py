@@ -56,6 +56,7 @@ def _enc_linear(m, enc: Encoder, what: str) -> dict:
                               # the 0/1 test's settings (issue 43; absent from states written before: defaults)
                               "false_alarm_rate": cfg.false_alarm_rate, "odds_ratio": cfg.odds_ratio,
                               "outcomes": cfg.outcomes, "warmup": cfg.warmup, "keep": cfg.keep,
+                              "warmup_events": cfg.warmup_events, "ones": enc.tensor(det.ones, f"{what}.adaptive.ones"),
                               "upper": enc.tensor(det.upper, f"{what}.adaptive.upper"),
                               "lower": enc.tensor(det.lower, f"{what}.adaptive.lower"),
                               "alarms": enc.tensor(det.alarms, f"{what}.adaptive.alarms"),
@@ -218,8 +219,8 @@ def _dec_linear(node: dict, dec: Decoder, where: str):
         from ..models.change_detection import AdaptiveForgetting
 
         adaptive = dec.field(node, "adaptive", dict, where)
-        settings = {k: adaptive[k] for k in ("false_alarm_rate", "odds_ratio", "outcomes", "warmup", "keep")
-                    if k in adaptive}
+        settings = {k: adaptive[k] for k in ("false_alarm_rate", "odds_ratio", "outcomes", "warmup", "keep",
+                                             "warmup_events") if k in adaptive}
         forgetting = build(dec, f"{where}.adaptive", lambda: AdaptiveForgetting(adaptive.get("threshold"),
                                                                                adaptive.get("drift"), **settings))
     else:
@@ -344,9 +345,13 @@ def _dec_detector(det, adaptive: dict, dec: Decoder, where: str, b: tuple) -> No
         if bool((v < 0).any()):
             dec.fail(f"{where}.adaptive.{name}: expected values >= 0")
         setattr(det, name, v)
-    for name in ("alarms", "since"):
+    for name in ("alarms", "since", "ones"):
         if name == "since" and name not in adaptive:
             det.since = torch.full(b, det.warmup, dtype=_LONG)
+            continue
+        if name == "ones" and name not in adaptive:  # (absent before issue 43's event warm-up: past it)
+            det.since = det.since + 2 * det.warmup_events
+            det.ones = torch.full(b, det.warmup_events, dtype=_LONG)
             continue
         v = dec.tensor(adaptive.get(name), f"{where}.adaptive.{name}", shape=b, dtype=_LONG).clone()
         if bool((v < 0).any()):
