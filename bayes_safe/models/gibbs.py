@@ -81,6 +81,7 @@ code paths cannot make a batch differ from a one-replication run in the last bit
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -425,7 +426,13 @@ def polya_gamma(c: torch.Tensor, generator: Generator = None, key: str = "pg", t
     CDF from the same uniforms, and the tail's mean ``b`` times that of ``PG(1, c)``
     (``E[PG(b, c)] = b tanh(c/2) / (2c)``). Where ``b == 1`` the draw is bit for bit the ``PG(1, c)``
     draw.
+
+    ``PG(1, c)`` of CPU tensors under a ``torch.Generator`` or ``ReplicationRNG`` (or none) is drawn
+    by ``_polya_gamma_plain``: the same numbers, bit for bit, in fewer and cheaper operations.
     """
+    if (b is None and c.dim() >= 1 and c.device.type == "cpu" and not c.requires_grad
+            and (generator is None or type(generator) in (torch.Generator, ReplicationRNG))):
+        return _polya_gamma_plain(c, _series_constants(terms), generator, key)
     c = c.abs()
     k = torch.arange(1, terms + 1, dtype=_DTYPE) - 0.5
     denom = k * k + (c * c / (4.0 * math.pi**2))[..., None]  # [*b, K]
@@ -440,6 +447,15 @@ def polya_gamma(c: torch.Tensor, generator: Generator = None, key: str = "pg", t
     full_mean = torch.where(small, 0.25 - c * c / 48.0, lanewise(torch.tanh, c / 2.0) / (2.0 * c.clamp_min(1e-4)))
     tail = (full_mean - head_mean).clamp_min(0.0)
     return head + (tail if b is None else b * tail)
+
+
+@functools.lru_cache(maxsize=8)
+def _series_constants(terms: int) -> np.ndarray:
+    """``(k - 1/2)^2`` for ``k = 1 .. terms`` (float64, as ``polya_gamma`` computes them; read only)."""
+    k = torch.arange(1, terms + 1, dtype=_DTYPE) - 0.5
+    out = (k * k).numpy()
+    out.setflags(write=False)
+    return out
 
 
 def _polya_gamma_plain(psi: torch.Tensor, kk: np.ndarray, generator: Generator, key: str) -> torch.Tensor:
@@ -936,6 +952,7 @@ class GibbsLinearPosterior:
         n = self.n
         if (batch is None and self.likelihood == "logistic" and self.prior.kind == "gaussian"
                 and self.forgetting is None and getattr(self, "row_mask", None) is None
+                and self._X.device.type == "cpu"
                 and (generator is None or type(generator) in (torch.Generator, ReplicationRNG))):
             self._logistic_sweep(st, generator, key)  # the same numbers in fewer operations
             return None
@@ -978,31 +995,29 @@ class GibbsLinearPosterior:
         return draws
 
     def _logistic_context(self) -> tuple:
-        """``(n, X buffer, y buffer, prior, X [*b, n, d], eta [*b, d, 1], (k - 1/2)^2 [terms])``: what a
-        logistic sweep under a Gaussian prior (no forgetting, no restart) keeps between ``add`` s: the rows,
-        ``eta = Lambda_prior m0 + X^T kappa`` (``kappa = y - 1/2``) and the Polya-Gamma series' constants,
-        made as ``sweep`` makes them (the same numbers), anew when the rows, their buffers or the prior change."""
+        """``(n, X buffer, y buffer, prior, X [*b, n, d], eta [*b, d, 1])``: what a logistic sweep under a
+        Gaussian prior (no forgetting, no restart) keeps between ``add`` s: the rows and ``eta = Lambda_prior
+        m0 + X^T kappa`` (``kappa = y - 1/2``), made as ``sweep`` makes them (the same numbers), anew when the
+        rows, their buffers or the prior change."""
         ctx = getattr(self, "_logit_ctx", None)
-        if (ctx is None or ctx[0] != self.n or ctx[1] is not self._X or ctx[2] is not self._y or ctx[3] is not self.prior
-                or ctx[6].shape[0] != self.pg_terms):
+        if ctx is None or ctx[0] != self.n or ctx[1] is not self._X or ctx[2] is not self._y or ctx[3] is not self.prior:
             n, p = self.n, self.prior
             X, y = self._X[..., :n, :], self._y[..., :n]
             rhs = (X.mT @ (y - 0.5)[..., None])[..., 0]
             eta = rhs if self._zero_loc else (p.precision @ p.loc[..., None])[..., 0] + rhs
-            k = torch.arange(1, self.pg_terms + 1, dtype=_DTYPE) - 0.5
-            ctx = self._logit_ctx = (n, self._X, self._y, p, X, eta[..., None], (k * k).numpy())
+            ctx = self._logit_ctx = (n, self._X, self._y, p, X, eta[..., None])
         return ctx
 
     def _logistic_sweep(self, st: _State, generator: Generator, key: str) -> None:
         """``sweep`` of a logistic chain under a Gaussian prior (no forgetting or restart, no
-        ``batch``), bit for bit: ``omega | w`` (Polya-Gamma, ``_polya_gamma_plain``), then ``w | omega`` with
+        ``batch``), bit for bit: ``omega | w`` (Polya-Gamma, ``polya_gamma``), then ``w | omega`` with
         the per-``add`` terms from ``_logistic_context`` (the bank of chance draws, ``TSASC(chance_refresh=)``,
         runs ``S`` such sweeps on fixed rows)."""
         from ._gaussian import cholesky as _cholesky
 
-        _, _, _, p, X, eta, kk = self._logistic_context()
+        _, _, _, p, X, eta = self._logistic_context()
         psi = (X @ st.w[..., None])[..., 0]
-        omega = _polya_gamma_plain(psi, kk, generator, key + "/pg")
+        omega = polya_gamma(psi, generator, key + "/pg", terms=self.pg_terms)
         L = _cholesky((X * omega[..., None]).mT @ X + p.precision)
         u = torch.linalg.solve_triangular(L, eta, upper=False)
         z = standard_normal((*self.batch_shape, self.dim, 1), generator, key=key + "/w")

@@ -692,9 +692,15 @@ class BayesianLinear:
         uncertainty about an arm left unplayed grows back with time (the stabilised rule, Kulhavy &
         Zarrop 1993, applied per step rather than per observation; as bayesianbandits' ``decay``)."""
         f = torch.where(weight > 0, _ONE, torch.tensor(self.decay, dtype=_DTYPE))
+        self._pull_to_base(f, f[..., None], f[..., None, None])
+
+    def _pull_to_base(self, f, f2, f3) -> None:
+        """The stabilised rule in place: what the batch elements learned weighed by ``f`` (a number,
+        or ``[*batch]`` with ``f2``, ``f3`` its views for ``eta`` and the precision), the base
+        prior kept (``Lambda <- Lambda0 + f (Lambda - Lambda0)``, and so ``eta``, ``a``, ``y^T y``)."""
         p0, eta0 = self._anchor()
-        self.precision.sub_(p0).mul_(f[..., None, None]).add_(p0)
-        self.eta.sub_(eta0).mul_(f[..., None]).add_(eta0)
+        self.precision.sub_(p0).mul_(f3).add_(p0)
+        self.eta.sub_(eta0).mul_(f2).add_(eta0)
         if self.noise_prior is not None:
             self._sq = self._sq0 + f * (self._sq - self._sq0)
             self._a = self._a0 + f * (self._a - self._a0)
@@ -713,12 +719,7 @@ class BayesianLinear:
             if self.noise_prior is not None:
                 self._sq, self._a = self._sq * f, self._a * f
             return
-        p0, eta0 = self._anchor()
-        self.precision.sub_(p0).mul_(f3).add_(p0)
-        self.eta.sub_(eta0).mul_(f2).add_(eta0)
-        if self.noise_prior is not None:
-            self._sq = self._sq0 + f * (self._sq - self._sq0)
-            self._a = self._a0 + f * (self._a - self._a0)
+        self._pull_to_base(f, f2, f3)
 
     def _detect_change(self, X: torch.Tensor, y: torch.Tensor, weight: torch.Tensor | None) -> None:
         """Adaptive forgetting, before one more observation ``X [*batch, d]``, ``y [*batch]``: the

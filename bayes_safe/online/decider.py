@@ -678,7 +678,7 @@ class Decider:
                             self.model_version, tuple(probs))
         row = (key, action, p, decision.propensity_se, self.model_version, context, decision.probabilities,
                None if base is None else int(base))
-        solve = self.policy.__dict__.get("_last_solve") if played is not None else None
+        solve = self.policy.__dict__.get("_last_solve") if played is not None and self.outlier_sd is not None else None
         # the decision solved L^-1 x for every candidate: the played column, with the factors it used, is
         # the outlier guard's solve at this decision's feedback while those factors stand (``_outlying``);
         # kept for the last decision only (a feedback that follows its decision, the common case)
