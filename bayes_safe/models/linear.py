@@ -1252,12 +1252,30 @@ class BayesianLinear:
             # model at features [1, k, d]): [S, 1, d], so that the result keeps the features' axes
             lead = w.dim() - len(self.batch_shape) - 1
             w = w.reshape(*w.shape[:lead], *(1,) * extra, *w.shape[lead:])
-        f = (w[..., None, :] @ _transposed(features))[..., 0, :]
+        return self._link_at(w, _transposed(features))
+
+    def _link_at(self, w: torch.Tensor, ft: torch.Tensor) -> torch.Tensor:
+        """``link(w^T X^T)`` of weights ``w [.., d]`` at transposed features ``ft [.., d, k]`` (``_transposed``)
+        -> ``[.., k]``: ``sample_at``'s last step (the identity for a Gaussian likelihood)."""
+        f = (w[..., None, :] @ ft)[..., 0, :]
         if self.likelihood == "gaussian":
             return f
         from .gibbs import lanewise
 
         return lanewise(_LINKS[self.likelihood], f)
+
+    def _chain_draws_at(self, features: torch.Tensor, S: int, generator: Generator, key: str) -> torch.Tensor | None:
+        """``S`` successive ``sample_at(features, generator, key=key)``, ``[S, *batch, K]``, of a chain engine
+        (Gibbs, Langevin, the online Laplace) at float64 features ``[*batch, K, d]`` under an ordinary
+        generator: the same operations and numbers, the checks of the features and the generator made once
+        (the chance bank's draws, ``TSASC(chance_refresh=)``). None where that does not apply."""
+        if (self.conjugate or not self._chain_engine or isinstance(generator, DrawBatch)
+                or type(features) is not torch.Tensor or features.dtype != _DTYPE
+                or features.dim() != len(self.batch_shape) + 2 or features.shape[-1] != self.dim):
+            return None
+        check_generator(generator)
+        ft = _transposed(features)
+        return torch.stack([self._link_at(self.engine.draw(generator, key), ft) for _ in range(S)])
 
     @property
     def row_draws(self) -> bool:

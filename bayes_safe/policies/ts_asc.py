@@ -973,35 +973,10 @@ def _joint_draws(model, features: torch.Tensor, generator: Generator, key: str, 
                 model.sample_at(features, generator, key=key)
             kept.append(model.sample_at(features, generator, key=key))
         return torch.stack(kept)
-    lean = _chain_draws_at(model, features, generator, key, S)
+    lean = model._chain_draws_at(features, S, generator, key) if hasattr(model, "_chain_draws_at") else None
     if lean is not None:
         return lean
     return torch.stack([model.sample_at(features, generator, key=key) for _ in range(S)])
-
-
-def _chain_draws_at(model, features: torch.Tensor, generator: Generator, key: str, S: int) -> torch.Tensor | None:
-    """``S`` successive ``model.sample_at(features, generator, key=key)`` ``[S, *batch, K]`` of a chain-engine
-    ``BayesianLinear`` (Gibbs, Langevin, the online Laplace) at features ``[*batch, K, d]`` under an ordinary
-    generator: the operations of its ``sample_at`` (the engine's draw, ``w^T X^T`` with ``X^T`` contiguous, the
-    link per draw: the same numbers), its checks of the features and the generator made once, not ``S``
-    times. None where that does not apply (``sample_at`` then)."""
-    if (getattr(model, "conjugate", True) or not getattr(model, "_chain_engine", False)
-            or isinstance(generator, DrawBatch) or type(features) is not torch.Tensor or features.dtype != torch.float64
-            or features.dim() != len(tuple(getattr(model, "batch_shape", ()) or ())) + 2
-            or features.shape[-1] != model.dim):
-        return None
-    from ..models.gibbs import lanewise
-    from ..models.linear import _LINKS, _transposed
-
-    check_generator(generator)
-    ft = _transposed(features)
-    link = None if model.likelihood == "gaussian" else _LINKS[model.likelihood]
-    draw = model.engine.draw
-    out = []
-    for _ in range(S):
-        f = (draw(generator, key)[..., None, :] @ ft)[..., 0, :]
-        out.append(f if link is None else lanewise(link, f))
-    return torch.stack(out)
 
 
 def _bankable(model) -> bool:
