@@ -202,18 +202,18 @@ def test_read_only(target, postgres_server, tmp_path):
 
 def test_the_schema_version(target, tmp_path):
     log = DecisionLog(target)
-    assert log.schema_version() == SCHEMA_VERSION == 1
+    assert log.schema_version() == SCHEMA_VERSION == 2
     _raw(log, "UPDATE meta SET value = '3' WHERE key = 'schema_version'")
     for read_only in (False, True):
         with pytest.raises(ValueError) as refused:
             DecisionLog(target, read_only=read_only)
         message = str(refused.value)
         assert message.count("\n") == 0 and str(log.path) in message
-        assert "schema version 3, newer than this bayes_safe's 1" in message
+        assert "schema version 3, newer than this bayes_safe's 2" in message
     _raw(log, "DELETE FROM meta WHERE key = 'schema_version'")  # as a log written before versions
     assert DecisionLog(target, read_only=True).schema_version() == 1
-    assert DecisionLog(target).schema_version() == 1  # opened for writing: recorded
-    assert dict(log._db.execute("SELECT key, value FROM meta").fetchall()) == {"schema_version": "1"}
+    assert DecisionLog(target).schema_version() == 2  # opened for writing: migrated (the table outcomes) and recorded
+    assert dict(log._db.execute("SELECT key, value FROM meta").fetchall()) == {"schema_version": "2"}
 
 
 def test_a_sqlite_log_from_before_versions_opens(tmp_path):
@@ -230,7 +230,8 @@ def test_a_sqlite_log_from_before_versions_opens(tmp_path):
     reader = DecisionLog(path, read_only=True)
     assert reader.schema_version() == 1 and reader.identity() is None and len(reader) == 1
     assert "meta" not in {r[0] for r in reader._db.execute("SELECT name FROM sqlite_master")}  # nothing written
-    assert DecisionLog(path).schema_version() == 1 and reader.schema_version() == 1
+    assert DecisionLog(path).schema_version() == 2 and reader.schema_version() == 2  # migrated when opened to write
+    assert len(DecisionLog(path, read_only=True).to_dataframe()) == 1
 
 
 def test_urls_print_without_their_password(postgres_server):

@@ -59,6 +59,12 @@ class _Log:
     def feedback_rows_after(self, rowid):
         return [r for r in self.rows if r[0] > rowid][:1000]
 
+    def outcome_rows_after(self, rowid):  # no outcome reported apart from its reward
+        return []
+
+    def __len__(self):  # the decisions logged
+        return len(self.rows)
+
 
 def test_the_limit_is_the_declared_one_and_the_policy_bound_is_exported_beside_it():
     rows = [(i + 1, 10.0, 0.5, "[0.0]", 9.0, 0, 0.5, 0) for i in range(50)]

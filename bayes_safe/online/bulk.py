@@ -12,6 +12,10 @@
   ``constraint0``, ``constraint1``, ...; or one ``constraints`` column holding a JSON list per
   row (``[0.9]``). A policy without constraint models needs none.
 
+An empty cell (``null`` in a JSON list) is a metric not known yet (issue 45): a conversion today
+in one table, its refund in a later one; each metric is learned once, when it first arrives
+(``Decider.feedback``; TS-ASC). A row needs at least one known metric.
+
 Rows are numbered from 1, the first row after the header (so row ``n`` of a CSV file is its line
 ``n + 1``).
 
@@ -72,6 +76,15 @@ def outcome_columns(policy) -> tuple[list[str], list[str]]:
     has_names = getattr(policy, "metric_names", None) is not None
     reward = ["reward"] + ([names[0]] if has_names and names[0] != "reward" else [])
     return reward, names[1:]
+
+
+def _known(value, what: str) -> float | None:
+    """A metric's cell: None when empty (a metric not known yet: outcomes metric by metric, issue 45),
+    else ``_number``."""
+    if value is None or (isinstance(value, str) and not value.strip()) or (
+            isinstance(value, float) and math.isnan(value)):
+        return None
+    return _number(value, what)
 
 
 def _number(value, what: str) -> float:
@@ -170,10 +183,10 @@ def _read_table(path, reward_names: list[str], constraint_names: list[str] | Non
         try:
             if not decision_id:
                 raise ValueError("decision_id: missing")
-            reward = _number(rewards[i], reward_col)
+            reward = _known(rewards[i], reward_col)
             constraints = None
             if mode == "columns":
-                constraints = [_number(metric[c][i], c) for c in cols]
+                constraints = [_known(metric[c][i], c) for c in cols]
             elif mode == "json":
                 text = metric["constraints"][i]
                 try:
@@ -185,7 +198,10 @@ def _read_table(path, reward_names: list[str], constraint_names: list[str] | Non
                     raise ValueError(f"constraints: expected a JSON list of numbers, got {str(text)[:40]!r}")
                 if not any_length and (not isinstance(values, list) or len(values) != C):
                     raise ValueError(f"constraints: expected a JSON list of {C} numbers, got {str(text)[:40]!r}")
-                constraints = [_number(v, f"constraints[{j}]") for j, v in enumerate(values)]
+                constraints = [None if v is None else _number(v, f"constraints[{j}]") for j, v in enumerate(values)]
+            if reward is None and (constraints is None or all(v is None for v in constraints)):
+                raise ValueError(f"{reward_col}: missing (a row needs at least one known metric; an empty cell is a "
+                                 "metric not known yet)")
         except ValueError as exc:
             problems.append((i + 1, decision_id, str(exc)))
             continue

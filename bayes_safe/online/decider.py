@@ -710,16 +710,27 @@ class Decider:
         for g, bound in enumerate(by.reshape(by.shape[0], -1)[:, 0].tolist()):
             self.fallbacks_by[g] += int(bound)
 
-    def feedback(self, decision_id: str, reward, constraints=None) -> bool:
+    def feedback(self, decision_id: str, reward=None, constraints=None) -> bool:
         """Record the outcome of a decision; True if new, False for a duplicate (ignored).
+
+        The outcomes may arrive metric by metric (issue 45): ``feedback(id, reward=1.0)`` now and
+        ``feedback(id, constraints=[None, 1.0])`` or ``constraints={"refund": 1.0}`` (by the names of
+        ``/metrics``, ``metrics.metric_names``) later, a metric not known yet left out or None. Each
+        model learns its metric when it arrives, exactly once: a metric already known is ignored (the
+        answer is False when nothing in the call was new), and the decision stays pending until every
+        metric is known (module docstring: outcomes apart).
 
         Raises ``ValueError`` for an id this Decider never issued (module docstring: decision ids)."""
         reward, constraints = self._outcome(reward, constraints)
+        if reward is None or (constraints is not None and None in constraints):
+            return self._feedback_apart(decision_id, reward, constraints)
         with self._lock:
             decision_id = self._resolve(decision_id)
             entry = self.pending.get(decision_id)
             if entry is None:  # an issued id that is no longer pending has had its feedback
                 return False
+            if entry.get("known") is not None:  # some metrics arrived before: only the others are new
+                return self._apart_locked(decision_id, entry, reward, constraints)
             problem = self._outlier(entry, reward, constraints, decision_id)
             if problem:
                 raise ValueError(problem)
@@ -731,6 +742,62 @@ class Decider:
                     self.pending[decision_id] = entry  # not recorded: still pending, the client may retry
                     raise
             self._queue(decision_id, entry, reward, constraints)
+        return True
+
+    def _feedback_apart(self, decision_id, reward, constraints) -> bool:
+        """``feedback`` of some of a decision's metrics (the others None): checked, then applied under the lock."""
+        self._check_apart()
+        with self._lock:
+            decision_id = self._resolve(decision_id)
+            entry = self.pending.get(decision_id)
+            if entry is None:
+                return False
+            return self._apart_locked(decision_id, entry, reward, constraints)
+
+    def _check_apart(self) -> None:
+        """``ValueError`` naming the policy unless it learns each metric with its own model (TS-ASC)."""
+        from ..policies.ts_asc import TSASC
+
+        policy = self.policy
+        if not isinstance(policy, TSASC) or type(policy).update is not TSASC.update or policy.chance_recalibrate:
+            why = (" with chance_recalibrate (it recalibrates on the reward and constraints of a decision together)"
+                   if isinstance(policy, TSASC) and policy.chance_recalibrate else "")
+            raise ValueError(f"reward, constraints: {type(policy).__name__}{why} learns a decision's outcomes together; "
+                             "give the reward and every constraint in one feedback (outcomes metric by metric need "
+                             "TS-ASC, whose models each learn their own metric)")
+        shared = [getattr(m, "model", None) for m in (policy.reward_model, *policy.constraint_models)]
+        shared = [id(m) for m in shared if m is not None]
+        if len(shared) != len(set(shared)):
+            raise ValueError(f"reward, constraints: this TS-ASC's metrics are views of one model "
+                             f"({type(policy.reward_model).__name__} and "
+                             f"{', '.join(type(m).__name__ for m in policy.constraint_models)}: one outcome seen two "
+                             "ways); give the reward and every constraint in one feedback")
+
+    def _apart_locked(self, key: str, entry: dict, reward, constraints, write: bool = True) -> bool:
+        """The metrics of ``(reward, constraints)`` (None: not in this report) that ``entry`` does not
+        know yet: checked by the outlier guard, logged, queued for their models; the entry leaves
+        ``pending`` once every metric is known. The caller holds the lock and checked the policy."""
+        self._check_apart()
+        values = [reward, *(constraints or [None] * int(self.policy.num_constraints))]
+        known = entry.get("known") or [False] * len(values)
+        new = [None if k or v is None else v for k, v in zip(known, values)]
+        if all(v is None for v in new):
+            return False  # every metric of this report is known already: acknowledged and ignored
+        if write:
+            problem = self._outlier(entry, new[0], new[1:] or None, key)
+            if problem:
+                raise ValueError(problem)
+        if self.log is not None and write:
+            if new[0] is not None:  # the reward's row carries the constraints known with it (the others null)
+                self.log.write_feedback(key, new[0], new[1:] or None)
+            else:
+                self.log.write_outcomes([(key, j, v) for j, v in enumerate(new[1:]) if v is not None])
+        known = [k or v is not None for k, v in zip(known, new)]
+        if all(known):
+            del self.pending[key]
+        else:
+            entry["known"] = known
+        self._queue(key, {"features": entry["features"], "action": entry["action"]}, new[0], new[1:] or None)
         return True
 
     def public_id(self, number: int) -> str:
@@ -772,11 +839,15 @@ class Decider:
     def _outcome(self, reward, constraints) -> tuple[float, list[float] | None]:
         """One outcome checked and coerced (``feedback`` and ``feedback_many``): the reward a finite
         float, the constraints one finite float per constraint metric of the policy (None without)."""
-        reward = self._bounded(_finite(reward, "reward"), "reward", 0)
         C = int(getattr(self.policy, "num_constraints", 0))
+        if reward is None or isinstance(constraints, Mapping) or (C and constraints is None) or (
+                C and type(constraints) in (list, tuple) and None in constraints):
+            return self._outcome_apart(reward, constraints, C)
+        reward = self._bounded(_finite(reward, "reward"), "reward", 0)
         if C:
             if constraints is None:
-                raise ValueError(f"constraints: the policy learns {C} constraint metric(s); give {C} value(s)")
+                raise ValueError(f"constraints: the policy learns {C} constraint metric(s); give {C} value(s), or "
+                                 "None for one not known yet")
             if type(constraints) in (list, tuple) and len(constraints) == C and all(type(v) is float for v in constraints):
                 values = constraints  # C Python floats (the common case): what the array below would hold
             else:
@@ -791,6 +862,37 @@ class Decider:
         if constraints is not None and (not isinstance(constraints, (list, tuple, np.ndarray)) or len(constraints)):
             raise ValueError("constraints: this policy learns no constraint metric; leave constraints out")
         return reward, None
+
+    def _outcome_apart(self, reward, constraints, C: int) -> tuple[float | None, list | None]:
+        """``_outcome`` of a report of some metrics: ``(reward or None, [value or None] * C or None)``;
+        ``constraints`` a list with None for metrics not in the report, or ``{name: value}`` by the
+        constraint metrics' names (``metrics.metric_names``)."""
+        if reward is not None:
+            reward = self._bounded(_finite(reward, "reward"), "reward", 0)
+        if isinstance(constraints, Mapping):
+            names = metric_names(self.policy)[1:]
+            unknown = [str(k) for k in constraints if k not in names]
+            if unknown:
+                raise ValueError(f"constraints: unknown metric name(s) {unknown[:5]}; this policy's constraint metrics "
+                                 f"are {names}")
+            constraints = [constraints.get(name) for name in names]
+        if C and constraints is None:
+            constraints = [None] * C  # left out: none known yet
+        if constraints is not None:
+            if not C:
+                if any(v is not None for v in constraints):
+                    raise ValueError("constraints: this policy learns no constraint metric; leave constraints out")
+                constraints = None
+            elif not isinstance(constraints, (list, tuple)) or len(constraints) != C:
+                raise ValueError(f"constraints: expected {C} value(s) (None for one not known yet), got "
+                                 f"{_shown(constraints)}")
+            else:
+                constraints = [None if v is None else self._bounded(_finite(v, f"constraints[{i}]"), f"constraints[{i}]",
+                                                                    i + 1) for i, v in enumerate(constraints)]
+        if reward is None and (constraints is None or all(v is None for v in constraints)):
+            raise ValueError("reward, constraints: give the reward, a constraint metric's value, or both (a metric not "
+                             "known yet is left out or None)")
+        return reward, constraints
 
     def _bounded(self, value: float, what: str, metric: int) -> float:
         """``value`` if within the outcome limit (and 0 / 1 for a binary metric), else ``ValueError``."""
@@ -821,7 +923,7 @@ class Decider:
         row = None  # the features as one float64 array, made once for every model that asks (the same numbers)
         for metric, value in enumerate((reward, *(constraints or ()))):
             model = self._guarded[metric]
-            if model is None:
+            if model is None or value is None:  # (None: a metric not in this report)
                 continue
             if id(model) in self._fast_guard:
                 z = None
@@ -865,14 +967,35 @@ class Decider:
         applies them) and then applied in order, exactly as the same calls to ``feedback`` would."""
         checked, problems = self._checked_rows(rows)
         with self._lock:
-            new, seen = [], set()
+            new, seen, apart, seen_apart, apart_keys = [], set(), [], set(), set()
             for i, decision_id, reward, constraints in checked:
                 try:
                     key = self._resolve(decision_id)
                 except ValueError as exc:
                     problems.append((i, str(decision_id)[:80], str(exc)))
                     continue
-                if key in self.pending and key not in seen:
+                if key in self.pending and key not in seen and (
+                        reward is None or (constraints is not None and None in constraints)
+                        or self.pending[key].get("known") is not None or key in apart_keys):
+                    # some metrics of the decision (module docstring: outcomes apart): the ones not known yet
+                    try:
+                        self._check_apart()
+                    except ValueError as exc:
+                        problems.append((i, str(decision_id)[:80], str(exc)))
+                        continue
+                    known = self.pending[key].get("known") or [False] * (1 + len(constraints or ()))
+                    values = [None if k or (key, m) in seen_apart else v
+                              for m, (k, v) in enumerate(zip(known, [reward, *(constraints or ())]))]
+                    if all(v is None for v in values):
+                        continue
+                    problem = self._outlier(self.pending[key], values[0], values[1:] or None, key)
+                    if problem:
+                        problems.append((i, str(decision_id)[:80], problem))
+                        continue
+                    seen_apart.update((key, m) for m, v in enumerate(values) if v is not None)
+                    apart_keys.add(key)
+                    apart.append((i, key, values[0], values[1:] or None))
+                elif key in self.pending and key not in seen:
                     problem = self._outlier(self.pending[key], reward, constraints, key)
                     if problem:
                         problems.append((i, str(decision_id)[:80], problem))
@@ -882,7 +1005,7 @@ class Decider:
             if problems:
                 raise FeedbackRowsError(sorted(problems))
             if check_only:
-                ids = {i for i, *_ in new}
+                ids = {i for i, *_ in new} | {i for i, *_ in apart}
                 return [i in ids for i, *_ in checked]
             if self.log is not None and new:
                 self.log.write_feedback_many([(k, r, c) for _, k, r, c in new])  # one transaction: all or none
@@ -891,6 +1014,9 @@ class Decider:
             for i, decision_id, reward, constraints in new:
                 self._queue(decision_id, self.pending.pop(decision_id), reward, constraints)
                 accepted[position[i]] = True
+            # outcomes metric by metric: each row's new metrics logged (its own transaction) and queued, in order
+            for i, key, reward, constraints in apart:
+                accepted[position[i]] = self._apart_locked(key, self.pending[key], reward, constraints)
         return accepted
 
     def _checked_rows(self, rows) -> tuple[list[tuple], list[tuple]]:
@@ -936,6 +1062,11 @@ class Decider:
             # floats) and tensors on numpy's views of it: no tensor operation for the slicing (1.2 us
             # for the array against 3 for torch.tensor, 0.6 a view against 1 to 1.5)
             f, cs = q["features"], q["constraints"]
+            if q["reward"] is None or (cs is not None and None in cs):
+                self._learn_apart(q)
+                if watch is not None:
+                    self._watch_drift(watch, q.get("decision_id"))
+                continue
             d = len(f)
             row = np.array([[*f, q["reward"], *(cs or ())]], dtype=np.float64)
             x, y = torch.from_numpy(row[:, :d]), torch.from_numpy(row[:, d])
@@ -946,6 +1077,17 @@ class Decider:
                 self.policy.update(x, y, c, actions=_index(q["action"]))
             if watch is not None:
                 self._watch_drift(watch, q.get("decision_id"))
+
+    def _learn_apart(self, q: dict) -> None:
+        """The models of the metrics ``q`` reports learn them (its other metrics are not known yet):
+        TS-ASC's update, model by model (``_check_apart`` admitted the policy)."""
+        policy = self.policy
+        x = torch.tensor([q["features"]], dtype=torch.float64)
+        actions = _index(q["action"])
+        values = [q["reward"], *(q["constraints"] or ())]
+        for model, value in zip((policy.reward_model, *policy.constraint_models), values):
+            if value is not None:
+                model.update(x, torch.tensor([float(value)], dtype=torch.float64), actions=actions)
 
     # ------------------------------------------------------------------ the log
     def check_log(self, log: DecisionLog | str | Path | None = None) -> None:
@@ -985,7 +1127,12 @@ class Decider:
             for decision_id, action, num_actions, context in later:  # all checked before any is applied
                 added[decision_id] = {"features": _played_features(context, action, num_actions, dim, per_arm,
                                                                    decision_id, log.path), "action": action}
-            feedback = log.feedback_for([*self.pending, *added])
+            feedback = log.feedback_for([*self.pending, *added], with_time=True)
+            late = log.outcomes_for([*self.pending, *added])
+            if late:  # constraint outcomes logged apart from their reward, merged in the order they were logged
+                C = int(getattr(self.policy, "num_constraints", 0))
+                feedback = sorted(feedback + [(k, t, None, [v if i == j else None for i in range(C)])
+                                              for k, j, v, t, _ in late], key=lambda row: row[1])
             if log.identity() is None and not log.read_only:
                 log.bind(self.decider_id, self.next_id)
             if self.log is None:
@@ -995,11 +1142,17 @@ class Decider:
                 self.next_id = int(later[-1][0]) + 1
                 self._generator.manual_seed(int(np.random.SeedSequence([self.seed % 2**64, self.next_id]).generate_state(1)[0]))
             applied = 0
-            for decision_id, reward, constraints in feedback:
-                entry = self.pending.pop(decision_id, None)
-                if entry is not None:  # the log has it already: applied without writing it again
-                    self._queue(decision_id, entry, reward, constraints)
-                    applied += 1
+            for decision_id, _, reward, constraints in feedback:
+                entry = self.pending.get(decision_id)
+                if entry is None:
+                    continue
+                if entry.get("known") is not None or reward is None or (constraints is not None and None in constraints):
+                    # (outcomes metric by metric) the log has them already: applied without writing them again
+                    applied += self._apart_locked(decision_id, entry, reward, constraints, write=False)
+                    continue
+                del self.pending[decision_id]  # the log has it already: applied without writing it again
+                self._queue(decision_id, entry, reward, constraints)
+                applied += 1
             self.replayed = {"decisions": len(later), "feedback": applied}
             return dict(self.replayed)
 
@@ -1098,9 +1251,11 @@ class Decider:
         try:
             next_id, model_version = int(meta["next_id"]), int(meta["model_version"])
             pending = {str(k): {"features": [float(x) for x in v["features"]], "action": int(v["action"])}
+                       | ({"known": [bool(b) for b in v["known"]]} if v.get("known") is not None else {})
                        for k, v in dict(meta["pending"]).items()}
-            queued = [{"decision_id": str(q["decision_id"]), "reward": float(q["reward"]),
-                       "constraints": None if q["constraints"] is None else [float(c) for c in q["constraints"]],
+            queued = [{"decision_id": str(q["decision_id"]), "reward": None if q["reward"] is None else float(q["reward"]),
+                       "constraints": None if q["constraints"] is None else [
+                           None if c is None else float(c) for c in q["constraints"]],
                        "features": [float(x) for x in q["features"]], "action": int(q["action"])}
                       for q in meta["queued"]]
             decider_id = meta.get("decider_id")  # None: saved before states had one

@@ -52,8 +52,11 @@ import pandas as pd
 
 __all__ = ["SCHEMA_VERSION", "DecisionLog", "LogError", "LogURL", "LogUnavailable", "is_log_url", "log_location"]
 
-#: the version of the log's tables this code writes (and the newest it reads)
-SCHEMA_VERSION = 1
+#: the version of the log's tables this code writes (and the newest it reads). 2 (issue 45): a
+#: decision's outcomes may arrive metric by metric: ``feedback``'s ``constraints`` may hold ``null``
+#: for a metric not known when the row was written, and the table ``outcomes`` holds the metrics
+#: reported later. A version-1 log opened for writing gains the table (nothing else changes).
+SCHEMA_VERSION = 2
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS decisions (
@@ -63,6 +66,10 @@ CREATE TABLE IF NOT EXISTS decisions (
 );
 CREATE TABLE IF NOT EXISTS feedback (
     decision_id TEXT PRIMARY KEY, time REAL NOT NULL, reward REAL NOT NULL, constraints TEXT
+);
+CREATE TABLE IF NOT EXISTS outcomes (
+    decision_id TEXT NOT NULL, metric INTEGER NOT NULL, value REAL NOT NULL, time REAL NOT NULL, origin TEXT,
+    PRIMARY KEY (decision_id, metric)
 );
 """
 
@@ -74,6 +81,11 @@ _PG_SCHEMA = [
     ("CREATE TABLE IF NOT EXISTS feedback (seq BIGINT GENERATED ALWAYS AS IDENTITY UNIQUE, decision_id TEXT PRIMARY KEY, "
      "time DOUBLE PRECISION NOT NULL, reward DOUBLE PRECISION NOT NULL, constraints TEXT)"),
     "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    # seq drawn from feedback's own sequence: one order over both tables (a replica's watermark covers both)
+    ("CREATE TABLE IF NOT EXISTS outcomes (seq BIGINT NOT NULL UNIQUE "
+     "DEFAULT nextval(pg_get_serial_sequence('feedback', 'seq')::regclass), decision_id TEXT NOT NULL, "
+     "metric BIGINT NOT NULL, value DOUBLE PRECISION NOT NULL, time DOUBLE PRECISION NOT NULL, origin TEXT, "
+     "PRIMARY KEY (decision_id, metric))"),
 ]
 _META = "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)"
 _DECISION_COLUMNS = ("decision_id", "time", "action", "propensity", "propensity_se", "model_version", "num_actions",
@@ -452,9 +464,22 @@ def decision_row(decision_id: str, action: int, propensity: float, propensity_se
 
 
 def feedback_row(decision_id: str, reward: float, constraints=None, now: float | None = None) -> tuple:
-    """The ``feedback`` row ``(decision_id, time, reward, constraints JSON or None)``, timed ``now``."""
-    return (str(decision_id), time.time() if now is None else now, float(reward),
-            None if constraints is None else _floats_json(constraints))
+    """The ``feedback`` row ``(decision_id, time, reward, constraints JSON or None)``, timed ``now``; a
+    constraint metric not known yet is None in ``constraints`` and ``null`` in its JSON (schema 2)."""
+    if constraints is None:
+        text = None
+    elif any(v is None for v in constraints):
+        text = json.dumps([None if v is None else float(v) for v in constraints])
+    else:
+        text = _floats_json(constraints)
+    return (str(decision_id), time.time() if now is None else now, float(reward), text)
+
+
+def _constraint_list(text) -> list | None:
+    """A ``feedback`` row's constraints JSON as floats, None where a metric was not known (schema 2)."""
+    if text is None:
+        return None
+    return [None if x is None else float(x) for x in json.loads(text)]
 
 
 def pg_stale(conn) -> bool:
@@ -559,9 +584,10 @@ class DecisionLog:
         if version > SCHEMA_VERSION:
             raise ValueError(f"path: {self.path} is a decision log of schema version {version}, newer than this "
                              f"bayes_safe's {SCHEMA_VERSION}: open it with the bayes_safe that wrote it (or a newer one)")
-        if raw is None and not self.read_only:
+        if version < SCHEMA_VERSION and not self.read_only:  # 1 -> 2: the table outcomes, made with the others
             with b.transaction():
                 b.run(_META)
+                b.run("DELETE FROM meta WHERE key = ?", ("schema_version",))
                 b.run(b.ignore("meta", ("key", "value")), ("schema_version", str(SCHEMA_VERSION)))
 
     def schema_version(self) -> int:
@@ -628,6 +654,41 @@ class DecisionLog:
                 with self._marks:
                     self._uncertain_feedback.difference_update(row[0] for row in prepared)
         return out
+
+    def write_outcomes(self, rows, origin: str | None = None) -> list[bool]:
+        """Record constraint outcomes reported apart from the reward (schema 2, issue 45): ``rows`` of
+        ``(decision_id, metric, value)`` (``metric`` the constraint's index), in one transaction, all
+        or none. Per row: True if written, False if the log already holds that decision's metric
+        (idempotent per (decision, metric); the first value is kept). ``origin``: None for a client's
+        report, ``"window"`` for the declared default of a metric whose window closed."""
+        now = time.time()
+        prepared = [(str(k), int(j), float(v), now, origin) for k, j, v in rows]
+        insert = self._b.ignore("outcomes", ("decision_id", "metric", "value", "time", "origin"))
+        with self._lock, self._b.guard(), self._b.transaction() if len(prepared) > 1 else _NO_GUARD:
+            return [self._b.run(insert, row) == 1 for row in prepared]
+
+    def outcomes_for(self, decision_ids) -> list[tuple[str, int, float, float, str | None]]:
+        """``(decision_id, metric, value, time, origin)`` of the constraint outcomes logged apart from
+        the reward for ``decision_ids`` (``write_outcomes``), in the order they were logged."""
+        ids = [str(i) for i in decision_ids]
+        if not ids or not self._has_outcomes():
+            return []
+        rows = []
+        r = self._b.rowid
+        with self._lock, self._b.guard():
+            for i in range(0, len(ids), 500):
+                chunk = ids[i:i + 500]
+                rows += self._b.rows(f"SELECT {r}, decision_id, metric, value, time, origin FROM outcomes "
+                                     f"WHERE decision_id IN ({','.join('?' * len(chunk))})", chunk)
+        rows.sort()
+        return [(k, int(j), float(v), float(t), o) for _, k, j, v, t, o in rows]
+
+    def _has_outcomes(self) -> bool:
+        """Whether the log has the table ``outcomes`` (a version-1 log opened read-only has not)."""
+        if not self.__dict__.get("_outcomes_table"):  # (only a True is kept: another process may migrate the log)
+            with self._lock, self._b.guard():
+                self._outcomes_table = "outcomes" in self._b.tables()
+        return self._outcomes_table
 
     def write_feedback_many(self, rows) -> list[bool]:
         """Record the feedback ``rows`` (``(decision_id, reward, constraints)`` each) in one
@@ -740,9 +801,11 @@ class DecisionLog:
         with self._lock, self._b.guard():
             return int(self._b.rows(f"SELECT COUNT(*) FROM decisions WHERE {n} >= ?", (int(first),))[0][0])
 
-    def feedback_for(self, decision_ids, through: int | None = None) -> list[tuple[str, float, list[float] | None]]:
+    def feedback_for(self, decision_ids, through: int | None = None, with_time: bool = False) -> list[tuple]:
         """``(decision_id, reward, constraints)`` of the logged feedback of ``decision_ids``, in the
-        order it was logged (only rows with ``seq <= through`` when given)."""
+        order it was logged (only rows with ``seq <= through`` when given); ``with_time``:
+        ``(decision_id, time, reward, constraints)``. A constraint not known when the row was written
+        is None (outcomes metric by metric: ``outcomes_for`` has those reported later)."""
         ids = [str(i) for i in decision_ids]
         rows = []
         r = self._b.rowid
@@ -751,11 +814,13 @@ class DecisionLog:
             for i in range(0, len(ids), 500):
                 chunk = ids[i:i + 500]
                 marks = ",".join("?" * len(chunk))
-                rows += self._b.rows(f"SELECT {r}, decision_id, reward, constraints FROM feedback "
+                rows += self._b.rows(f"SELECT {r}, decision_id, reward, constraints, time FROM feedback "
                                      f"WHERE decision_id IN ({marks}){bound}", chunk)
         rows.sort()
         try:
-            return [(k, float(r), None if c is None else [float(x) for x in json.loads(c)]) for _, k, r, c in rows]
+            if with_time:
+                return [(k, float(t), float(r), _constraint_list(c)) for _, k, r, c, t in rows]
+            return [(k, float(r), _constraint_list(c)) for _, k, r, c, _ in rows]
         except (ValueError, TypeError):
             raise ValueError(f"log: {self.path}: malformed constraints in its feedback") from None
 
@@ -770,6 +835,20 @@ class DecisionLog:
             return [tuple(row) for row in self._b.rows(
                 f"SELECT f.{r}, f.time, f.reward, f.constraints, d.time, d.action, d.propensity, d.baseline "
                 f"FROM feedback f LEFT JOIN decisions d USING (decision_id) WHERE f.{r} > ? ORDER BY f.{r} LIMIT ?",
+                (int(rowid), int(limit)))]
+
+    def outcome_rows_after(self, rowid: int, limit: int = 50_000) -> list[tuple]:
+        """The constraint outcomes logged apart from their reward (``write_outcomes``) after row
+        ``rowid`` joined with their decision, oldest first, at most ``limit``: ``(rowid, metric, value,
+        decision_time, action, propensity, baseline)`` (the decision's fields None when the log lacks it);
+        ``feedback_rows_after``'s twin for live monitors."""
+        if not self._has_outcomes():
+            return []
+        r = self._b.rowid
+        with self._lock, self._b.guard():
+            return [tuple(row) for row in self._b.rows(
+                f"SELECT o.{r}, o.metric, o.value, d.time, d.action, d.propensity, d.baseline "
+                f"FROM outcomes o LEFT JOIN decisions d USING (decision_id) WHERE o.{r} > ? ORDER BY o.{r} LIMIT ?",
                 (int(rowid), int(limit)))]
 
     # ------------------------------------------------------------------ replicas (PostgreSQL)
@@ -869,7 +948,7 @@ class DecisionLog:
                 f"FROM feedback f JOIN decisions d USING (decision_id) WHERE f.{r} > ? ORDER BY f.{r} LIMIT ?",
                 (int(seq), int(limit)))
         try:
-            return [(int(s), k, float(y), None if c is None else [float(x) for x in json.loads(c)], int(a), int(K),
+            return [(int(s), k, float(y), _constraint_list(c), int(a), int(K),
                      [float(x) for x in json.loads(ctx)]) for s, k, y, c, a, K, ctx in rows]
         except (ValueError, TypeError):
             raise ValueError(f"log: {self.path}: malformed constraints or context in its feedback") from None
@@ -888,7 +967,13 @@ class DecisionLog:
 
     # ------------------------------------------------------------------ reading
     def to_dataframe(self, with_feedback_only: bool = False) -> pd.DataFrame:
-        """One row per decision, its feedback joined (``reward`` NaN where none arrived)."""
+        """One row per decision, its feedback joined (``reward`` NaN where none arrived).
+
+        ``constraints``: the decision's constraint outcomes (a list, None entries for metrics not
+        known yet: never 0), those reported with the reward and those reported apart from it
+        (``write_outcomes``) merged; ``outcomes_pending``: how many of the decision's metrics
+        (the reward and each constraint) are not known yet. ``with_feedback_only``: the
+        decisions whose reward is known."""
         join = "JOIN" if with_feedback_only else "LEFT JOIN"
         columns = ", ".join(f"d.{c}" for c in _DECISION_COLUMNS)
         query = (f"SELECT {columns}, f.reward AS reward, f.constraints AS constraints, f.time AS feedback_time "
@@ -898,7 +983,32 @@ class DecisionLog:
         for col in ("context", "probabilities"):
             frame[col] = frame[col].map(json.loads)
         frame["constraints"] = frame["constraints"].map(lambda s: None if s is None or pd.isna(s) else json.loads(s))
+        late = self._outcome_values() if self._has_outcomes() else {}
+        lengths = [len(c) for c in frame["constraints"] if c is not None]
+        C = max([*lengths, *(j + 1 for values in late.values() for j in values)], default=0)
+        if late:
+            merged = []
+            for key, c in zip(frame["decision_id"], frame["constraints"]):
+                values = late.get(key)
+                if values:
+                    c = list(c) if c is not None else [None] * C
+                    c += [None] * (C - len(c))
+                    for j, v in values.items():
+                        c[j] = v
+                merged.append(c)
+            frame["constraints"] = merged
+        frame["outcomes_pending"] = [
+            int(pd.isna(r)) + (C if c is None else sum(v is None for v in c) + C - len(c))
+            for r, c in zip(frame["reward"], frame["constraints"])]
         return frame
+
+    def _outcome_values(self) -> dict[str, dict[int, float]]:
+        """``{decision_id: {metric: value}}`` of every constraint outcome logged apart from its reward."""
+        out: dict[str, dict[int, float]] = {}
+        with self._lock, self._b.guard():
+            for k, j, v in self._b.rows(f"SELECT decision_id, metric, value FROM outcomes ORDER BY {self._b.rowid}"):
+                out.setdefault(k, {})[int(j)] = float(v)
+        return out
 
     def to_logged_data(self):
         """The decisions with feedback as ``bayes_safe.offline.LoggedData`` (one domain, ``"all"``),

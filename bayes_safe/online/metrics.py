@@ -35,7 +35,9 @@ bayes_safe_guardrail_limit`` (an ``at_least`` constraint whose served interval l
 below its limit). The estimates run over the whole log (every decision since the log began),
 so they move slowly once the log is long; a new process (a restart) reads the log again from
 its start. ``feedback delay`` (seconds from a decision to its feedback) is a histogram of the
-same rows. Models that detect changes (adaptive forgetting, issue 43) export their alarms,
+same rows. Outcomes that arrive metric by metric (issue 45) count where they are known: a
+metric not known yet is left out of its estimate (never counted as 0), and
+``bayes_safe_outcomes_pending{metric}`` says how many logged decisions still wait for it. Models that detect changes (adaptive forgetting, issue 43) export their alarms,
 ``bayes_safe_drift_alarms_total{metric}``, and the observations learned since the last one,
 ``bayes_safe_drift_observations_since_change{metric, arm}``. The Prometheus objects (a per-app
 ``CollectorRegistry``, so apps and tests never share one) are built by ``registry(service)``.
@@ -186,7 +188,9 @@ class GuardrailMonitor:
         self.guardrails = guardrails(policy)
         self.on_delay = on_delay
         self.rowid = 0
+        self.outcome_rowid = 0  # the late outcomes' watermark (``DecisionLog.outcome_rows_after``)
         self.rows = 0
+        self.decisions = 0  # decisions logged at the last update: a metric's pending count is this less its rows
         self.sums = [_Sums() for _ in self.names]
         self._lock = threading.Lock()
 
@@ -194,6 +198,17 @@ class GuardrailMonitor:
         """Read the feedback logged since the last update; returns how many rows."""
         with self._lock:
             read = 0
+            self.decisions = len(self.log)
+            while True:  # constraint outcomes reported apart from their reward (issue 45)
+                late = self.log.outcome_rows_after(self.outcome_rowid)
+                if not late:
+                    break
+                for rowid, metric, value, d_time, action, propensity, baseline in late:
+                    self.outcome_rowid = rowid
+                    if d_time is None or not 0 <= metric < len(self.sums) - 1:
+                        continue
+                    w = 1.0 / propensity if baseline is not None and action == baseline and propensity > 0 else None
+                    self.sums[1 + metric].add(float(value), w)
             while True:
                 rows = self.log.feedback_rows_after(self.rowid)
                 if not rows:
@@ -214,13 +229,15 @@ class GuardrailMonitor:
                         except ValueError:
                             continue
                         for s, v in zip(self.sums[1:], values):
-                            s.add(float(v), w)
+                            if v is not None:  # (null: not known when the reward came; a later row has it)
+                                s.add(float(v), w)
 
     def estimates(self) -> list[dict]:
         """Per metric: ``{"metric", "served": (mean, low, high), "baseline": (...), "rows", "baseline_rows"}``."""
         with self._lock:
             return [{"metric": name, "served": s.served(), "baseline": s.baseline(), "rows": int(s.n),
-                     "baseline_rows": int(s.nb)} for name, s in zip(self.names, self.sums)]
+                     "baseline_rows": int(s.nb), "pending": max(self.decisions - int(s.n), 0)}
+                    for name, s in zip(self.names, self.sums)]
 
     def limits(self) -> list[dict]:
         """Per guardrail: its ``metric``, ``direction``, ``limit`` (the declared business limit in the metric's
@@ -343,6 +360,12 @@ def registry(service):
                 rows.add_metric([e["metric"], "baseline"], e["baseline_rows"])
             yield from families.values()
             yield rows
+            pending = GaugeMetricFamily("bayes_safe_outcomes_pending", "Decisions logged whose outcome of this metric "
+                                        "is not known yet (left out of the estimates above, never counted as 0)",
+                                        labels=["metric"])
+            for e in monitor.estimates():
+                pending.add_metric([e["metric"]], e["pending"])
+            yield pending
             labels = ["constraint", "metric", "direction", "form"]
             limits = GaugeMetricFamily("bayes_safe_guardrail_limit",
                                        "The declared business limit a constraint holds the served mean to (relative: "

@@ -12,7 +12,10 @@
   booleans) -> the ``Decision`` (``decision_id``, ``action``, ``propensity``, ``propensity_se``,
   ``model_version``, ``probabilities``);
 * ``POST /feedback``: ``{"decision_id": ..., "reward": ..., "constraints": [...]}`` ->
-  ``{"accepted": true}``, or ``false`` for a duplicate (ignored); an unknown id is a 404. Or a
+  ``{"accepted": true}``, or ``false`` for a duplicate (ignored); an unknown id is a 404. Outcomes
+  may arrive metric by metric (TS-ASC; issue 45): ``{"decision_id": ..., "reward": 1.0}`` now and
+  ``{"decision_id": ..., "constraints": {"refund": 1.0}}`` (or a list with ``null`` for the metrics
+  not known) later, each learned once when it arrives (``Decider.feedback``). Or a
   list of such objects, applied all or nothing (``Decider.feedback_many``: one log transaction,
   committed before the reply) -> ``{"accepted": [...], "applied": n, "duplicates": m}``; a list
   with any bad item is a 422 whose ``errors`` name every bad item (``index``, ``decision_id``,
@@ -329,18 +332,29 @@ def _feedback_item(payload, where: str = "") -> dict:
     extra = [k for k in payload if k not in _FEEDBACK_FIELDS]
     if extra:
         raise BadRequest(f"{where or 'body'}: unexpected field(s) {extra} (expected {list(_FEEDBACK_FIELDS)})")
-    for key in ("decision_id", "reward"):
-        if key not in payload:
-            raise BadRequest(f"{key}: required")
+    if "decision_id" not in payload:
+        raise BadRequest("decision_id: required")
+    if payload.get("reward") is None and payload.get("constraints") is None:
+        raise BadRequest("reward: required (or, for outcomes that arrive metric by metric, constraints: the ones "
+                         "known now)")
     decision_id = payload["decision_id"]
     if isinstance(decision_id, bool) or not isinstance(decision_id, (str, int)):
         raise BadRequest(f"decision_id: expected the id /decide returned (a string), got {json.dumps(decision_id)[:60]}")
-    reward = payload["reward"]
-    if not _is_number(reward):
+    reward = payload.get("reward")
+    if reward is not None and not _is_number(reward):
         raise _not_number(reward, "reward")
     constraints = payload.get("constraints")
-    if constraints is not None:
-        _numbers(constraints, "constraints")
+    if isinstance(constraints, dict):  # {metric name: value or null}
+        for k, v in constraints.items():
+            if v is not None and not _is_number(v):
+                raise _not_number(v, f"constraints[{k!r}]")
+    elif constraints is not None:
+        if not isinstance(constraints, list):
+            raise BadRequest(f"constraints: expected a list of numbers (null for a metric not known yet) or an "
+                             f"object of metric names, got {json.dumps(constraints)[:60]}")
+        for j, v in enumerate(constraints):
+            if v is not None and not _is_number(v):
+                raise _not_number(v, f"constraints[{j}]")
     return {"decision_id": str(decision_id), "reward": reward, "constraints": constraints}
 
 
@@ -1166,10 +1180,11 @@ def _build_schemas() -> dict:
 
         model_config = ConfigDict(extra="forbid")
         decision_id: str | int = Field(description="the id /decide returned", examples=["0"])
-        reward: float = Field(examples=[1.2])
-        constraints: list[float] | None = Field(
-            None, description="one value per constraint metric the policy learns (in the order of its metric_names)",
-            examples=[[0.9]])
+        reward: float | None = Field(None, description="the reward; left out or null when not known yet (outcomes "
+                                     "metric by metric: TS-ASC)", examples=[1.2])
+        constraints: list[float | None] | dict[str, float | None] | None = Field(
+            None, description="one value per constraint metric the policy learns (in the order of its metric_names; "
+            "null for one not known yet), or an object of the ones known by name", examples=[[0.9]])
 
     class FeedbackAccepted(BaseModel):
         """One feedback: True if applied, False for a duplicate (acknowledged and ignored)."""
