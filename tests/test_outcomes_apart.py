@@ -316,3 +316,73 @@ def test_the_service_takes_outcomes_metric_by_metric_over_http_and_from_a_csv(tm
     frame = DecisionLog(log, read_only=True).to_dataframe().set_index("decision_id")
     assert frame["outcomes_pending"].tolist() == [0, 0, 0, 1, 1, 1]
     assert frame["constraints"].tolist()[:3] == [[1.0], [0.0], [1.0]]
+
+
+# ---------------------------------------------------------------------------------- replicas
+def test_replicas_learn_each_metric_once_in_the_log_order(tmp_path, postgres_server):
+    """Two replicas on one PostgreSQL log: conversions at one, refunds (some sent twice, some first)
+    at the other; both learn every metric once, in the same order, to the same numbers; a replica
+    restarted from a snapshot taken half-way ends with the same posterior."""
+    from bayes_safe.online import ReplicaDecider
+
+    state = tmp_path / "state"
+    _decider(seed=3).save(state)
+    url = postgres_server.url()
+    a, b = ReplicaDecider.load(state, log=url), ReplicaDecider.load(state, log=url)
+    rng = np.random.default_rng(4)
+    ids = [(a, b)[i % 2].decide(x, baseline=0).decision_id for i, x in enumerate(_contexts(20, seed=5))]
+    for i, key in enumerate(ids[:10]):
+        assert a.feedback(key, reward=float(rng.normal())) is True
+        assert b.feedback(key, reward=0.0) is False  # known: acknowledged and ignored
+    a.sync()
+    a.save(tmp_path / "half")  # a snapshot with conversions known and refunds pending
+    for key in ids[:6]:
+        assert b.feedback(key, constraints={"refund": float(rng.random() < 0.2)}) is True
+        assert a.feedback(key, constraints=[1.0]) is False
+    for key in ids[10:14]:  # the refund first, the conversion later
+        assert b.feedback(key, constraints=[0.0]) is True
+        assert a.feedback(key, reward=1.0, constraints=[1.0]) is True  # the conversion is new; the refund is not
+    assert b.feedback_many([(ids[14], 0.5, None), (ids[14], None, [0.0]), (ids[6], None, [1.0])]) == [True, True, True]
+    assert a.sync() > 0 and b.sync() > 0 and a.log_seq == b.log_seq and a.applied == b.applied
+    assert _counts(a) == _counts(b) == [15, 12]
+    for m_a, m_b in zip(a.policy.models().values(), b.policy.models().values()):
+        assert torch.equal(m_a.precision, m_b.precision) and torch.equal(m_a.eta, m_b.eta)
+    c = ReplicaDecider.load(tmp_path / "half", log=url)
+    assert _counts(c) == [15, 12] and c.applied == a.applied
+    for m_a, m_c in zip(a.policy.models().values(), c.policy.models().values()):
+        assert torch.equal(m_a.precision, m_c.precision)
+    frame = DecisionLog(url, read_only=True).to_dataframe().set_index("decision_id")
+    assert int((frame["outcomes_pending"] == 0).sum()) == 12  # both metrics known for 12 decisions
+
+
+def test_a_replica_service_takes_outcomes_metric_by_metric(tmp_path, postgres_server):
+    """``bayes-safe serve --replica`` over HTTP: a conversion posted, the same again (a duplicate), the
+    refund by name later, a complete report of a decision whose refund came first; all learned once."""
+    import time
+
+    from serving import ServeProcess
+
+    state = tmp_path / "state"
+    _decider(seed=3).save(state)
+    url = postgres_server.url()
+    server = ServeProcess(state, "--log", url, "--replica", "--sync-every", "0.2", stderr=tmp_path / "serve.err")
+    try:
+        ids = [server.client.post("/decide", json={"features": x.tolist(), "baseline": 0}).json()["decision_id"]
+               for x in _contexts(4)]
+        post = lambda body: server.client.post("/feedback", json=body)
+        assert post({"decision_id": ids[0], "reward": 1.0}).json() == {"accepted": True}
+        assert post({"decision_id": ids[0], "reward": 1.0}).json() == {"accepted": False}
+        assert post({"decision_id": ids[0], "constraints": {"refund": 1.0}}).json() == {"accepted": True}
+        assert post({"decision_id": ids[1], "constraints": [0.0]}).json() == {"accepted": True}
+        assert post({"decision_id": ids[1], "reward": 2.0, "constraints": [1.0]}).json() == {"accepted": True}
+        assert post({"decision_id": ids[1], "reward": 2.0, "constraints": [1.0]}).json() == {"accepted": False}
+        assert post({"decision_id": ids[2], "reward": 0.5, "constraints": [0.0]}).json() == {"accepted": True}
+        deadline = time.monotonic() + 30
+        while server.client.get("/health").json()["model_version"] < 5 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert server.client.get("/health").json()["model_version"] == 5  # five log rows, each learned once
+    finally:
+        server.kill()
+    frame = DecisionLog(url, read_only=True).to_dataframe().set_index("decision_id")
+    assert frame["constraints"].tolist()[:3] == [[1.0], [0.0], [0.0]] and frame["reward"].tolist()[:3] == [1.0, 2.0, 0.5]
+    assert frame["outcomes_pending"].tolist() == [0, 0, 0, 2]

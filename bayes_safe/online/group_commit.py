@@ -63,6 +63,7 @@ def _feedback_sql(n: int) -> str:
             "SELECT v.decision_id, v.time, v.reward, v.constraints "
             f"FROM ({_values(n, ('text', 'float8', 'float8', 'text'), ordinal=True)}) "
             "AS v (decision_id, time, reward, constraints, i) JOIN decisions d USING (decision_id) CROSS JOIN turn "
+            "WHERE NOT EXISTS (SELECT 1 FROM outcomes o WHERE o.decision_id = v.decision_id) "
             "ORDER BY v.i ON CONFLICT DO NOTHING RETURNING decision_id")
 
 

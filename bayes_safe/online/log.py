@@ -358,8 +358,8 @@ class _Postgres:
 
     def tables(self) -> set[str]:
         rows = self.rows("SELECT to_regclass('decisions') IS NOT NULL, to_regclass('feedback') IS NOT NULL, "
-                         "to_regclass('meta') IS NOT NULL")
-        return {name for name, there in zip(("decisions", "feedback", "meta"), rows[0]) if there}
+                         "to_regclass('meta') IS NOT NULL, to_regclass('outcomes') IS NOT NULL")
+        return {name for name, there in zip(("decisions", "feedback", "meta", "outcomes"), rows[0]) if there}
 
     def ignore(self, table: str, columns: tuple[str, ...]) -> str:
         return self.insert(table, columns) + " ON CONFLICT DO NOTHING"
@@ -667,20 +667,26 @@ class DecisionLog:
         with self._lock, self._b.guard(), self._b.transaction() if len(prepared) > 1 else _NO_GUARD:
             return [self._b.run(insert, row) == 1 for row in prepared]
 
-    def outcomes_for(self, decision_ids) -> list[tuple[str, int, float, float, str | None]]:
+    def outcomes_for(self, decision_ids, through: int | None = None,
+                     with_seq: bool = False) -> list[tuple[str, int, float, float, str | None]]:
         """``(decision_id, metric, value, time, origin)`` of the constraint outcomes logged apart from
-        the reward for ``decision_ids`` (``write_outcomes``), in the order they were logged."""
+        the reward for ``decision_ids`` (``write_outcomes``), in the order they were logged (only rows
+        with ``seq <= through`` when given; ``with_seq``: each row led by its ``seq``, PostgreSQL's,
+        shared with feedback, or SQLite's rowid)."""
         ids = [str(i) for i in decision_ids]
         if not ids or not self._has_outcomes():
             return []
         rows = []
         r = self._b.rowid
+        bound = "" if through is None else f" AND {r} <= {int(through)}"
         with self._lock, self._b.guard():
             for i in range(0, len(ids), 500):
                 chunk = ids[i:i + 500]
                 rows += self._b.rows(f"SELECT {r}, decision_id, metric, value, time, origin FROM outcomes "
-                                     f"WHERE decision_id IN ({','.join('?' * len(chunk))})", chunk)
+                                     f"WHERE decision_id IN ({','.join('?' * len(chunk))}){bound}", chunk)
         rows.sort()
+        if with_seq:
+            return [(int(s), k, int(j), float(v), float(t), o) for s, k, j, v, t, o in rows]
         return [(k, int(j), float(v), float(t), o) for _, k, j, v, t, o in rows]
 
     def _has_outcomes(self) -> bool:
@@ -801,7 +807,8 @@ class DecisionLog:
         with self._lock, self._b.guard():
             return int(self._b.rows(f"SELECT COUNT(*) FROM decisions WHERE {n} >= ?", (int(first),))[0][0])
 
-    def feedback_for(self, decision_ids, through: int | None = None, with_time: bool = False) -> list[tuple]:
+    def feedback_for(self, decision_ids, through: int | None = None, with_time: bool = False,
+                     with_seq: bool = False) -> list[tuple]:
         """``(decision_id, reward, constraints)`` of the logged feedback of ``decision_ids``, in the
         order it was logged (only rows with ``seq <= through`` when given); ``with_time``:
         ``(decision_id, time, reward, constraints)``. A constraint not known when the row was written
@@ -818,6 +825,8 @@ class DecisionLog:
                                      f"WHERE decision_id IN ({marks}){bound}", chunk)
         rows.sort()
         try:
+            if with_seq:
+                return [(int(s), k, float(r), _constraint_list(c)) for s, k, r, c, _ in rows]
             if with_time:
                 return [(k, float(t), float(r), _constraint_list(c)) for _, k, r, c, t in rows]
             return [(k, float(r), _constraint_list(c)) for _, k, r, c, _ in rows]
@@ -889,6 +898,64 @@ class DecisionLog:
         self._numbers_ready = start + NUMBER_BLOCK
         return start
 
+    def known_metrics(self, decision_ids) -> dict[str, set[int]]:
+        """``{decision_id: metrics}`` of the metrics the log knows for ``decision_ids`` (0 the reward, ``j + 1``
+        constraint ``j``): from their feedback rows and the outcomes reported apart; decisions without any are
+        left out."""
+        ids = [str(i) for i in decision_ids]
+        out: dict[str, set[int]] = {}
+        late = self._has_outcomes()
+        with self._lock, self._b.guard():
+            for i in range(0, len(ids), 500):
+                chunk = ids[i:i + 500]
+                marks = ",".join("?" * len(chunk))
+                for k, c in self._b.rows(f"SELECT decision_id, constraints FROM feedback WHERE decision_id IN ({marks})",
+                                         chunk):
+                    out.setdefault(k, set()).update(
+                        [0, *(j + 1 for j, v in enumerate(_constraint_list(c) or ()) if v is not None)])
+                if late:
+                    for k, j in self._b.rows(f"SELECT decision_id, metric FROM outcomes WHERE decision_id IN ({marks})",
+                                             chunk):
+                        out.setdefault(k, set()).add(int(j) + 1)
+        return out
+
+    def write_apart_shared(self, rows) -> list[bool | None]:
+        """Record outcomes reported metric by metric by replicas (PostgreSQL; issue 45): ``rows`` of
+        ``(decision_id, reward or None, [constraint or None] * C)``, in one transaction under the
+        replicas' advisory lock (so ``seq`` follows commit order, as ``write_feedback_shared``). Each
+        row writes only the metrics the log does not know yet for its decision: the reward with the
+        constraints known with it as a ``feedback`` row, else each new constraint as an ``outcomes``
+        row. Per row: True if something was new, False if the log knew every metric of it, None if
+        the log holds no such decision."""
+        b = self._shared("feedback from replicas")
+        now = time.time()
+        out: list[bool | None] = []
+        with self._lock, b.guard(), b.transaction():
+            b.rows("SELECT pg_advisory_xact_lock(?)", (_PG_FEEDBACK_KEY,))  # first: the reads below see every commit
+            for key, reward, constraints in rows:
+                key = str(key)
+                if not b.rows("SELECT 1 FROM decisions WHERE decision_id = ?", (key,)):
+                    out.append(None)
+                    continue
+                known = set()
+                for (c,) in b.rows("SELECT constraints FROM feedback WHERE decision_id = ?", (key,)):
+                    known.update([0, *(j + 1 for j, v in enumerate(_constraint_list(c) or ()) if v is not None)])
+                known.update(int(j) + 1 for (j,) in b.rows("SELECT metric FROM outcomes WHERE decision_id = ?", (key,)))
+                values = [reward, *(constraints or ())]
+                new = [None if m in known else v for m, v in enumerate(values)]
+                if all(v is None for v in new):
+                    out.append(False)
+                    continue
+                if new[0] is not None:
+                    b.run(b.insert("feedback", _FEEDBACK_COLUMNS), feedback_row(key, new[0], new[1:] or None, now))
+                else:
+                    for j, v in enumerate(new[1:]):
+                        if v is not None:
+                            b.run("INSERT INTO outcomes (decision_id, metric, value, time) VALUES (?, ?, ?, ?)",
+                                  (key, j, float(v), now))
+                out.append(True)
+        return out
+
     def write_feedback_shared(self, rows) -> list[bool | None]:
         """Record the feedback ``rows`` (``(decision_id, reward, constraints)`` each) of replicas in
         one transaction, all or none (PostgreSQL). Per row: True if written, False if the decision
@@ -902,8 +969,10 @@ class DecisionLog:
         now = time.time()
         prepared = [(now, float(r), None if c is None else json.dumps([float(x) for x in c]), str(k))
                     for k, r, c in rows]
+        # (a decision some of whose metrics were reported apart takes the rest through write_apart_shared)
         insert = ("INSERT INTO feedback (decision_id, time, reward, constraints) SELECT d.decision_id, ?, ?, ? "
-                  "FROM decisions d WHERE d.decision_id = ? ON CONFLICT DO NOTHING")
+                  "FROM decisions d WHERE d.decision_id = ? AND NOT EXISTS (SELECT 1 FROM outcomes o WHERE "
+                  "o.decision_id = d.decision_id) ON CONFLICT DO NOTHING")
         out: list[bool | None] = []
         with self._lock, b.guard():
             if len(prepared) == 1:  # one statement, one round trip: the lock is its transaction's
@@ -927,29 +996,52 @@ class DecisionLog:
     def feedback_high(self) -> int:
         """The ``seq`` of the last feedback row committed (0 for none; PostgreSQL's ``seq``, SQLite's rowid)."""
         r = self._b.rowid
+        late = self._b.kind == "postgresql" and self._has_outcomes()  # (one order over both tables: PostgreSQL)
         with self._lock, self._b.guard():
-            return int(self._b.rows(f"SELECT COALESCE(MAX({r}), 0) FROM feedback")[0][0])
+            high = int(self._b.rows(f"SELECT COALESCE(MAX({r}), 0) FROM feedback")[0][0])
+            if late:
+                high = max(high, int(self._b.rows("SELECT COALESCE(MAX(seq), 0) FROM outcomes")[0][0]))
+            return high
 
     def feedback_count(self, through: int | None = None) -> int:
         """The number of feedback rows (with ``seq <= through``)."""
         r = self._b.rowid
         where, params = ("", ()) if through is None else (f" WHERE {r} <= ?", (int(through),))
+        late = self._b.kind == "postgresql" and self._has_outcomes()
         with self._lock, self._b.guard():
-            return int(self._b.rows(f"SELECT COUNT(*) FROM feedback{where}", params)[0][0])
+            count = int(self._b.rows(f"SELECT COUNT(*) FROM feedback{where}", params)[0][0])
+            if late:  # PostgreSQL: the outcomes reported apart share feedback's seq (one stream of rows)
+                count += int(self._b.rows(f"SELECT COUNT(*) FROM outcomes{where}", params)[0][0])
+            return count
 
     def feedback_since(self, seq: int, limit: int = 10_000) -> list[tuple]:
         """The feedback logged after row ``seq`` with its decision, in log order, at most ``limit``:
         ``(seq, decision_id, reward, constraints (list or None), action, num_actions, context)``
-        (what a replica learns at a sync; feedback whose decision the log lacks is left out)."""
+        (what a replica learns at a sync; feedback whose decision the log lacks is left out).
+
+        On PostgreSQL the constraint outcomes reported apart from their reward (``outcomes``, whose
+        ``seq`` comes from feedback's sequence) are rows of the same stream, in the same order: a
+        row ``(seq, decision_id, None, [None, ..., value], ...)`` with the value at its metric's
+        index (the list as long as that index needs; the reader pads it to its policy's count)."""
         r = self._b.rowid
+        late = self._b.kind == "postgresql" and self._has_outcomes()
         with self._lock, self._b.guard():
-            rows = self._b.rows(
-                f"SELECT f.{r}, f.decision_id, f.reward, f.constraints, d.action, d.num_actions, d.context "
-                f"FROM feedback f JOIN decisions d USING (decision_id) WHERE f.{r} > ? ORDER BY f.{r} LIMIT ?",
-                (int(seq), int(limit)))
+            if late:
+                rows = self._b.rows(
+                    "SELECT u.s, u.k, u.reward, u.constraints, u.metric, u.value, d.action, d.num_actions, d.context "
+                    "FROM (SELECT seq AS s, decision_id AS k, reward, constraints, NULL::bigint AS metric, "
+                    "NULL::float8 AS value FROM feedback WHERE seq > ? UNION ALL SELECT seq, decision_id, NULL, NULL, "
+                    "metric, value FROM outcomes WHERE seq > ?) u JOIN decisions d ON d.decision_id = u.k "
+                    "ORDER BY u.s LIMIT ?", (int(seq), int(seq), int(limit)))
+            else:
+                rows = [(*row[:4], None, None, *row[4:]) for row in self._b.rows(
+                    f"SELECT f.{r}, f.decision_id, f.reward, f.constraints, d.action, d.num_actions, d.context "
+                    f"FROM feedback f JOIN decisions d USING (decision_id) WHERE f.{r} > ? ORDER BY f.{r} LIMIT ?",
+                    (int(seq), int(limit)))]
         try:
-            return [(int(s), k, float(y), _constraint_list(c), int(a), int(K),
-                     [float(x) for x in json.loads(ctx)]) for s, k, y, c, a, K, ctx in rows]
+            return [(int(s), k, None if y is None else float(y),
+                     [*([None] * int(j)), float(v)] if j is not None else _constraint_list(c), int(a), int(K),
+                     [float(x) for x in json.loads(ctx)]) for s, k, y, c, j, v, a, K, ctx in rows]
         except (ValueError, TypeError):
             raise ValueError(f"log: {self.path}: malformed constraints or context in its feedback") from None
 

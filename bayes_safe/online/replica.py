@@ -139,6 +139,28 @@ class ReplicaDecider(Decider):
         self._tally = threading.Lock()  # decided and received: counted by the threads that write the log
         self.pending.clear()
         self.queued = []
+        # decisions some but not all of whose metrics the posterior holds: {key: [known per metric]}, so a
+        # metric the log holds twice (two reports racing) is learned once, the first in the log's order
+        self._apart = getattr(self, "_apart", {})
+
+    def _new_metrics(self, key: str, reward, constraints) -> list:
+        """The values of a log row the posterior does not hold yet (None elsewhere), and the bookkeeping
+        of ``_apart`` moved past it: a complete row of a decision not met before is all new."""
+        C = int(getattr(self.policy, "num_constraints", 0))
+        values = [reward, *(constraints or ())]
+        values += [None] * (1 + C - len(values))
+        known = self._apart.get(key)
+        if known is None:
+            if all(v is not None for v in values):
+                return values
+            known = [False] * (1 + C)
+        new = [None if k else v for k, v in zip(known, values)]
+        known = [k or v is not None for k, v in zip(known, values)]
+        if all(known):
+            self._apart.pop(key, None)
+        else:
+            self._apart[key] = known
+        return new
 
     # ------------------------------------------------------------------ deciding
     def decide(self, features, baseline: int | None = None, valid=None):
@@ -172,17 +194,25 @@ class ReplicaDecider(Decider):
         return True  # a valid tag names a number some replica issued; the log says whether it was logged
 
     # ------------------------------------------------------------------ feedback
-    def feedback(self, decision_id: str, reward, constraints=None) -> bool:
+    def feedback(self, decision_id: str, reward=None, constraints=None) -> bool:
         """Write the outcome to the log (committed before this returns); True if new, False for a
-        duplicate. Learned at the next ``sync``, by every replica."""
+        duplicate. Learned at the next ``sync``, by every replica. Outcomes may arrive metric by
+        metric (``Decider.feedback``): the log keeps each metric of a decision once."""
         key, reward, constraints = self.feedback_row(decision_id, reward, constraints)
-        return self.feedback_written(decision_id, self.log.write_feedback_shared([(key, reward, constraints)])[0])
+        if reward is None or (constraints is not None and None in constraints):
+            return self.feedback_written(decision_id, self.log.write_apart_shared([(key, reward, constraints)])[0])
+        new = self.log.write_feedback_shared([(key, reward, constraints)])[0]
+        if new is False:  # the decision has a report: the metrics of this one it lacks, if any
+            new = self.log.write_apart_shared([(key, reward, constraints)])[0]
+        return self.feedback_written(decision_id, new)
 
     def feedback_row(self, decision_id: str, reward, constraints=None) -> tuple:
         """``(log key, reward, constraints)`` of an outcome checked as ``feedback`` checks it (an id
         this state's key did not make raises), for the caller to write (``GroupCommit``), then
         hand its answer to ``feedback_written``."""
         reward, constraints = self._outcome(reward, constraints)
+        if reward is None or (constraints is not None and None in constraints):
+            self._check_apart()
         key = self._resolve(decision_id)
         if self.outlier_sd is not None:
             problem = self._guard({key: (reward, constraints)}).get(key)
@@ -208,9 +238,12 @@ class ReplicaDecider(Decider):
                 outlying = self._outlying(entry, *outcomes[key])
                 if outlying:
                     found[key] = outlying
-        if found:  # a decision that already has its feedback: a repeat is acknowledged and ignored, never judged
-            for key, *_ in self.log.feedback_for(list(found)):
-                found.pop(key, None)
+        if found:  # a metric the log knows already: a repeat is acknowledged and ignored, never judged
+            known = self.log.known_metrics(list(found))
+            for key in list(found):
+                found[key] = [(m, text) for m, text in found[key] if m not in known.get(key, ())]
+                if not found[key]:
+                    del found[key]
         with self._lock:
             for outlying in found.values():
                 for metric, _ in outlying:
@@ -232,6 +265,8 @@ class ReplicaDecider(Decider):
         checked = []
         for i, decision_id, reward, constraints in rows_checked:
             try:
+                if reward is None or (constraints is not None and None in constraints):
+                    self._check_apart()
                 key = self._resolve(decision_id)
             except ValueError as exc:
                 problems.append((i, str(decision_id)[:80], str(exc)))
@@ -246,15 +281,24 @@ class ReplicaDecider(Decider):
         if problems:
             raise FeedbackRowsError(sorted(problems))
         if check_only:
-            answered = {k for k, _, _ in self.log.feedback_for(keys)}
-            seen, out = set(), []
-            for _, _, key, _, _ in checked:
-                out.append(key not in answered and key not in seen)
-                seen.add(key)
+            known = {k: set(v) for k, v in self.log.known_metrics(keys).items()}
+            out = []
+            for _, _, key, r, c in checked:
+                metrics = {m for m, v in enumerate([r, *(c or ())]) if v is not None} - known.setdefault(key, set())
+                out.append(bool(metrics))
+                known[key] |= metrics
             return out
         if not checked:
             return []
-        out = self.log.write_feedback_shared([(key, r, c) for _, _, key, r, c in checked])
+        rows = [(key, r, c) for _, _, key, r, c in checked]
+        if any(r is None or (c is not None and None in c) for r, c in ((r, c) for _, r, c in rows)):
+            out = self.log.write_apart_shared(rows)  # some metric by metric: each row's new metrics, one transaction
+        else:
+            out = self.log.write_feedback_shared(rows)
+            again = [n for n, x in enumerate(out) if x is False]
+            if again:  # decisions with a report already: the metrics of these rows they lack, if any
+                for n, x in zip(again, self.log.write_apart_shared([rows[n] for n in again])):
+                    out[n] = x
         accepted = [bool(x) for x in out]
         self.count("received", sum(accepted))
         return accepted
@@ -290,7 +334,12 @@ class ReplicaDecider(Decider):
                        for _, k, y, c, a, K, ctx in rows]
             with self._quiet():
                 for entry, row in zip(entries, rows):
-                    self._apply([entry])
+                    if entry["reward"] is None or self._apart or (entry["constraints"] is not None
+                                                                   and None in entry["constraints"]):
+                        new = self._new_metrics(entry["decision_id"], entry["reward"], entry["constraints"])
+                        entry["reward"], entry["constraints"] = new[0], new[1:] or None
+                    if entry["reward"] is not None or any(v is not None for v in entry["constraints"] or ()):
+                        self._apply([entry])
                     self.log_seq, self.applied = row[0], self.applied + 1  # moved with each row applied
             self.model_version = self.applied
             self._unchecked = True
@@ -356,7 +405,7 @@ class ReplicaDecider(Decider):
             save_state(self.policy, Path(tmp) / "policy")
             files = {name: (Path(tmp) / name).read_bytes() for name in sorted(os.listdir(tmp))}
             return {"log_seq": self.log_seq, "applied": self.applied, "learned": _learned(self.policy),
-                    "files": files}
+                    "apart": {k: list(v) for k, v in self._apart.items()}, "files": files}
 
     def _base_policy(self):
         with tempfile.TemporaryDirectory(prefix="bayes_safe_base_") as tmp:
@@ -382,11 +431,13 @@ class ReplicaDecider(Decider):
         shadow = copy.copy(self)
         shadow.policy, shadow._lock = policy, threading.RLock()
         shadow.log_seq, shadow.applied = int(base["log_seq"]), int(base["applied"])
+        shadow._apart = {k: list(v) for k, v in base.get("apart", {}).items()}
         shadow._unchecked = False
         self._learn_all(shadow)
         with self._lock:
             self.policy = shadow.policy
             self.log_seq, self.applied = shadow.log_seq, shadow.applied
+            self._apart = shadow._apart
             self.model_version = self.applied
 
     # ------------------------------------------------------------------ state
@@ -395,8 +446,9 @@ class ReplicaDecider(Decider):
         # counts) and the base's watermark and counts (its files are in BASE)
         check = {"learned": _learned(self.policy)}
         if self._base is not None:
-            check["base"] = {k: self._base[k] for k in ("log_seq", "applied", "learned")}
-        return {"replica": {"log_seq": self.log_seq, "applied": self.applied}, CHECK: check,
+            check["base"] = {k: self._base[k] for k in ("log_seq", "applied", "learned", "apart") if k in self._base}
+        return {"replica": {"log_seq": self.log_seq, "applied": self.applied,
+                            "apart": {k: list(v) for k, v in self._apart.items()}}, CHECK: check,
                 "next_id": max(self.next_id, self._block_end)}
 
     def _save_extra(self, out: Path) -> None:
@@ -444,13 +496,15 @@ class ReplicaDecider(Decider):
                     raise StateError(f"{log.path}: holds feedback up to row {log.feedback_high()} but the state "
                                      f"{directory} has learned up to row {seq}: the log is older than the snapshot")
                 out.log = log
+                out._apart = {str(k): [bool(b) for b in v] for k, v in dict(meta.get("apart") or {}).items()}
                 out._start_replica(seq, applied)
                 check = saved.get(CHECK) or {}
                 problem = out._snapshot_problem(check, directory) or out._log_problem()
                 base = check.get("base")
                 if base is not None and base_files is not None:
                     out._base = {"log_seq": int(base["log_seq"]), "applied": int(base["applied"]),
-                                 "learned": dict(base["learned"]), "files": base_files}
+                                 "learned": dict(base["learned"]), "files": base_files,
+                                 "apart": {str(k): [bool(b) for b in v] for k, v in dict(base.get("apart") or {}).items()}}
                 elif problem is None:  # a snapshot written before bases: proven consistent, it is the base
                     out._base = out._own_base()
                 else:
@@ -496,9 +550,17 @@ class ReplicaDecider(Decider):
         self.log = log
         # the snapshot's queued feedback was logged before any feedback of its pending decisions
         entries = list(self.queued)
-        for decision_id, reward, constraints in log.feedback_for(waiting, through=high):
-            entries.append({"decision_id": decision_id, "reward": reward, "constraints": constraints,
-                            **waiting.pop(decision_id)})
+        self._apart = {k: list(v["known"]) for k, v in waiting.items() if v.get("known") is not None}
+        C = int(getattr(self.policy, "num_constraints", 0))
+        rows = [(s, k, r, c) for s, k, r, c in log.feedback_for(waiting, through=high, with_seq=True)]
+        rows += [(s, k, None, [v if i == j else None for i in range(C)])
+                 for s, k, j, v, _, _ in log.outcomes_for(waiting, through=high, with_seq=True)]
+        for _, decision_id, reward, constraints in sorted(rows, key=lambda row: row[0]):
+            new = self._new_metrics(decision_id, reward, constraints)
+            entry = waiting[decision_id]
+            if any(v is not None for v in new):
+                entries.append({"decision_id": decision_id, "reward": new[0], "constraints": new[1:] or None,
+                                "features": entry["features"], "action": entry["action"]})
         with self._lock, self._quiet():
             self._apply(entries)
         self._start_replica(high, log.feedback_count(through=high))

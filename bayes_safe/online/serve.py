@@ -107,6 +107,7 @@ postgresql://user@host:port/db`` keeps it in a PostgreSQL database instead (``De
 with 503 (nothing recorded) and ``/health`` is degraded; the next request connects again.
 """
 
+import asyncio
 import contextlib
 import functools
 import gc
@@ -669,7 +670,9 @@ class Service:
             # no lock; on the event loop, one feedback is checked there and written by the group
             # commit, a list is written from a thread
             if not blocking:
-                if "many" in args:
+                c = args.get("constraints")
+                if "many" in args or args.get("reward") is None or isinstance(c, dict) or (c is not None and None in c):
+                    # a list, or some metrics of a decision (outcomes apart): written from a thread
                     return Deferred(functools.partial(self.feedback_parsed, args, True))
                 return self._commit_feedback(args)
             lock = _NO_LOCK
@@ -720,6 +723,8 @@ class Service:
             raise self._bad_feedback(exc) from None
         try:
             new = await self._group_commit().feedback(*row)
+            if new is False:  # the decision has a report already: the metrics of this one it lacks, if any
+                new = (await asyncio.to_thread(self.decider.log.write_apart_shared, [row]))[0]
         except self.log_errors as exc:  # not recorded: the client may send it again
             raise self._log_failed(exc) from None
         try:
