@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -31,7 +31,7 @@ def _check_policy(policy) -> None:
 
 def simulate(policy, env, horizon: int, seed: int | Sequence[int] = 0, *, progress: bool | str = "auto",
              callback: Callable[[int, dict], None] | None = None, generator: ReplicationRNG | None = None,
-             record: str | Sequence[str] | None = None) -> Trace:
+             record: str | Sequence[str] | None = None, delays: Mapping[str, object] | None = None) -> Trace:
     """Run ``policy`` on the problem ``env`` for ``horizon`` steps, all replications at once.
 
     ``env`` is any ``bayes_safe.envs.Problem``: a built-in one or your own class with ``draw``
@@ -98,6 +98,30 @@ def simulate(policy, env, horizon: int, seed: int | Sequence[int] = 0, *, progre
             one name; None (default):
             all of them. Fields not asked for are not computed and are ``None`` in the trace
             (``trace.recorded`` lists the others). An unknown name raises ``ValueError``.
+        delays: outcomes that arrive late (issue 45), per metric: a dict ``{metric name: lag}``
+            whose names are the problem's ``metric_names`` (``"reward"`` also names metric 0);
+            a metric not named arrives at once (lag 0). A lag, in steps, is an int ``>= 0``
+            (fixed), a ``torch.distributions.Distribution`` of scalars over steps ``>= 0`` (a
+            continuous one is rounded up: an outcome due 2.3 steps later is learned at the third),
+            or an elementwise quantile function ``u -> lags`` (uniforms in ``[0, 1)`` of any
+            shape to integer lags ``>= 0`` of that shape). A random lag is drawn per decision
+            from the run's ``ReplicationRNG`` (stream ``"delay/<name>"``, by inverse CDF), so
+            replication ``r`` of a batch still equals its run alone. The outcome of metric ``m``
+            of the decision at step ``t`` is delivered to the policy at step ``t + lag`` (after
+            that step's decision; lag 0 is today's update), each exactly once, the rows due at a
+            step together; outcomes due at or after ``horizon`` are never learned. Regret,
+            violations and ``observed`` stay those of the decision (realised at step ``t``);
+            ``trace.learned_at [T, R, M]`` says when each outcome was learned (-1: never) and
+            ``trace.pending()`` / ``attrs["pending_at_end"]`` how many were still pending.
+            Delivery: when the metrics the policy learns share one fixed lag, its ``update``
+            takes each decision late, whole (any policy that allows it: not CLUCB, CLUCB2-ASC-C
+            or TS-ASC with ``chance_recalibrate``, whose update is tied to the last ``select``);
+            otherwise each of its models learns its own metric when it arrives (TS-ASC,
+            ThompsonSampling, Greedy, LinUCB), and a random lag needs models that can learn a
+            subset of replications at a step (the conjugate ``BayesianLinear`` without
+            forgetting, decay or change detection). A combination that cannot be delivered,
+            an unknown name or a bad lag raises ``ValueError`` / ``TypeError`` before the run.
+            None (default) or all lags 0: the run without delays, bit for bit.
 
     Fallbacks: for a policy that can play a fallback when no action is allowed
     (``policy.fallback_constraints`` not None: TS-ASC under an absolute or chance constraint), the
@@ -134,7 +158,10 @@ def simulate(policy, env, horizon: int, seed: int | Sequence[int] = 0, *, progre
             raise ValueError(f"generator: it has {generator.replications} replications but the problem has "
                              f"{int(env.replications)}")
     fields = _check_record(record)
-    return _run(policy, env, T, seed, progress=progress, callback=callback, generator=generator, record=fields)
+    names = [str(n) for n in env.metric_names]
+    lags = _check_delays(delays, names, str(getattr(env, "name", None) or type(env).__name__), T)
+    return _run(policy, env, T, seed, progress=progress, callback=callback, generator=generator, record=fields,
+                delays=lags)
 
 
 #: the fields of a ``Trace`` that ``simulate`` can record (``record=``)
@@ -165,6 +192,295 @@ def _check_record(record) -> tuple[str, ...]:
     if bad:
         raise ValueError(f"record: unknown field name(s) {bad}; allowed: {allowed} (or None for all)")
     return tuple(f for f in TRACE_FIELDS if f in names)
+
+
+# ---------------------------------------------------------------------- delays (issue 45)
+def _delays_form(names: list[str]) -> str:
+    alias = " ('reward' also names metric 0)" if names[0] != "reward" else ""
+    return (f"a dict {{metric name: lag}} with names among {names}{alias}; a lag is an int >= 0 (steps), a "
+            "torch.distributions.Distribution of scalars over steps >= 0, or an elementwise quantile function "
+            "u -> lags (uniforms in [0, 1) to integer lags >= 0)")
+
+
+def _check_delays(delays, names: list[str], problem: str, T: int) -> dict[int, object] | None:
+    """``simulate``'s ``delays`` checked before any work: ``{metric index: int lag | quantile function}``
+    (None when there are none). Errors name the argument and the expected form."""
+    if delays is None:
+        return None
+    if not isinstance(delays, Mapping):
+        raise TypeError(f"delays: expected None or {_delays_form(names)}; got {type(delays).__name__}")
+    unknown = [k for k in delays if not isinstance(k, str) or (k not in names and k != "reward")]
+    if unknown:
+        raise ValueError(f"delays: unknown metric name(s) {unknown} for problem {problem!r}; expected "
+                         f"{_delays_form(names)}")
+    out: dict[int, object] = {}
+    for key, spec in delays.items():
+        m = names.index(key) if key in names else 0
+        if m in out:
+            raise ValueError(f"delays: metric 0 given twice, as 'reward' and as {names[0]!r}; give it once")
+        out[m] = _delay_spec(spec, f"delays[{key!r}]", T)
+    return out
+
+
+def _delay_spec(spec, what: str, T: int):
+    """One metric's lag: an int ``>= 0``, or a quantile function ``u [..] -> lags [..]`` (long)."""
+    if isinstance(spec, bool):
+        raise TypeError(f"{what}: expected an int >= 0, a torch Distribution or a quantile function, got a bool")
+    if isinstance(spec, (int, np.integer)):
+        if int(spec) < 0:
+            raise ValueError(f"{what}: expected a lag >= 0 (steps), got {int(spec)}")
+        return int(spec)
+    if isinstance(spec, torch.distributions.Distribution):
+        return _distribution_quantile(spec, what, T)
+    if callable(spec):
+        return _CheckedQuantile(spec, what)
+    raise TypeError(f"{what}: expected an int >= 0 (steps), a torch.distributions.Distribution or a quantile "
+                    f"function u -> lags, got {type(spec).__name__}")
+
+
+class _CheckedQuantile:
+    """A user's quantile function, its lags checked (shape, finite, >= 0) and rounded up to steps."""
+
+    def __init__(self, fn, what: str):
+        self.fn, self.what = fn, what
+
+    def __call__(self, u: torch.Tensor) -> torch.Tensor:
+        try:
+            lags = self.fn(u)
+        except Exception as exc:
+            raise ValueError(f"{self.what}: the quantile function raised {type(exc).__name__}: {exc}") from exc
+        lags = torch.as_tensor(np.asarray(lags) if not isinstance(lags, torch.Tensor) else lags)
+        if tuple(lags.shape) != tuple(u.shape):
+            raise ValueError(f"{self.what}: the quantile function returned shape {list(lags.shape)} for uniforms of "
+                             f"shape {list(u.shape)}; expected one lag per uniform (elementwise)")
+        if lags.dtype == torch.bool or lags.is_complex():
+            raise TypeError(f"{self.what}: the quantile function returned {lags.dtype}; expected integer lags")
+        lags = lags.to(torch.float64)
+        if not bool(torch.isfinite(lags).all()) or bool((lags < 0).any()):
+            bad = lags[~torch.isfinite(lags) | (lags < 0)].reshape(-1)[:3].tolist()
+            raise ValueError(f"{self.what}: the quantile function returned lags {bad}; expected finite lags >= 0")
+        return lags.ceil().to(torch.long)
+
+
+def _distribution_quantile(dist, what: str, T: int):
+    """The quantile function of ``dist``'s lags on steps ``0..T-1`` (``T``: never within the run):
+    ``min{k : P(lag <= k) > u}`` of its CDF table (a continuous lag is rounded up)."""
+    if tuple(dist.batch_shape) or tuple(dist.event_shape):
+        raise ValueError(f"{what}: expected a distribution of scalar lags, got batch_shape {list(dist.batch_shape)} "
+                         f"and event_shape {list(dist.event_shape)}")
+    support = dist.support
+    steps = torch.arange(T, dtype=torch.float64)
+    try:
+        negative = bool(support.check(torch.tensor(-1.0 if support.is_discrete else -1e-9, dtype=torch.float64)))
+    except Exception:  # noqa: BLE001 - a support that cannot say: judged by its CDF below
+        negative = False
+    if negative:
+        raise ValueError(f"{what}: {type(dist).__name__}'s support includes negative lags; expected a distribution "
+                         "over steps >= 0")
+    try:
+        if support.is_discrete:
+            inside = support.check(steps)
+            p = torch.zeros(T, dtype=torch.float64)
+            if bool(inside.any()):
+                p[inside] = dist.log_prob(steps[inside]).to(torch.float64).exp()
+            cdf = p.cumsum(0)
+            upper = getattr(support, "upper_bound", None)
+            if upper is not None and float(upper) < T:  # all the mass is within the run
+                cdf[int(float(upper)):] = 1.0
+        else:
+            import copy
+
+            quiet = copy.copy(dist)
+            quiet._validate_args = False  # the CDF at steps outside a bounded support (clamped below)
+            cdf = quiet.cdf(steps).to(torch.float64)
+    except NotImplementedError:
+        raise ValueError(f"{what}: {type(dist).__name__} has no {'log_prob' if support.is_discrete else 'cdf'}; "
+                         "give a quantile function u -> lags instead") from None
+    cdf = cdf.nan_to_num(0.0).clamp(0.0, 1.0).cummax(0).values
+    if bool(cdf[0] < 0) or not bool(torch.isfinite(cdf).all()):
+        raise ValueError(f"{what}: {type(dist).__name__} gave no usable CDF over steps >= 0")
+    return _TableQuantile(cdf)
+
+
+class _TableQuantile:
+    """``min{k : cdf[k] > u}`` (``len(cdf)`` when none: beyond the run)."""
+
+    def __init__(self, cdf: torch.Tensor):
+        self.cdf = cdf.contiguous()
+
+    def __call__(self, u: torch.Tensor) -> torch.Tensor:
+        return torch.searchsorted(self.cdf, u.contiguous(), right=True)
+
+
+def _is_conjugate_linear(model) -> bool:
+    """Whether ``model`` can learn a subset of its replications at a step, exactly
+    (``BayesianLinear._update_elements``: conjugate, no forgetting, decay or change detection)."""
+    from .models.linear import BayesianLinear
+
+    return (type(model) is BayesianLinear and bool(model.conjugate) and model.forgetting is None
+            and getattr(model, "decay", None) is None and getattr(model, "_detector", None) is None)
+
+
+def _model_learners(policy, learned: list[int]):
+    """``[(model, metric column)]`` for a policy whose ``update`` is each model learning its own metric
+    (nothing else), else None."""
+    from .policies.greedy import Greedy
+    from .policies.thompson import ThompsonSampling
+    from .policies.ts_asc import TSASC
+    from .policies.ucb import LinUCB
+
+    update = getattr(type(policy), "update", None)
+    if update is TSASC.update:
+        if getattr(policy, "chance_recalibrate", False):
+            return None
+        return [(policy.reward_model, 0), *zip(policy.constraint_models, learned[1:])]
+    if update in (ThompsonSampling.update, Greedy.update, LinUCB.update):
+        return [(policy.model, 0)]
+    return None
+
+
+def _late_whole_refusal(policy) -> str | None:
+    """Why ``policy.update`` cannot take a decision's outcomes after later ``select`` calls (None: it can)."""
+    from .policies.clucb import CLUCB, CLUCB2ASC
+    from .policies.ts_asc import TSASC
+
+    if isinstance(policy, CLUCB) or (isinstance(policy, CLUCB2ASC) and policy.mode == "cumulative"):
+        return f"{type(policy).__name__}'s update settles the step of the last select (its conservative sums)"
+    if isinstance(policy, TSASC) and getattr(policy, "chance_recalibrate", False):
+        return "TS-ASC with chance_recalibrate records each update against the last select's claims"
+    return None
+
+
+class _Delivery:
+    """Delivers each metric's outcomes at ``t + lag`` (``simulate``'s ``delays``).
+
+    Modes: ``"step"`` (every metric the policy learns arrives at once: the loop's own update),
+    ``"whole"`` (they share one fixed lag ``L > 0``: ``policy.update`` of the decision of step
+    ``t - L`` at step ``t``, from a ring of ``L + 1`` steps' tensors) and ``"models"`` (each model
+    learns its metric: a fixed lag from the ring, a random one from buffers ``[W, R, ...]`` with
+    the rows due at each step found once by one stable sort of the due steps, learned in one
+    ``_update_elements`` call per model and step). Random lags are drawn for the whole run before
+    it starts (the same numbers as per step: a stream gives its numbers in order).
+    """
+
+    def __init__(self, lags: dict[int, object], policy, lean, columns, names: list[str], T: int, R: int, rng):
+        M = len(names)
+        self.T, self.R, self.M, self.names = T, R, M, names
+        # the metrics the policy learns: the reward, and the constraint columns of a policy with constraint models
+        # (a reward-only policy, num_constraints 0, is handed the constraint columns but learns none of them)
+        learned = [0]
+        if getattr(policy, "num_constraints", 0) or getattr(policy, "metric_names", None) is not None:
+            learned += list(range(M))[columns] if isinstance(columns, slice) else list(columns or ())
+        self.fixed: dict[int, int] = {m: lags.get(m, 0) for m in range(M) if isinstance(lags.get(m, 0), int)}
+        self.random: dict[int, torch.Tensor] = {}  # metric -> lags [T, R] (long; T: never), drawn once checked
+        random = [m for m in range(M) if m not in self.fixed]
+        described = {names[m]: (str(v) if isinstance(v, int) else repr(getattr(v, "fn", v))) for m, v in lags.items()}
+        self.described = described
+        fixed_learned = {self.fixed[m] for m in learned if m in self.fixed}
+        self.random = dict.fromkeys(random)  # (the lags are drawn below, once the policy is known to take them)
+        if all(m in self.fixed for m in learned) and fixed_learned == {0}:
+            self.mode = "step"
+        elif all(m in self.fixed for m in learned) and len(fixed_learned) == 1:
+            self.mode = "whole"
+            self.whole_lag = next(iter(fixed_learned))
+            why = _late_whole_refusal(policy)
+            if why is not None:
+                raise ValueError(f"delays: {why}, so it cannot learn a decision {fixed_learned.pop()} steps late; "
+                                 "simulate it without delays on the metrics it learns "
+                                 f"({[names[m] for m in learned]})")
+        else:
+            self.mode = "models"
+            learners = _model_learners(policy, learned)
+            if learners is None:
+                raise ValueError(f"delays: {type(policy).__name__} learns {[names[m] for m in learned]} through one "
+                                 "update call, so it cannot learn them at different steps or after random lags; give "
+                                 "them one fixed lag (an int), or use a policy whose models learn one metric each "
+                                 "(TSASC without chance_recalibrate, ThompsonSampling, Greedy, LinUCB)")
+            for model, m in learners:
+                if m in self.random and not _is_conjugate_linear(model):
+                    raise ValueError(f"delays[{names[m]!r}]: a random lag needs a model that learns a subset of "
+                                     f"replications at a step (a conjugate BayesianLinear without forgetting, decay or "
+                                     f"change detection); {type(policy).__name__}'s model of {names[m]!r} is "
+                                     f"{type(model).__name__}; give a fixed lag (an int)")
+            self.learners = learners
+        for m in random:  # per decision, by inverse CDF of the replications' own uniforms
+            u = torch.stack([rng.uniform((), key=f"delay/{names[m]}") for _ in range(T)])  # [T, R]
+            self.random[m] = lags[m](u).clamp_(max=T)
+        self.lean, self.policy, self.columns = lean, policy, columns
+        from .policies._fast import update_model
+
+        self.update_model = update_model  # a model's update of rows checked here (TS-ASC's own path)
+        horizon_fixed = max([v for m, v in self.fixed.items() if m in learned and v < T] or [0])
+        self.ring_size = horizon_fixed + 1
+        self.ring: list = [None] * self.ring_size
+        # random lags: [W, R, d + M] features and outcomes of the last W steps (made at the first step)
+        self.buffer = self.d = None
+        self.buffered = self.mode == "models" and any(m in self.random for _, m in self.learners)
+        if self.buffered:
+            due_lags = torch.cat([self.random[m][self.random[m] < T] for _, m in self.learners if m in self.random])
+            self.W = int(due_lags.max()) + 1 if due_lags.numel() else 1
+            self.schedule = {}
+            steps = torch.arange(T)[:, None]
+            for _, m in self.learners:
+                if m not in self.random or m in self.schedule:
+                    continue
+                due = (steps + self.random[m]).reshape(-1)
+                order = torch.sort(due, stable=True).indices  # by due step, then decision step, then replication
+                order = order[: int((due < T).sum())]
+                bounds = torch.zeros(T + 1, dtype=torch.long)
+                bounds[1:] = torch.bincount(due[due < T], minlength=T).cumsum(0)
+                s, r = order // R, order % R
+                # per due row: its replication, and its row in the buffers' flat [W * R] view
+                self.schedule[m] = (r, (s % self.W) * R + r, bounds.tolist())
+
+    def step(self, t: int, chosen: torch.Tensor, obs: torch.Tensor, a: torch.Tensor) -> None:
+        """After step ``t``'s decision: keep its rows, deliver what is due at ``t``."""
+        ring, n = self.ring, self.ring_size
+        ring[t % n] = (chosen, obs, a)
+        if self.mode == "whole":
+            s = t - self.whole_lag
+            if s >= 0:
+                x, o, act = ring[s % n]
+                if self.lean is not None:
+                    self.lean.update(x, o[:, 0])
+                else:
+                    cols = self.columns
+                    self.policy.update(x, o[:, 0], o[:, cols] if cols is not None else None, actions=act)
+            return
+        if self.buffered:  # random lags: the step's chosen features and outcomes, side by side
+            buffer, d = self.buffer, self.d
+            if buffer is None:
+                d = self.d = chosen.shape[-1]
+                buffer = self.buffer = torch.empty(self.W, self.R, d + self.M, dtype=torch.float64)
+            row = buffer[t % self.W]
+            row[:, :d] = chosen
+            row[:, d:] = obs
+            flat = buffer.view(-1, d + self.M)
+        for model, m in self.learners:
+            if m in self.random:
+                r, at, bounds = self.schedule[m]
+                lo, hi = bounds[t], bounds[t + 1]
+                if hi > lo:  # the rows due now, of any earlier step, learned in one call
+                    rows = flat.index_select(0, at[lo:hi])
+                    model._update_elements(r[lo:hi], rows[:, :d], rows[:, d + m])
+                continue
+            s = t - self.fixed[m]
+            if s >= 0:
+                x, o, act = ring[s % n]
+                self.update_model(model, x, o[:, m], act)
+
+    def learned_at(self) -> torch.Tensor:
+        """``[T, R, M]`` int32: the step each outcome was delivered at, -1 when never (pending at the end)."""
+        T, R, M = self.T, self.R, self.M
+        out = torch.empty(T, R, M, dtype=torch.int32)
+        steps = torch.arange(T, dtype=torch.int32)
+        for m in range(M):
+            if m in self.random:
+                due = self.random[m].to(torch.int32) + steps[:, None]
+            else:
+                due = (steps + min(self.fixed[m], T))[:, None].expand(T, R)
+            out[..., m] = torch.where(due < T, due, -1)
+        return out
 
 
 def _step_generator(seeds: list[int], t: int) -> torch.Generator:
@@ -276,7 +592,7 @@ def _judge(means: torch.Tensor, units, declared, index: dict, rows: torch.Tensor
 
 
 def _run(policy, problem, T: int, seed, *, progress: bool | str, callback, generator=None,
-         record: tuple[str, ...] = TRACE_FIELDS) -> Trace:
+         record: tuple[str, ...] = TRACE_FIELDS, delays: dict[int, object] | None = None) -> Trace:
     """The loop of ``simulate`` (see its docstring)."""
     from .envs.problem import chosen_rows, expected_table, outcome_metrics
 
@@ -315,6 +631,10 @@ def _run(policy, problem, T: int, seed, *, progress: bool | str, callback, gener
         from .models.linear import _ThompsonStep
 
         lean_step = _ThompsonStep(lean, rng, "reward")
+    delivery = late = None
+    if delays is not None:  # checked before the loop: a policy that cannot take them is refused here
+        delivery = _Delivery(delays, policy, lean_step if lean is not None else None, columns, names, T, R, rng)
+        late = delivery if delivery.mode != "step" else None
 
     available = True
     steps = range(T)
@@ -366,7 +686,9 @@ def _run(policy, problem, T: int, seed, *, progress: bool | str, callback, gener
             if chance is not None:
                 chance.step(t, policy, a, units, means, rows)
             chosen = chosen_rows(units.features, rows, a)
-            if lean is not None:
+            if late is not None:  # delays: the outcomes due at this step (issue 45)
+                late.step(t, chosen, obs, a)
+            elif lean is not None:
                 lean_step.update(chosen, obs[:, 0])
             else:
                 policy.update(chosen, obs[:, 0], obs[:, columns] if columns is not None else None, actions=a)
@@ -394,6 +716,11 @@ def _run(policy, problem, T: int, seed, *, progress: bool | str, callback, gener
     if falls is not None:
         fields.update(fallback=falls.fallback, fallback_by=falls.by)
         attrs["fallback_constraints"] = falls.guards
+    if delivery is not None:
+        fields["learned_at"] = learned = delivery.learned_at()
+        attrs["delays"] = delivery.described
+        attrs["delivery"] = delivery.mode
+        attrs["pending_at_end"] = {n: int((learned[..., m] < 0).sum()) for m, n in enumerate(names)}
     return Trace(**fields, metric_names=names, alpha=alpha, seeds=seeds, attrs=attrs)
 
 

@@ -68,6 +68,16 @@ class Trace:
             ``truth_available`` is False when the problem gave no means. Kept in memory only
             (not written by ``to_netcdf``).
 
+        learned_at: ``[T, R, M]`` int32, for a run with ``simulate(..., delays=...)`` (issue 45):
+            the step at which metric ``m``'s outcome of the decision at step ``t`` was delivered
+            to the policy (``t + lag``; ``t`` for a metric without delay), -1 when it was still
+            pending at the end of the run (never learned). Recorded whatever ``record`` asks;
+            None for a run without delays. ``pending()`` counts the -1s; ``attrs`` then hold
+            ``delays`` (each delayed metric's lag, as text), ``delivery`` (how the policy was
+            told: ``"step"``, ``"whole"`` or ``"models"``) and ``pending_at_end`` (per metric).
+            ``observed``, ``regret`` and the violations stay those of the decision at step
+            ``t`` (the outcome is realised then, whenever it is learned).
+
     Who caused the violations: ``baseline_played`` marks the plays of the baseline action;
     ``bayes_safe.metrics.violation_breakdown`` gives, per constraint, the violation rate, the
     share of violating plays that were baseline plays and the baseline's own rate.
@@ -92,6 +102,7 @@ class Trace:
     fallback: torch.Tensor | None = None
     fallback_by: torch.Tensor | None = None
     chance_claims: dict | None = None
+    learned_at: torch.Tensor | None = None
 
     def __repr__(self) -> str:
         T, R = self.shape
@@ -128,6 +139,13 @@ class Trace:
         if self.actions is None or self.baseline is None:
             return None
         return self.actions == self.baseline
+
+    def pending(self) -> torch.Tensor | None:
+        """``[R, M]`` long: per replication and metric, the outcomes still pending at the end of the
+        run (never learned: ``learned_at == -1``); None for a run without delays."""
+        if self.learned_at is None:
+            return None
+        return (self.learned_at < 0).sum(0)
 
     def constraints(self) -> list:
         """The problem's declared constraints (``bayes_safe.envs.Constraint``), in declaration
@@ -176,8 +194,11 @@ class Trace:
         attrs = dict(self.attrs)
         if "shape" in attrs:
             attrs["shape"] = [self.horizon, 1]
-        for f in _FALLBACK_FIELDS:
+        for f in (*_FALLBACK_FIELDS, "learned_at"):
             part[f] = None if getattr(self, f) is None else getattr(self, f)[:, sl]
+        if "pending_at_end" in attrs and self.learned_at is not None:
+            attrs["pending_at_end"] = {n: int((self.learned_at[:, sl, m] < 0).sum())
+                                       for m, n in enumerate(self.metric_names)}
         if self.chance_claims is not None:  # the per-replication tensors; the summed bins are dropped
             part["chance_claims"] = {k: (v[:, sl] if k in ("claimed", "met", "allowed") else v)
                                      for k, v in self.chance_claims.items()
@@ -211,7 +232,8 @@ class Trace:
                 data["fallback_" + self._constraint_column(label)[len("violation_"):]] = (
                     self.fallback_by[..., j].reshape(-1).numpy())
         for m, name in enumerate(self.metric_names):
-            for f, column in (("expected", "expected"), ("baseline_expected", "baseline"), ("observed", "observed")):
+            for f, column in (("expected", "expected"), ("baseline_expected", "baseline"), ("observed", "observed"),
+                              ("learned_at", "learned_at")):
                 if getattr(self, f) is not None:
                     data[f"{column}_{name}"] = getattr(self, f)[..., m].reshape(-1).numpy()
         return pd.DataFrame(data)
@@ -240,6 +262,8 @@ class Trace:
             if self.fallback_by is not None and self.fallback_by.shape[-1] > 0:
                 variables["fallback_by"] = (("step", "replication", "guard"), self.fallback_by.numpy().astype(np.int8))
                 coords["guard"] = self.fallback_labels()
+        if self.learned_at is not None:
+            variables["learned_at"] = (dims3, self.learned_at.numpy())
         ds = xr.Dataset(variables, coords=coords)
         for k, v in self.attrs.items():
             if isinstance(v, bool):  # netCDF attributes have no bool: 0/1 (read back as bool)
@@ -250,6 +274,8 @@ class Trace:
                 ds.attrs["constraints_json"] = json.dumps(list(v))
             elif k == "fallback_constraints":  # the policy's guards (fallback_by's columns)
                 ds.attrs["fallback_constraints_json"] = json.dumps(list(v))
+            elif k in _JSON_ATTRS:  # the delays' record (dicts)
+                ds.attrs[k + "_json"] = json.dumps(v)
         if self.alpha is not None:
             ds.attrs["alpha"] = float(self.alpha)
         return ds
@@ -297,6 +323,8 @@ class Trace:
             guards = len(attrs.get("fallback_constraints", ()) or ())
             fields["fallback_by"] = (torch.as_tensor(ds["fallback_by"].values).to(torch.bool) if "fallback_by" in ds
                                      else torch.zeros(*fields["fallback"].shape, guards, dtype=torch.bool))
+        if "learned_at" in ds:
+            fields["learned_at"] = torch.as_tensor(ds["learned_at"].values).to(torch.int32)
         return cls(**fields, metric_names=[str(m) for m in ds["metric"].values], alpha=ds.attrs.get("alpha"),
                    seeds=[int(s) for s in ds["seed"].values], attrs=attrs)
 
@@ -311,12 +339,17 @@ def _read_attrs(attrs) -> dict:
             out["constraints"] = json.loads(v)
         elif k == "fallback_constraints_json":
             out["fallback_constraints"] = json.loads(v)
+        elif k.endswith("_json") and k[: -len("_json")] in _JSON_ATTRS:
+            out[k[: -len("_json")]] = json.loads(v)
         elif k in _BOOL_ATTRS:
             out[k] = bool(v)
         else:
             out[k] = v
     return out
 
+
+#: dict attributes written as JSON (``<name>_json``): the delays' record (issue 45)
+_JSON_ATTRS = ("delays", "pending_at_end")
 
 #: attributes written as 0/1 that read back as bool
 _BOOL_ATTRS = ("regret_available",)
