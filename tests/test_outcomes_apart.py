@@ -386,3 +386,39 @@ def test_a_replica_service_takes_outcomes_metric_by_metric(tmp_path, postgres_se
     frame = DecisionLog(url, read_only=True).to_dataframe().set_index("decision_id")
     assert frame["constraints"].tolist()[:3] == [[1.0], [0.0], [0.0]] and frame["reward"].tolist()[:3] == [1.0, 2.0, 0.5]
     assert frame["outcomes_pending"].tolist() == [0, 0, 0, 2]
+
+
+# ---------------------------------------------------------------------------------- windows
+def test_a_refund_not_reported_within_its_window_becomes_its_default_once(tmp_path):
+    import time
+
+    log = DecisionLog(tmp_path / "log.sqlite")
+    d = _decider(log=log, outcome_windows={"refund": (30 * 86400, 0.0)})
+    decisions = [d.decide(x, baseline=0) for x in _contexts(3)]
+    for dec in decisions:
+        d.feedback(dec.decision_id, reward=1.0)
+    d.feedback(decisions[0].decision_id, constraints=[1.0])  # reported in time
+    assert d.close_windows(now=time.time() + 86400) == 0 and _counts(d) == [3, 1]  # a day later: still open
+    d.save(tmp_path / "state")
+    back = Decider.load(tmp_path / "state", log=tmp_path / "log.sqlite")
+    assert back.outcome_windows == d.outcome_windows == {0: (30 * 86400.0, 0.0)}
+    assert back.close_windows(now=time.time() + 31 * 86400) == 2  # 31 days later: the two unreported refunds are 0
+    assert _counts(back) == [3, 3] and not back.pending
+    assert back.feedback(decisions[1].decision_id, constraints=[1.0]) is False  # too late: the default stands
+    assert back.close_windows(now=time.time() + 62 * 86400) == 0
+    origins = dict(log._db.execute("SELECT decision_id, origin FROM outcomes").fetchall())
+    assert origins == {"0": None, "1": "window", "2": "window"}  # reported by a client, or closed by the window
+    frame = log.to_dataframe()
+    assert frame["constraints"].tolist() == [[1.0], [0.0], [0.0]] and frame["outcomes_pending"].tolist() == [0, 0, 0]
+
+
+def test_windows_are_checked_before_any_work():
+    with pytest.raises(ValueError, match=r"outcome_windows: 'conversion' is not a constraint metric .*the reward has no "
+                                         r"window"):
+        _decider(outcome_windows={"conversion": (10, 0.0)})
+    with pytest.raises(ValueError, match=r"outcome_windows\['refund'\]: expected \(seconds, default\)"):
+        _decider(outcome_windows={"refund": 10})
+    with pytest.raises(ValueError, match=r"outcome_windows\['refund'\]: expected a positive finite number of seconds"):
+        _decider(outcome_windows={"refund": (-1, 0.0)})
+    with pytest.raises(ValueError, match=r"outcome_windows: 'refunds' is not a constraint metric"):
+        _decider(outcome_windows={"refunds": (10, 0.0)})

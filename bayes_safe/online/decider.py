@@ -407,6 +407,11 @@ class Decider:
         outlier_sd: the outlier guard (module docstring: limits): an outcome more than this many
             posterior predictive sd from its model's prediction is refused (default
             ``OUTLIER_SD = 100``; None: no guard).
+        outcome_windows: ``{constraint metric name: (seconds, default)}`` (names as
+            ``metrics.metric_names`` gives them): a metric not reported within ``seconds`` of its
+            decision becomes ``default`` (a refund not reported in 30 days is a 0), logged with
+            origin ``"window"`` and learned once, like a reported one (``close_windows``; issue 45).
+            Decisions and feedback close the windows due, at most once a second.
 
     A new Decider starts at decision id ``'0'``: its ``log`` must hold no decisions yet (to go on
     with a log that has some, ``load`` the state that wrote it). The log records which Decider it
@@ -416,7 +421,8 @@ class Decider:
     def __init__(self, policy, *, feature_names: Sequence[str] | None = None, num_draws: int = 200,
                  update_every: int = 1, log: DecisionLog | str | Path | None = None,
                  featurize: Callable | None = None, seed: int = 0, feature_limit: float = 1e6,
-                 outcome_limit: float = 1e6, outlier_sd: float | None = OUTLIER_SD):
+                 outcome_limit: float = 1e6, outlier_sd: float | None = OUTLIER_SD,
+                 outcome_windows: Mapping | None = None):
         if not (callable(getattr(policy, "select", None)) and callable(getattr(policy, "update", None))):
             raise TypeError(f"policy: expected a bayes_safe policy (select and update), got {type(policy).__name__}")
         for role, m in policy.models().items():
@@ -484,6 +490,8 @@ class Decider:
         #: JSON-able dict saved with the state, or None; ``/health`` and ``GET /posterior`` show it
         self.provenance: dict | None = None
         self._count_fallbacks()
+        self.outcome_windows = self._windows(outcome_windows)
+        self._swept = 0.0  # time.monotonic() of the last close_windows the loop ran
         self._generator = torch.Generator().manual_seed(seed)
         self._lock = threading.RLock()
         # Inside decide and refresh (after this class's own checks of every input): the policy's
@@ -619,6 +627,9 @@ class Decider:
                 self.log.write_decision(*row)
             self.next_id += 1
             self.pending[row[0]] = entry
+            if self.outcome_windows:
+                entry["time"] = time.time()
+                self._sweep()
         return decision
 
     def _prepare(self, features, baseline, valid) -> tuple:
@@ -743,6 +754,72 @@ class Decider:
                     raise
             self._queue(decision_id, entry, reward, constraints)
         return True
+
+    def _windows(self, windows) -> dict[int, tuple[float, float]]:
+        """``outcome_windows`` checked: ``{constraint index: (seconds, default)}``."""
+        if windows is None:
+            return {}
+        names = metric_names(self.policy)
+        if not isinstance(windows, Mapping):
+            raise TypeError(f"outcome_windows: expected {{constraint metric name: (seconds, default)}}, got "
+                            f"{type(windows).__name__}")
+        out = {}
+        for name, spec in windows.items():
+            if name not in names[1:]:
+                why = (" (the reward has no window: report it, or leave the decision pending)" if name == names[0]
+                       else "")
+                raise ValueError(f"outcome_windows: {name!r} is not a constraint metric of this policy{why}; its "
+                                 f"constraint metrics are {names[1:]}")
+            try:
+                seconds, default = spec
+                seconds, default = float(seconds), float(default)
+            except (TypeError, ValueError):
+                raise ValueError(f"outcome_windows[{name!r}]: expected (seconds, default), got {spec!r}") from None
+            if not 0 < seconds < math.inf:
+                raise ValueError(f"outcome_windows[{name!r}]: expected a positive finite number of seconds, got {seconds}")
+            j = names.index(name) - 1
+            out[j] = (seconds, self._bounded(_finite(default, f"outcome_windows[{name!r}] default"),
+                                             f"outcome_windows[{name!r}] default", j + 1))
+        if out:
+            self._check_apart()
+            if getattr(self, "_replica", False):
+                raise ValueError("outcome_windows: replicas do not close windows yet; serve one process, or report the "
+                                 "defaults yourself")
+        return out
+
+    def close_windows(self, now: float | None = None) -> int:
+        """Give every pending decision's constraint metric whose window (``outcome_windows``) has closed by
+        ``now`` (Unix seconds; default: the clock) its declared default: logged with origin ``"window"``,
+        learned once. Returns how many metrics were closed."""
+        if not self.outcome_windows:
+            return 0
+        now = time.time() if now is None else float(now)
+        closed = 0
+        with self._lock:
+            C = int(self.policy.num_constraints)
+            for key, entry in list(self.pending.items()):
+                at = entry.get("time")
+                if at is None:
+                    continue
+                known = entry.get("known") or [False] * (1 + C)
+                due = [None] * C
+                for j, (seconds, default) in self.outcome_windows.items():
+                    if not known[j + 1] and at + seconds <= now:
+                        due[j] = default
+                if any(v is not None for v in due):
+                    if self.log is not None:
+                        self.log.write_outcomes([(key, j, v) for j, v in enumerate(due) if v is not None],
+                                                origin="window")
+                    self._apart_locked(key, entry, None, due, write=False)
+                    closed += sum(v is not None for v in due)
+        return closed
+
+    def _sweep(self) -> None:
+        """``close_windows`` from the loop, at most once a second."""
+        tick = time.monotonic()
+        if tick - self._swept >= 1.0:
+            self._swept = tick
+            self.close_windows()
 
     def _feedback_apart(self, decision_id, reward, constraints) -> bool:
         """``feedback`` of some of a decision's metrics (the others None): checked, then applied under the lock."""
@@ -1127,6 +1204,8 @@ class Decider:
             for decision_id, action, num_actions, context in later:  # all checked before any is applied
                 added[decision_id] = {"features": _played_features(context, action, num_actions, dim, per_arm,
                                                                    decision_id, log.path), "action": action}
+                if self.outcome_windows:  # (its window counted from the replay: never closed early)
+                    added[decision_id]["time"] = time.time()
             feedback = log.feedback_for([*self.pending, *added], with_time=True)
             late = log.outcomes_for([*self.pending, *added])
             if late:  # constraint outcomes logged apart from their reward, merged in the order they were logged
@@ -1185,6 +1264,9 @@ class Decider:
                     "id_key": base64.b64encode(self._id_key).decode(), "legacy_below": self._legacy_below,
                     "feature_limit": self.feature_limit, "outcome_limit": self.outcome_limit,
                     "outlier_sd": self.outlier_sd, "provenance": self.provenance} | self._extra_meta()
+            if self.outcome_windows:
+                names = metric_names(self.policy)
+                meta["outcome_windows"] = {names[j + 1]: list(w) for j, w in self.outcome_windows.items()}
             with atomic_output_dir(directory, replace=True) as out:
                 save_state(self.policy, out / "policy")
                 self._save_extra(out)
@@ -1252,6 +1334,7 @@ class Decider:
             next_id, model_version = int(meta["next_id"]), int(meta["model_version"])
             pending = {str(k): {"features": [float(x) for x in v["features"]], "action": int(v["action"])}
                        | ({"known": [bool(b) for b in v["known"]]} if v.get("known") is not None else {})
+                       | ({"time": float(v["time"])} if v.get("time") is not None else {})
                        for k, v in dict(meta["pending"]).items()}
             queued = [{"decision_id": str(q["decision_id"]), "reward": None if q["reward"] is None else float(q["reward"]),
                        "constraints": None if q["constraints"] is None else [
@@ -1268,7 +1351,7 @@ class Decider:
                 if len(id_key) != 32:
                     raise ValueError(f"id_key of {len(id_key)} bytes, expected 32")
             legacy_below = int(meta.get("legacy_below", next_id if id_key is None else 0))
-            limits = {k: meta[k] for k in ("feature_limit", "outcome_limit", "outlier_sd") if k in meta}
+            limits = {k: meta[k] for k in ("feature_limit", "outcome_limit", "outlier_sd", "outcome_windows") if k in meta}
             _check_bookkeeping(next_id, model_version, legacy_below, pending, queued)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise StateError(f"{meta_path}: malformed Decider state ({type(exc).__name__}: {exc})") from None
