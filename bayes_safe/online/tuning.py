@@ -287,6 +287,8 @@ class LoggedAlpha(ABProblem):
         if frame["constraints"].map(lambda c: c is None or len(c) != C).any():
             raise StateError(f"log: {self.log_path} has feedback without the {C} constraint value(s) of the policy")
         self.constraints = np.array(frame["constraints"].tolist(), dtype=np.float64).reshape(len(frame), C)
+        # (None, a constraint still pending (issue 45), reads as NaN: its estimate uses the rows where it is known)
+        self.pending = {f"constraint{j}": int(np.isnan(self.constraints[:, j]).sum()) for j in range(C)}
         self.outcome_constraints = (f"constraint0_ratio >= {self.min_ratio}",) if C else ()
         try:  # the rows of self.data, parsed once (not at every trial); contexts that are not candidates fail a trial
             self._candidates = self._parse_candidates(frame)
@@ -307,12 +309,12 @@ class LoggedAlpha(ABProblem):
                                  f"the log does not carry (it logs {', '.join(names)}); it cannot be estimated off-policy")
             col = values[c.metric]
             missing = ~np.isfinite(col)
-            if missing.any():
+            if missing.all():  # (some missing: outcomes still pending, issue 45; estimated from the known rows)
                 ids = frame["decision_id"].to_numpy()[missing][:5].tolist()
                 where = "the reward" if c.metric == reward_name else f"constraints[{names.index(c.metric) - 1}]"
                 raise ValueError(f"log: {self.log_path} has no value of {c.metric!r} ({where} of the feedback) for "
-                                 f"{int(missing.sum())} of {len(col)} decisions (e.g. {ids}); the constraint "
-                                 f"`{c.describe()}` cannot be estimated off-policy from it")
+                                 f"any of its {len(col)} decisions (e.g. {ids}: pending); the constraint "
+                                 f"`{c.describe()}` cannot be estimated off-policy from it yet")
         self.tolerance_names = _numbered([tolerance_name(c) for c in self.declared])
         # tolerances are around the declared limit (a served policy whose tolerance was tuned keeps it in
         # Constraint.declared); the default range holds the served setting
@@ -324,7 +326,10 @@ class LoggedAlpha(ABProblem):
             ranges.append({**r, "name": n, "low": min(r["low"], round(t, 10)), "high": max(r["high"], round(t, 10))})
         self.parameters = tuple(ranges)
         # the metrics: every logged metric's level; a guarded one also its baseline level and, if relative, its ratio
-        self.values = {m: v for m, v in values.items() if np.isfinite(v).all()}
+        # a metric logged for some rows: estimated from the rows where it is known (an outcome still pending,
+        # issue 45, is missing, never 0); ``pending`` counts those rows per metric
+        self.values = {m: v for m, v in values.items() if np.isfinite(v).any()}
+        self.pending = {m: int((~np.isfinite(v)).sum()) for m, v in self.values.items()}
         self.level_names = {m: self._level_name(m) for m in self.values}
         guarded = list(dict.fromkeys(c.metric for c in self.declared))
         self.ratio_metrics = list(dict.fromkeys(c.metric for c in self.declared if c.versus_baseline))
@@ -516,7 +521,8 @@ class LoggedAlpha(ABProblem):
         out = {"reward": (value.value, value.se)}
         for j in range(self.constraints.shape[1]):
             try:
-                e = _ratio_estimate(probs, self.baselines, self.data, self.constraints[:, j], boot, int(seed))
+                e = _ratio_estimate(*_known_rows(probs, self.baselines, self.data, self.constraints[:, j]), boot,
+                                    int(seed))
             except ValueError:
                 continue  # the baseline's mean of the metric is 0 on these rows: no ratio
             out[f"constraint{j}_ratio"] = (e.value, e.se)
@@ -538,16 +544,18 @@ class LoggedAlpha(ABProblem):
         guarded = {c.metric for c in self.declared}
         for m, v in self.values.items():
             name = self.level_names[m]
+            p, _, data, known = _known_rows(probs, None, self.data, v)
             if name in self._metric_names:
-                e = value if m == reward_name else estimate_value(probs, self.data, "snips", values=v, n_boot=boot,
+                e = value if m == reward_name else estimate_value(p, data, "snips", values=known, n_boot=boot,
                                                                   seed=seed)
                 out[name] = (e.value, e.se)
             if m in guarded:
-                b = estimate_value(baseline, self.data, "snips", values=v, n_boot=boot, seed=seed)
+                b = estimate_value(_known_rows(baseline, None, self.data, v)[0], data, "snips", values=known,
+                                   n_boot=boot, seed=seed)
                 out[f"baseline_{name}"] = (b.value, b.se)
         for m in self.ratio_metrics:
             try:
-                e = _ratio_estimate(probs, self.baselines, self.data, self.values[m], boot, int(seed))
+                e = _ratio_estimate(*_known_rows(probs, self.baselines, self.data, self.values[m]), boot, int(seed))
             except ValueError:
                 continue  # the baseline's mean of m is 0 on these rows: no ratio (the trial reports the levels)
             out[f"{_safe(m)}_ratio"] = (e.value, e.se)
@@ -566,6 +574,18 @@ class LoggedAlpha(ABProblem):
 
         self.__dict__.update(state)
         self.log = DecisionLog(self.log_path, read_only=True)
+
+
+def _known_rows(probs, baselines, data, values):
+    """``(probs, baselines, data, values)`` of the rows whose metric is known: an outcome still pending (NaN;
+    issue 45) is missing, not 0. Inverse propensity weighting on a subset of logged rows chosen by when their
+    outcome arrives (not by the action) estimates the target policy on those rows' contexts."""
+    keep = np.isfinite(np.asarray(values, dtype=np.float64))
+    if keep.all():
+        return probs, baselines, data, values
+    idx = np.flatnonzero(keep)
+    return (probs[idx], None if baselines is None else baselines[idx], data.subset(idx),
+            np.asarray(values, dtype=np.float64)[idx])
 
 
 def _ratio_estimate(probs, baselines, data, values, n_boot: int, seed: int):
