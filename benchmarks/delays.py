@@ -24,6 +24,14 @@ ratio, the policy's delivery mode (``attrs["delivery"]``), and the 1-minute load
 row was printed. The settings are interleaved within each repeat, in alternating order, so a
 change of load falls on all of them. Target (issue 45): ``simulate`` with delays at R = 1,000 costs
 at most 1.5x ``simulate`` without. One torch thread (as ``simulate`` runs).
+
+**The harm target** (the last rows): TS-ASC on ``_pricing.Pricing`` (a 0/1 conversion, a 0/1 refund
+capped at 2 %; conjugate Gaussian models, noise sd 0.5 and 0.15) with the refund 2,000 decisions late
+against at once, the same seeds: the share of decisions whose price breaks the cap in expectation
+over the last 2,000 steps of 8,000 (the window long passed), and over the first 2,000 (what a late
+harm signal costs while it is late). Target: the late-stream shares within 2 points. Full: R = 128
+(the paired gap's standard error about 1.3 points; at R = 32 it is 2.6); ``--quick``: R = 16, 6,000
+steps.
 """
 
 from __future__ import annotations
@@ -93,6 +101,41 @@ def run(quick: bool = False) -> list[dict]:
                          "ratio": "" if name == "none" else 1.5 / ratio})
             print(f"{policy_name:8} {name:17} {c:7.3f} {ratio:7.2f} {w:7.3f} {w / ref_wall:7.2f} {modes[name]:>9} "
                   f"{target:>7} {load:5.2f}", flush=True)
+    return rows + harm_rows(quick)
+
+
+def harm_rows(quick: bool = False) -> list[dict]:
+    """The harm target: a 2,000-decision refund delay against none, late-stream violations (module docstring)."""
+    import pyro.distributions as dist
+    from _pricing import Pricing
+
+    from bayes_safe import TSASC, BayesianLinear
+
+    R_h, T_h, lag = (16, 6000, 2000) if quick else (128, 8000, 2000)
+    problem = Pricing()
+    problem.replications = R_h
+    shares, per_rep = {}, {}
+    for name, delays in (("at once", None), ("2,000 late", {"refund": lag})):
+        def model(noise):
+            prior = dist.Normal(torch.zeros(4, dtype=torch.float64), 1.0).to_event(1)
+            return BayesianLinear(prior, noise_std=noise, batch_shape=[R_h])
+
+        policy = TSASC(model(0.5), [model(0.15)], constraints=list(problem.constraints))
+        trace = simulate(policy, problem, T_h, seed=0, delays=delays, progress=False)
+        v = trace.violation.double()
+        shares[name] = (float(v[-2000:].mean()), float(v[:2000].mean()))
+        per_rep[name] = v[-2000:].mean(0)
+    paired = 100 * (per_rep["2,000 late"] - per_rep["at once"])  # the same units and seeds: paired by replication
+    gap, gap_se = float(paired.mean().abs()), float(paired.std() / R_h ** 0.5)
+    load = os.getloadavg()[0]
+    rows = [{"benchmark": f"TS-ASC pricing R={R_h} T={T_h}, refund {name}: share over the 2 % cap, last 2,000 steps",
+             "value": 100 * late, "unit": "%", "first_2000": 100 * early, "load": load} for name, (late, early)
+            in shares.items()]
+    rows.append({"benchmark": "  late-stream gap, refund 2,000 late against at once", "value": gap, "unit": "points",
+                 "se": gap_se, "target": "<= 2 points", "ratio": 2.0 / max(gap, 1e-9), "load": load})
+    for r in rows:
+        print(f"{r['benchmark']}: {r['value']:.2f} {r['unit']}" + (f" (first 2,000: {r['first_2000']:.2f} %)"
+                                                                    if "first_2000" in r else ""), flush=True)
     return rows
 
 

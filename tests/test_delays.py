@@ -4,7 +4,7 @@ import pyro.distributions as dist
 import pytest
 import torch
 
-from bayes_safe import TSASC, BayesianLinear, ThompsonSampling, simulate
+from bayes_safe import TSASC, BayesianLinear, Constraint, ThompsonSampling, simulate
 from bayes_safe.envs import daulton2019
 from bayes_safe.envs.problem import Problem, Units
 from bayes_safe.factory import make_policy
@@ -259,3 +259,50 @@ def test_the_record_survives_netcdf_slicing_and_the_dataframe(tmp_path):
     assert one.learned_at.shape == (12, 1, 2) and one.attrs["pending_at_end"] == {"reward": 0, "constraint": 5}
     frame = trace.to_dataframe()
     assert (frame["learned_at_constraint"] == -1).sum() == 15
+
+
+# ---------------------------------------------------------------------------------- the A/B tuner
+class _Pricing(Problem):
+    """A user's pricing problem: 21 prices, a 0/1 conversion and a 0/1 refund capped at 2 % that the
+    deepest discounts break (the refund known weeks later)."""
+
+    name = "pricing"
+    metric_names = ("conversion", "refund")
+    constraints = (Constraint.absolute("refund", at_most=0.02),)
+    noise_std = (0.5, 0.15)
+    replications = 4
+
+    def __init__(self):
+        self.prices = torch.linspace(-0.5, 0.5, 21, dtype=torch.float64)
+
+    def draw(self, n, generator):
+        u = torch.randn(n, 1, generator=generator, dtype=torch.float64)
+        p = self.prices.expand(n, -1)
+        return Units(torch.stack([torch.ones_like(p), p, p * p, u * p], -1), baseline=torch.full((n,), 10),
+                     context=torch.rand(n, 2, generator=generator, dtype=torch.float64))
+
+    def expected(self, units, actions):
+        x = units.features[torch.arange(len(units)), actions]
+        return torch.stack([torch.sigmoid(-0.4 - 3.0 * x[:, 1] + x[:, 3]), torch.sigmoid(-4.2 - 3.0 * x[:, 1])], -1)
+
+    def outcomes(self, units, actions):
+        return (units.context < self.expected(units, actions)).double()
+
+
+def test_the_ab_tuner_measures_what_a_late_refund_costs():
+    from bayes_safe.tuning import ABTest
+
+    def trial(delays):
+        ab = ABTest(_Pricing(), n_users=2000, batches=8, compare=(), replicates=1, delays=delays)
+        return ab.evaluate({"tolerance_refund": 0.0}, seed=0)
+
+    now, zero, late = trial(None), trial({"refund": 0}), trial({"refund": 3})
+    assert zero == now  # lag 0: the A/B test without delays, number for number
+    assert late["refund"][0] > now["refund"][0] + 0.005  # learning the refund 3 batches late breaks the cap more
+    ab = ABTest(_Pricing(), n_users=2000, batches=8, compare=(), replicates=1, delays={"refund": 3})
+    assert ab.delay_names() == ["reward", "refund"] and ab.config()["delays"] == {"refund": 3}
+    with pytest.raises(ValueError, match=r"delays: unknown metric name\(s\) \['refunds'\]; the learned metrics are "
+                                         r"\['reward', 'refund'\]"):
+        ABTest(_Pricing(), n_users=2000, batches=8, compare=(), delays={"refunds": 3})
+    with pytest.raises(ValueError, match=r"delays\['refund'\]: expected a lag >= 0 in batches"):
+        ABTest(_Pricing(), n_users=2000, batches=8, compare=(), delays={"refund": -1})

@@ -200,6 +200,27 @@ def _mean_se(values: torch.Tensor) -> tuple[float, float]:
     return float(v.mean()), se
 
 
+def _learn_due(policy, queue: list, b: int, lags: tuple[int, ...], kind: str) -> None:
+    """After batch ``b``: the outcomes of ``queue`` (``(batch, features, reward, constraints, actions)``) whose
+    lag has passed, learned once each (``ABTest.delays``); entries fully learned leave the queue."""
+    if len(set(lags)) == 1:  # one lag for every metric: whole batches late, any policy
+        while queue and queue[0][0] + lags[0] == b:
+            _, x, reward, constraints, a = queue.pop(0)
+            policy.update(x, reward, constraints, actions=a)
+        return
+    models = (getattr(policy, "reward_model", None), *getattr(policy, "constraint_models", ()))
+    if (models[0] is None or len(models) != len(lags) or getattr(policy, "chance_recalibrate", False)
+            or not all(callable(getattr(m, "update", None)) for m in models)):
+        raise ValueError(f"delays: the {kind!r} arm ({type(policy).__name__}) learns a unit's outcomes together; give "
+                         "every learned metric the same lag, or tune TS-ASC, whose models each learn their own metric")
+    for entry in queue:
+        b0, x, reward, constraints, a = entry
+        for m, (model, lag) in enumerate(zip(models, lags)):
+            if b0 + lag == b:
+                model.update(x, reward if m == 0 else constraints[:, m - 1], actions=a)
+    queue[:] = [e for e in queue if e[0] + max(lags) > b]
+
+
 @dataclass
 class ABTest:
     """Evaluate one parameterization by a simulated A/B test against the baseline policy.
@@ -221,6 +242,13 @@ class ABTest:
             ``None`` (default) for the problem's own choice (``problem.compare``).
         policy_factory: ``(kind, parameters, env, *, seed, refit_every) -> Policy`` to use
             instead of ``problem.make_policy``.
+        delays: outcomes that arrive late (issue 45), ``{metric name: lag in batches}``: the learning
+            arms learn a metric of batch ``b`` after batch ``b + lag`` (lag 0: after its own batch, as
+            without delays; an outcome due after the last batch is never learned). Names:
+            ``"reward"`` and the metrics the constraint models learn (``delay_names()``). When every
+            learned metric has the same lag the arms' ``update`` takes whole batches late (any
+            policy); otherwise each model learns its own metric when it arrives (TS-ASC; other
+            arms are refused by name at the trial). What the arms play is scored as it happened.
         replicates: independent A/B tests per trial (other units, other Thompson draws, other
             refits; each paired with its own baseline). The trial reports their mean and an SEM
             that covers the run-to-run variability of the learning policy (``combine_replicates``);
@@ -260,6 +288,7 @@ class ABTest:
     compare: tuple[str, ...] | None = None
     policy_factory: Callable | None = None
     replicates: int = DEFAULT_REPLICATES
+    delays: Mapping[str, int] | None = None
 
     def __post_init__(self):
         if not isinstance(self.problem, ABProblem):
@@ -276,6 +305,10 @@ class ABTest:
         if self.n_users < 2 * self.batches:
             raise ValueError(f"n_users: expected at least 2 units per batch ({2 * self.batches}), got {self.n_users}")
         self.compare = tuple(self.problem.compare if self.compare is None else self.compare)
+        if self.problem.offline and self.delays:
+            raise ValueError(f"delays: problem {self.problem.name!r} estimates trials from logs (whose pending outcomes "
+                             "it leaves out); delays apply to simulated A/B tests")
+        self._lags = None if self.problem.offline else self._check_delays(self.delays)
         if self.problem.offline:
             if self.compare:
                 raise ValueError(f"compare: problem {self.problem.name!r} estimates trials from logs; it has no "
@@ -293,6 +326,32 @@ class ABTest:
                                  f"{self.problem.name!r}, got {bad}")
         if self.policy_factory is not None and not callable(self.policy_factory):
             raise TypeError("policy_factory: expected a callable (kind, parameters, env, *, seed, refit_every) -> Policy")
+
+    def delay_names(self) -> list[str]:
+        """The metric names ``delays`` takes: ``"reward"``, then the metric each constraint model learns
+        (a ``Problem``'s own names; ``constraint0``, ... for a problem that does not name them)."""
+        names = list(self.problem.metric_names())
+        columns = getattr(self.problem, "model_columns", None)
+        if columns is not None:
+            return ["reward", *(names[c] for c in columns)]
+        return ["reward", *(f"constraint{j}" for j in range(max(len(names) - 1, 0)))]
+
+    def _check_delays(self, delays) -> tuple[int, ...] | None:
+        """``delays`` checked before any trial: the lag of each learned metric (reward first), or None."""
+        if delays is None:
+            return None
+        names = self.delay_names()
+        if not isinstance(delays, Mapping):
+            raise TypeError(f"delays: expected None or {{metric name: lag in batches}} with names among {names}, got "
+                            f"{type(delays).__name__}")
+        unknown = [k for k in delays if k not in names]
+        if unknown:
+            raise ValueError(f"delays: unknown metric name(s) {unknown}; the learned metrics are {names}")
+        for k, v in delays.items():
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
+                raise ValueError(f"delays[{k!r}]: expected a lag >= 0 in batches (an int), got {v!r}")
+        lags = tuple(int(delays.get(n, 0)) for n in names)
+        return None if not any(lags) else lags
 
     # -- metadata
     def metric_names(self) -> list[str]:
@@ -316,8 +375,11 @@ class ABTest:
         problem = self.problem.config()
         if problem is None or self.policy_factory is not None:
             return None
-        return {"problem": problem, "n_users": self.n_users, "batches": self.batches, "policy": self.policy,
-                "compare": list(self.compare), "replicates": self.replicates}
+        out = {"problem": problem, "n_users": self.n_users, "batches": self.batches, "policy": self.policy,
+               "compare": list(self.compare), "replicates": self.replicates}
+        if self.delays:
+            out["delays"] = {str(k): int(v) for k, v in self.delays.items()}
+        return out
 
     @classmethod
     def from_config(cls, config: Mapping, *, trust_source: bool | str = False) -> ABTest:
@@ -381,6 +443,7 @@ class ABTest:
             records: dict[str, list] = {"units": [], "baseline": [], **{kind: [] for kind in arms}}
             actions: dict[str, list] = {kind: [] for kind in arms}
             falls: dict[str, list] = {kind: [] for kind in arms}  # (fell [n], by [G, n]) of arms that can fall back
+            late: dict[str, list] = {kind: [] for kind in arms}  # (batch, played features, reward, constraints, actions)
             for b, n in enumerate(sizes):
                 units = env.draw(n, stream, step=b) if timed else env.draw(n, stream)
                 records["units"].append(units)
@@ -395,7 +458,11 @@ class ABTest:
                     actions[kind].append(a)
                     if b < len(sizes) - 1:
                         reward, constraints = self.problem.feedback(env, units, out)
-                        policy.update(units.features[rows, a], reward, constraints, actions=a)
+                        if self._lags is None:
+                            policy.update(units.features[rows, a], reward, constraints, actions=a)
+                        else:  # outcomes that arrive late: what is due after batch b
+                            late[kind].append((b, units.features[rows, a], reward, constraints, a))
+                            _learn_due(policy, late[kind], b, self._lags, kind)
             result = self._summarize(env, records, parameters)
             result.update(self._violations(env, records["units"], actions, falls))
             result.update(self._fallbacks(arms, falls))
