@@ -422,3 +422,16 @@ def test_windows_are_checked_before_any_work():
         _decider(outcome_windows={"refund": (-1, 0.0)})
     with pytest.raises(ValueError, match=r"outcome_windows: 'refunds' is not a constraint metric"):
         _decider(outcome_windows={"refunds": (10, 0.0)})
+
+
+def test_views_of_one_model_refuse_outcomes_apart_by_name():
+    """The probit GP's reward and success views see one outcome two ways: a report of one without the
+    other is refused by name, before any work (the engine matrix's last entry)."""
+    from bayes_safe.envs.video_upload import FEATURE_DIM
+    from bayes_safe.models import ProbitGP, ScaledOutcome, SuccessProbability
+
+    gp = ProbitGP(FEATURE_DIM, seed=0, refit_every=None)
+    policy = TSASC(ScaledOutcome(gp, torch.ones(4, dtype=F64)), SuccessProbability(gp), alpha=0.5)
+    with pytest.raises(ValueError, match=r"reward, constraints: this TS-ASC's metrics are views of one model "
+                                         r"\(ScaledOutcome and SuccessProbability"):
+        Decider(policy, seed=0, outcome_windows={"constraint0": (3600, 0.0)})
