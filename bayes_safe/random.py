@@ -18,6 +18,18 @@ Every model and policy that needs randomness accepts ``generator=`` as either ``
 global torch generator), a ``torch.Generator`` (one stream for the whole batch: fast,
 reproducible, but not replication-separable), or a ``ReplicationRNG``.
 
+**Devices.** The numbers of a ``ReplicationRNG`` are numpy's, drawn on the CPU; they are put on a
+device as a block (one copy per ``block`` steps, not one per draw): the RNG's own ``device``
+(``ReplicationRNG(seeds, device="cuda")``, ``ReplicationRNG.from_seed(s, R, device=...)``;
+default the CPU; ``simulate`` should make its RNG on the problem's device). A draw that names
+another device (``standard_normal(..., device=)``, what every model passes: the device of its
+prior) is copied there, one copy per draw: correct, but give the RNG the models' device to avoid
+it. The same seed therefore gives the same numbers on every device. ``standard_normal`` / ``standard_uniform``
+with a ``torch.Generator`` draw on the generator's device (a CPU generator feeding a CUDA model
+draws on the CPU and copies: the CPU's numbers) and with ``None`` on ``device`` (torch's default
+generator of that device). A ``DrawBatch`` draws with its ``torch.Generator`` (made on its
+``device``) and puts the draws on the device asked for.
+
 Example:
     >>> rng = ReplicationRNG.from_seed(0, replications=3)
     >>> rng.normal((4,), key="weights").shape
@@ -214,9 +226,10 @@ class _Stream:
     replications in a simulation.
     """
 
-    __slots__ = ("block", "buffer", "dtype", "gens", "kind", "pos", "shape", "steps")
+    __slots__ = ("block", "buffer", "device", "dtype", "gens", "kind", "pos", "shape", "steps")
 
-    def __init__(self, seeds: list[int], key: str, shape: tuple[int, ...], kind: str, block: int, dtype):
+    def __init__(self, seeds: list[int], key: str, shape: tuple[int, ...], kind: str, block: int, dtype,
+                 device: torch.device | None = None):
         salt = zlib.crc32(key.encode())
         # np.random.Generator(np.random.PCG64([s, salt])) for every seed, seeded in one vectorised pass
         states = _pcg64_states(seeds, salt)
@@ -227,6 +240,8 @@ class _Stream:
         per_step = len(seeds) * max(1, math.prod(shape))
         block = max(1, min(int(block), _BLOCK_NUMBERS // per_step))
         self.shape, self.kind, self.block, self.dtype = shape, kind, block, dtype
+        # the device the blocks are put on (one copy per refill); None: the CPU (numpy's own memory)
+        self.device = None if device is None or torch.device(device).type == "cpu" else torch.device(device)
         self.buffer: torch.Tensor | None = None
         self.steps: tuple[torch.Tensor, ...] = ()
         self.pos = block
@@ -244,6 +259,8 @@ class _Stream:
                 for g, row in zip(self.gens, rows):
                     g.random(out=row)
             self.buffer = torch.from_numpy(rows).to(self.dtype)
+            if self.device is not None:
+                self.buffer = self.buffer.to(self.device)
             self.steps = self.buffer.unbind(1)  # the block's [R, *shape] views, made in one call
             self.pos = 0
         out = self.steps[self.pos]
@@ -258,15 +275,19 @@ class ReplicationRNG:
         seeds: one integer seed per replication.
         block: how many draws each stream prepares at once (a memory/speed trade-off; the
             numbers drawn do not depend on it, nor on the number of replications).
+        device: where the draws are put when a draw names no device (default: the CPU). The
+            numbers are numpy's (drawn on the CPU) whatever the device; a stream's block is
+            copied to its device once per refill.
     """
 
-    def __init__(self, seeds: Sequence[int], block: int = 256):
+    def __init__(self, seeds: Sequence[int], block: int = 256, device: torch.device | str | None = None):
         self.seeds = [int(s) for s in seeds]
         if not self.seeds:
             raise ValueError("seeds: expected at least one seed")
         if block < 1:
             raise ValueError(f"block must be >= 1, got {block}")
         self.block = int(block)
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
         self._streams: dict[tuple, _Stream] = {}
 
     @classmethod
@@ -281,25 +302,35 @@ class ReplicationRNG:
         shown = self.seeds[:3] + (["..."] if len(self.seeds) > 3 else [])
         return f"{type(self).__name__}(replications={self.replications}, seeds={shown}, streams={len(self._streams)})"
 
+    #: where the blocks are put (an instance attribute when given; subclasses that bypass ``__init__`` get the CPU)
+    device = torch.device("cpu")
+
     def _stream(self, kind: str, shape: Sequence[int], key: str, dtype) -> _Stream:
-        """The stream of ``kind`` draws of ``[R, *shape]`` named ``key`` (made on first use)."""
+        """The stream of ``kind`` draws of ``[R, *shape]`` named ``key`` (made on first use, its
+        blocks put on the RNG's ``device``)."""
         sid = (kind, key, shape, dtype)
         stream = self._streams.get(sid)
         if stream is None:
             shape = tuple(int(s) for s in shape)
-            stream = self._streams[sid] = _Stream(self.seeds, f"{kind}/{key}/{shape}", shape, kind, self.block, dtype)
+            stream = self._streams[sid] = _Stream(self.seeds, f"{kind}/{key}/{shape}", shape, kind, self.block, dtype,
+                                                  self.device)
         return stream
 
     def _draw(self, kind: str, shape: Sequence[int], key: str, dtype) -> torch.Tensor:
+        """The next ``[R, *shape]`` draws of a stream, on the RNG's device (subclasses override this)."""
         return self._stream(kind, shape, key, dtype).next()
 
-    def normal(self, shape: Sequence[int] = (), key: str = "default", dtype=torch.float64) -> torch.Tensor:
-        """Standard normal draws of shape ``[R, *shape]`` from the stream named ``key``."""
-        return self._draw("normal", shape, key, dtype)
+    def normal(self, shape: Sequence[int] = (), key: str = "default", dtype=torch.float64,
+               device: torch.device | str | None = None) -> torch.Tensor:
+        """Standard normal draws of shape ``[R, *shape]`` from the stream named ``key`` (on ``device``,
+        default the RNG's)."""
+        return _on(self._draw("normal", shape, key, dtype), device)
 
-    def uniform(self, shape: Sequence[int] = (), key: str = "default", dtype=torch.float64) -> torch.Tensor:
-        """Uniform [0, 1) draws of shape ``[R, *shape]`` from the stream named ``key``."""
-        return self._draw("uniform", shape, key, dtype)
+    def uniform(self, shape: Sequence[int] = (), key: str = "default", dtype=torch.float64,
+                device: torch.device | str | None = None) -> torch.Tensor:
+        """Uniform [0, 1) draws of shape ``[R, *shape]`` from the stream named ``key`` (on ``device``,
+        default the RNG's)."""
+        return _on(self._draw("uniform", shape, key, dtype), device)
 
 
 class DrawBatch(ReplicationRNG):
@@ -338,17 +369,20 @@ class DrawBatch(ReplicationRNG):
     Args:
         num_draws: ``S`` (>= 1).
         replications: ``R``, the batch the models keep.
-        generator: a ``torch.Generator`` (None: a fresh one seeded with ``seed``).
+        generator: a ``torch.Generator`` (None: a fresh one seeded with ``seed``, on ``device``).
         seed: the seed of that fresh generator.
+        device: the device of that fresh generator (default: the CPU). Draws are made on the
+            generator's device and put on the device a model asks for.
         played: whether the first draw is played (see above).
         independent_rows: the features' rows are separate decisions (see above).
     """
 
     def __init__(self, num_draws: int, replications: int = 1, generator: torch.Generator | None = None, seed: int = 0,
-                 *, played: bool = False, independent_rows: bool = False):
+                 *, played: bool = False, independent_rows: bool = False, device: torch.device | str | None = None):
         if isinstance(num_draws, bool) or not isinstance(num_draws, (int, np.integer)) or num_draws < 1:
             raise ValueError(f"num_draws: expected an int >= 1, got {num_draws!r}")
-        super().__init__([0] * int(replications), block=1)
+        super().__init__([0] * int(replications), block=1,
+                         device=device if generator is None else getattr(generator, "device", None))
         self.num_draws = int(num_draws)
         self.played = bool(played)
         self.independent_rows = bool(independent_rows)
@@ -356,7 +390,7 @@ class DrawBatch(ReplicationRNG):
             raise TypeError(f"generator: expected a torch.Generator or None, got {type(generator).__name__}")
         if generator is None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))):
             raise TypeError(f"seed: expected an int, got {seed!r}")
-        self.generator = generator if generator is not None else torch.Generator().manual_seed(int(seed))
+        self.generator = generator if generator is not None else torch.Generator(device=self.device).manual_seed(int(seed))
 
     def __repr__(self) -> str:
         rows = ", independent_rows=True" if self.independent_rows else ""
@@ -365,23 +399,27 @@ class DrawBatch(ReplicationRNG):
     def _draw(self, kind: str, shape, key: str, dtype) -> torch.Tensor:
         return self._full(kind, (self.replications, *(int(s) for s in shape)), dtype)
 
-    def _normal32(self, shape: tuple) -> torch.Tensor:
+    def _normal32(self, shape: tuple, device=None) -> torch.Tensor:
         """``[S, *shape]`` float32 normals: the numbers ``_full("normal", shape, torch.float64)`` returns
         widened, from the same draw of the generator (a model that widens them in its own next
-        operation, e.g. an addition to float64, saves the copy)."""
-        return torch.randn((self.num_draws, *shape), generator=self.generator, dtype=torch.float32)
+        operation, e.g. an addition to float64, saves the copy); on ``device`` (default the generator's)."""
+        out = torch.randn((self.num_draws, *shape), generator=self.generator, dtype=torch.float32, device=self.device)
+        return out if device is None or out.device == device else out.to(device)
 
-    def _full(self, kind: str, shape: tuple, dtype) -> torch.Tensor:
-        """``[S, *shape]`` numbers (``shape`` as the model asked, with or without a batch axis)."""
+    def _full(self, kind: str, shape: tuple, dtype, device=None) -> torch.Tensor:
+        """``[S, *shape]`` numbers (``shape`` as the model asked, with or without a batch axis), drawn on the
+        generator's device and put on ``device`` (None: left there)."""
         size = (self.num_draws, *shape)
         if kind == "normal":
             if dtype == torch.float64:
                 # float32 normals widened: torch's float64 normal sampler is not vectorised (16 us for
                 # S = 200, d = 4 against 5 us). Each draw is N(0, 1) to 2^-24 relative resolution, its
                 # tail cut near 5.8 sd (probability 7e-9): far below a propensity's Monte-Carlo error
-                return self._normal32(shape).to(dtype)
-            return torch.randn(size, generator=self.generator, dtype=dtype)
-        return torch.rand(size, generator=self.generator, dtype=dtype)
+                return self._normal32(shape, device).to(dtype)
+            out = torch.randn(size, generator=self.generator, dtype=dtype, device=self.device)
+        else:
+            out = torch.rand(size, generator=self.generator, dtype=dtype, device=self.device)
+        return out if device is None or out.device == device else out.to(device)
 
 
 Generator = torch.Generator | ReplicationRNG | None
@@ -403,26 +441,39 @@ def _check_batch(generator: ReplicationRNG, shape: tuple[int, ...]) -> None:
         )
 
 
-def standard_normal(shape: Sequence[int], generator: Generator = None, key: str = "default", dtype=torch.float64) -> torch.Tensor:
-    """``N(0, 1)`` draws of ``shape`` from any generator kind (see module docstring)."""
+def _on(out: torch.Tensor, device) -> torch.Tensor:
+    return out if device is None or out.device == device else out.to(device)
+
+
+def standard_normal(shape: Sequence[int], generator: Generator = None, key: str = "default", dtype=torch.float64,
+                    device: torch.device | str | None = None) -> torch.Tensor:
+    """``N(0, 1)`` draws of ``shape`` from any generator kind (see module docstring), on ``device``
+    (None: the ``ReplicationRNG``'s device, the ``torch.Generator``'s, or torch's default)."""
     if isinstance(generator, ReplicationRNG):
         if isinstance(generator, DrawBatch):
-            return generator._full("normal", tuple(int(s) for s in shape), dtype)
+            return generator._full("normal", tuple(int(s) for s in shape), dtype, device)
         if not shape or shape[0] != generator.replications:
             _check_batch(generator, tuple(shape))
-        return generator._draw("normal", tuple(shape[1:]), key, dtype)
-    return torch.randn(shape, generator=generator, dtype=dtype)
+        return _on(generator._draw("normal", tuple(shape[1:]), key, dtype), device)
+    if generator is None:
+        return torch.randn(shape, dtype=dtype, device=device)
+    # on the generator's device (torch requires it), then put where asked
+    return _on(torch.randn(shape, generator=generator, dtype=dtype, device=generator.device), device)
 
 
-def standard_uniform(shape: Sequence[int], generator: Generator = None, key: str = "default", dtype=torch.float64) -> torch.Tensor:
-    """``U[0, 1)`` draws of ``shape`` from any generator kind (see module docstring)."""
+def standard_uniform(shape: Sequence[int], generator: Generator = None, key: str = "default", dtype=torch.float64,
+                     device: torch.device | str | None = None) -> torch.Tensor:
+    """``U[0, 1)`` draws of ``shape`` from any generator kind (see module docstring), on ``device``
+    (as ``standard_normal``)."""
     shape = tuple(int(s) for s in shape)
     if isinstance(generator, ReplicationRNG):
         if isinstance(generator, DrawBatch):
-            return generator._full("uniform", shape, dtype)
+            return generator._full("uniform", shape, dtype, device)
         _check_batch(generator, shape)
-        return generator.uniform(shape[1:], key=key, dtype=dtype)
-    return torch.rand(shape, generator=generator, dtype=dtype)
+        return _on(generator._draw("uniform", shape[1:], key, dtype), device)
+    if generator is None:
+        return torch.rand(shape, dtype=dtype, device=device)
+    return _on(torch.rand(shape, generator=generator, dtype=dtype, device=generator.device), device)
 
 
 def standard_gamma(concentration: torch.Tensor, generator: Generator = None, key: str = "gamma", tries: int = 8) -> torch.Tensor:
@@ -445,12 +496,12 @@ def standard_gamma(concentration: torch.Tensor, generator: Generator = None, key
     a1 = torch.where(boost, a + 1, a)
     dd = a1 - 1.0 / 3.0
     c = 1.0 / torch.sqrt(9.0 * dd)
-    z = standard_normal((*shape, tries), generator, key=key + "/z")
-    u = standard_uniform((*shape, tries), generator, key=key + "/u")
+    z = standard_normal((*shape, tries), generator, key=key + "/z", device=a.device)
+    u = standard_uniform((*shape, tries), generator, key=key + "/u", device=a.device)
     v = (1.0 + c[..., None] * z) ** 3
     ok = (v > 0) & (torch.log(u) < 0.5 * z**2 + dd[..., None] - dd[..., None] * v + dd[..., None] * torch.log(v.clamp_min(1e-300)))
     ok[..., -1] |= v[..., -1] > 0
     first = torch.argmax(ok.to(torch.int8), dim=-1, keepdim=True)
     x = dd * torch.gather(v.clamp_min(1e-12), -1, first)[..., 0]
-    ub = standard_uniform(shape, generator, key=key + "/boost")
+    ub = standard_uniform(shape, generator, key=key + "/boost", device=a.device)
     return torch.where(boost, x * ub.clamp_min(1e-300) ** (1.0 / a), x)

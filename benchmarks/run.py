@@ -22,10 +22,10 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 BENCHMARKS = ["cli_startup", "linear_ts", "probit_gp", "linear_studies", "acol", "bcts", "offline", "tuning", "serve", "custom_priors",
               "scaling", "single_stream", "rare_harm", "horseshoe_mixing", "sparse_logistic", "chance_speed",
-              "conservative_speed", "log_propensities", "engine_costs", "delays"]
+              "conservative_speed", "log_propensities", "engine_costs", "delays", "gpu"]
 #: the benchmarks that print an issue's targets (``--issue N``; the same as ``--only`` with these names)
 ISSUES = {"42": ["sparse_logistic", "chance_speed", "conservative_speed", "single_stream", "engine_costs"],
-          "45": ["delays"]}
+          "45": ["delays"], "46": ["gpu"]}
 HEADERS = ("benchmark", "value", "unit", "target", "ratio", "vs_numpy")
 
 

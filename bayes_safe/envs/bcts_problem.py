@@ -41,6 +41,8 @@ class BCTSProblem:
         feature_names, arm_names: labels of the ``d`` features and ``K`` arms.
         teaching_size: contexts per teaching fold (the rest are recommended on).
         info: free-form description (data source, marginals, constraint matrix ...).
+        device: where the tables live (None: the device of ``contexts`` when it is a tensor, else
+            the CPU); the online phase's tensors follow it.
     """
 
     name: str
@@ -51,11 +53,15 @@ class BCTSProblem:
     arm_names: list[str]
     teaching_size: int = 200
     info: dict = field(default_factory=dict)
+    device: torch.device | str | None = None
 
     def __post_init__(self):
-        self.contexts = torch.as_tensor(self.contexts, dtype=torch.float64)
-        self.rewards = torch.as_tensor(self.rewards, dtype=torch.float64)
-        self.allowed = torch.as_tensor(self.allowed, dtype=torch.bool)
+        device = torch.device(self.device) if self.device is not None else (
+            self.contexts.device if isinstance(self.contexts, torch.Tensor) else torch.device("cpu"))
+        self.device = device
+        self.contexts = torch.as_tensor(self.contexts, dtype=torch.float64, device=device)
+        self.rewards = torch.as_tensor(self.rewards, dtype=torch.float64, device=device)
+        self.allowed = torch.as_tensor(self.allowed, dtype=torch.bool, device=device)
         if self.contexts.dim() != 2:
             raise ValueError(f"contexts: expected shape [n, d], got {list(self.contexts.shape)}")
         n, d = self.contexts.shape
@@ -106,7 +112,8 @@ class BCTSProblem:
             mask[pos] = True
             teach.append(perm[pos])
             online.append(perm[~mask])
-        return torch.as_tensor(np.stack(teach)), torch.as_tensor(np.stack(online))
+        return (torch.as_tensor(np.stack(teach), device=self.contexts.device),
+                torch.as_tensor(np.stack(online), device=self.contexts.device))
 
 
     def online(self, contexts: torch.Tensor, rows: torch.Tensor | None = None, *, mask: bool = False) -> BCTSOnline:
@@ -137,17 +144,18 @@ class BCTSOnline(Problem):
     def __init__(self, problem: BCTSProblem, contexts: torch.Tensor, rows: torch.Tensor | None, mask: bool):
         self.table = problem
         self.name = problem.name
-        self.contexts = torch.as_tensor(contexts, dtype=torch.long)
+        device = problem.contexts.device
+        self.contexts = torch.as_tensor(contexts, dtype=torch.long, device=device)
         if self.contexts.dim() != 2:
             raise ValueError(f"contexts: expected [T, R] context indices, got shape {list(self.contexts.shape)}")
         R = self.contexts.shape[1]
-        self.rows = torch.arange(R) if rows is None else torch.as_tensor(rows, dtype=torch.long)
+        self.rows = torch.arange(R, device=device) if rows is None else torch.as_tensor(rows, dtype=torch.long, device=device)
         self.replications = int(self.rows.numel())
         self.mask = bool(mask)
         allowed_reward = problem.rewards.masked_fill(~problem.allowed, float("-inf"))
         self._best_allowed_arm = torch.where(problem.allowed.any(-1), allowed_reward.argmax(-1), problem.rewards.argmax(-1))
         self._table = torch.stack([problem.rewards, problem.allowed.to(torch.float64)], -1)  # [n, K, 2]
-        self._index = torch.arange(self.replications)
+        self._index = torch.arange(self.replications, device=device)
         self.steps = 0
 
     def draw(self, n: int, generator=None) -> Units:

@@ -78,7 +78,7 @@ class _StepContext:
 def _drift_generator(seed: int) -> torch.Generator:
     """A generator for replication ``seed``'s drift, independent of the one its instance was drawn from."""
     state = np.random.SeedSequence([int(seed), _DRIFT_SALT]).generate_state(2, np.uint32)
-    return torch.Generator().manual_seed((int(state[0]) | (int(state[1]) << 32)) >> 1)
+    return torch.Generator(device="cpu").manual_seed((int(state[0]) | (int(state[1]) << 32)) >> 1)
 
 
 def _check_step(step, name: str) -> int:
@@ -144,7 +144,7 @@ class DriftingLinearBandit(LinearBandit):
                                  f"{list(self.directions.shape)}")
             # |theta_m| u_m: the second axis of each plane, scaled once
             self._turned = self.parameters.norm(dim=-1, keepdim=True) * self.directions
-            mask = torch.zeros(self.parameters.shape[1], dtype=torch.bool)
+            mask = torch.zeros(self.parameters.shape[1], dtype=torch.bool, device=self.parameters.device)
             mask[list(self.drifting_metrics)] = True
             self._moving = mask[None, :, None]
         else:
@@ -183,7 +183,8 @@ class DriftingLinearBandit(LinearBandit):
             raise ValueError(f"n: problem {self.name!r} has {self.replications} replications; draw(n) needs n = "
                              f"{self.replications}, got {n!r}")
         means = self.expected_at(step)
-        noise = standard_normal((self.replications, self.num_metrics), generator, key="env/noise")
+        noise = standard_normal((self.replications, self.num_metrics), generator, key="env/noise",
+                                device=self.arm_features.device)
         return Units(self.arm_features, self.baseline_action, None, _StepContext(noise, means, int(step)))
 
     def outcomes(self, units: Units, actions: torch.Tensor) -> torch.Tensor:
@@ -200,7 +201,7 @@ def _optimum(means: torch.Tensor, baseline: int, alpha: float | None) -> tuple[i
     """One instance's best feasible action under ``means [K, M]`` and its feasibility ``[K]`` (bool):
     ``E[c | a] >= (1 - alpha) E[c | b]`` for every constraint metric (``LinearBandit``'s rule)."""
     if alpha is None or means.shape[1] == 1:
-        feasible = torch.ones(means.shape[0], dtype=torch.bool)
+        feasible = torch.ones(means.shape[0], dtype=torch.bool, device=means.device)
     else:
         feasible = (means[:, 1:] >= (1 - alpha) * means[baseline, 1:]).all(-1)
     return int(means[:, 0].masked_fill(~feasible, float("-inf")).argmax()), feasible
@@ -217,23 +218,26 @@ def abrupt_change(base: LinearBandit, change_step: int = 2000, drifting: str = "
         name: the problem's name (default ``base.name + "-abrupt"``).
 
     Returns:
-        A ``DriftingLinearBandit`` with ``changed_parameters [R, M, d]``.
+        A ``DriftingLinearBandit`` with ``changed_parameters [R, M, d]``, on ``base``'s device (the
+        redraws are made on the CPU, the same numbers on every device).
     """
     change_step = check_positive_int(change_step, "change_step")
     metrics = _drifting_metrics(drifting, base.num_metrics)
     if base.parameter_std is None or len(base.seeds) != base.replications:
         raise ValueError("base: expected a built-in linear problem with its seeds and parameter_std")
-    before = base.expected
+    # the redraws on the CPU (per-replication generators; ``.cpu()`` of a CPU tensor is the tensor itself)
+    before, parameters, arm_features = base.expected.cpu(), base.parameters.cpu(), base.arm_features.cpu()
+    baseline_action = base.baseline_action.cpu()
     changed = []
     for r, seed in enumerate(base.seeds):
         gen = _drift_generator(seed)
-        b = int(base.baseline_action[r])
+        b = int(baseline_action[r])
         best, _ = _optimum(before[r], b, base.alpha)
         for _attempt in range(_MAX_REDRAWS):
-            theta = base.parameters[r].clone()
-            fresh = torch.randn(base.parameters.shape[1:], generator=gen, dtype=torch.float64) * base.parameter_std
+            theta = parameters[r].clone()
+            fresh = torch.randn(parameters.shape[1:], generator=gen, dtype=torch.float64, device=gen.device) * base.parameter_std
             theta[list(metrics)] = fresh[list(metrics)]
-            after = _table(base.arm_features[r:r + 1], theta[None])[0]  # [K, M]
+            after = _table(arm_features[r:r + 1], theta[None])[0]  # [K, M]
             if (after[b, list(metrics)] <= 0).any():
                 continue  # the baseline's drifting metrics stay positive
             new_best, feasible = _optimum(after, b, base.alpha)
@@ -250,7 +254,8 @@ def abrupt_change(base: LinearBandit, change_step: int = 2000, drifting: str = "
         name=name or f"{base.name}-abrupt", arm_features=base.arm_features, parameters=base.parameters,
         noise_std=base.noise_std, baseline_action=base.baseline_action, alpha=base.alpha,
         metric_names=list(base.metric_names), seeds=list(base.seeds), parameter_std=base.parameter_std,
-        kind="abrupt", drifting_metrics=metrics, change_step=change_step, changed_parameters=torch.stack(changed),
+        kind="abrupt", drifting_metrics=metrics, change_step=change_step,
+        changed_parameters=torch.stack(changed).to(base.parameters.device),
     )
 
 
@@ -275,14 +280,15 @@ def rotation(base: LinearBandit, angle: float = 1e-3, drifting: str = "reward",
         raise ValueError("base: expected a built-in linear problem with its seeds")
     if base.dim < 2:
         raise ValueError(f"base: a rotation needs dim >= 2, got {base.dim}")
-    directions = torch.zeros_like(base.parameters)
+    parameters = base.parameters.cpu()  # the directions are drawn on the CPU (the same on every device)
+    directions = torch.zeros_like(parameters)
     for r, seed in enumerate(base.seeds):
         gen = _drift_generator(seed)
         for m in metrics:
-            theta = base.parameters[r, m]
+            theta = parameters[r, m]
             unit = theta / theta.norm()
             while True:  # a random direction, made orthogonal to theta (Gram-Schmidt)
-                v = torch.randn(base.dim, generator=gen, dtype=torch.float64)
+                v = torch.randn(base.dim, generator=gen, dtype=torch.float64, device=gen.device)
                 v = v - (v @ unit) * unit
                 if float(v.norm()) > 1e-6:
                     break
@@ -291,7 +297,7 @@ def rotation(base: LinearBandit, angle: float = 1e-3, drifting: str = "reward",
         name=name or f"{base.name}-rotating", arm_features=base.arm_features, parameters=base.parameters,
         noise_std=base.noise_std, baseline_action=base.baseline_action, alpha=base.alpha,
         metric_names=list(base.metric_names), seeds=list(base.seeds), parameter_std=base.parameter_std,
-        kind="rotation", drifting_metrics=metrics, angle=float(angle), directions=directions,
+        kind="rotation", drifting_metrics=metrics, angle=float(angle), directions=directions.to(base.parameters.device),
     )
 
 

@@ -12,6 +12,12 @@ among those satisfying the instance-level constraint ``E[c | a] >= (1 - alpha) E
 for every constraint metric (the baseline is always feasible). Without constraint metrics
 that is simply the best arm. (The papers plot regret without defining the comparator for
 the constrained case; measuring against the best infeasible arm would reward violations.)
+
+**Devices.** Every builder takes ``device=`` (default: the CPU). The instances are drawn on the
+CPU, replication by replication, from each replication's own ``torch.Generator`` (so the numbers
+are the same on every device and replication ``r`` is still the one-replication problem of its
+seed), then moved to ``device`` once; every tensor the problem makes afterwards (the step's noise,
+the index of its rows) is made on the device of its ``arm_features``. Float64 throughout.
 """
 
 from __future__ import annotations
@@ -76,7 +82,7 @@ class LinearBandit(Problem):
         # elementwise product and sum: the rounding of each entry does not depend on R (an einsum
         # may pick a batch-size-dependent kernel), so replication r is bit-identical alone
         self.expected = (self.arm_features[:, :, None, :] * self.parameters[:, None, :, :]).sum(-1)  # [R, K, M]
-        rows = torch.arange(R)
+        rows = torch.arange(R, device=self.arm_features.device)
         self.baseline_expected = self.expected[rows, self.baseline_action]  # [R, M]
         self.feasible = self.instance_feasible(self.expected)  # [R, K]
         reward = self.expected[..., 0].masked_fill(~self.feasible, float("-inf"))
@@ -102,7 +108,7 @@ class LinearBandit(Problem):
     def instance_feasible(self, expected: torch.Tensor) -> torch.Tensor:
         """Whether outcomes ``expected [R, ..., M]`` meet ``E[c|a] >= (1 - alpha) E[c|b]`` for every constraint."""
         if self.num_constraints == 0 or self.alpha is None:
-            return torch.ones(expected.shape[:-1], dtype=torch.bool)
+            return torch.ones(expected.shape[:-1], dtype=torch.bool, device=expected.device)
         base = self.baseline_expected[:, 1:]
         base = base.reshape(base.shape[0], *([1] * (expected.dim() - 2)), base.shape[-1])
         return (expected[..., 1:] >= (1 - self.alpha) * base).all(-1)
@@ -122,7 +128,8 @@ class LinearBandit(Problem):
         if n != self.replications:
             raise ValueError(f"n: problem {self.name!r} has {self.replications} replications; draw(n) needs n = "
                              f"{self.replications}, got {n!r}")
-        noise = standard_normal((self.replications, self.num_metrics), generator, key="env/noise")
+        noise = standard_normal((self.replications, self.num_metrics), generator, key="env/noise",
+                                device=self.arm_features.device)
         return Units(self.arm_features, self.baseline_action, None, noise)
 
     def outcomes(self, units: Units, actions: torch.Tensor) -> torch.Tensor:
@@ -159,15 +166,31 @@ def _validate_common(replications, seed, num_arms, dim, noise_std, min_arms: int
 
 
 def _normal(shape, gen):
-    return torch.randn(shape, generator=gen, dtype=torch.float64)
+    return torch.randn(shape, generator=gen, dtype=torch.float64, device=gen.device)
 
 
 def _uniform_pm1(shape, gen):
-    return 2 * torch.rand(shape, generator=gen, dtype=torch.float64) - 1
+    return 2 * torch.rand(shape, generator=gen, dtype=torch.float64, device=gen.device) - 1
+
+
+_CPU = torch.device("cpu")
+
+
+def _on_device(problem: LinearBandit, device) -> LinearBandit:
+    """``problem`` (built on the CPU) with its tensors moved to ``device`` (None or the CPU: itself)."""
+    if device is None or torch.device(device) == _CPU:
+        return problem
+    device = torch.device(device)
+    return LinearBandit(
+        name=problem.name, arm_features=problem.arm_features.to(device), parameters=problem.parameters.to(device),
+        noise_std=problem.noise_std.to(device), baseline_action=problem.baseline_action.to(device),
+        alpha=problem.alpha, metric_names=list(problem.metric_names), seeds=problem.seeds,
+        parameter_std=problem.parameter_std,
+    )
 
 
 def kazerouni2017(replications: int = 1, seed: int | list[int] = 0, num_arms: int = 100, dim: int = 10,
-                  noise_std: float = 2.0) -> LinearBandit:
+                  noise_std: float = 2.0, *, device: torch.device | str | None = None) -> LinearBandit:
     """Kazerouni et al. (2017, arXiv v3) section 6: conservative linear bandit simulation.
 
     100 arms with features ``U[-1, 1]^10``; ``theta* ~ N(0, 10 I)`` redrawn until... (the paper:
@@ -177,13 +200,14 @@ def kazerouni2017(replications: int = 1, seed: int | list[int] = 0, num_arms: in
     notation. The baseline's mean reward is "the average of the performances of the second
     and third best arm": we append a baseline arm ``K`` with features ``(x_2 + x_3) / 2``,
     whose expected reward is exactly that average (linearity), so the known baseline reward of
-    CLUCB is ``x_b^T theta*``. Returns ``K = num_arms + 1`` candidates.
+    CLUCB is ``x_b^T theta*``. Returns ``K = num_arms + 1`` candidates. ``device``: where the
+    problem's tensors live (module docstring; default the CPU).
     """
     # the baseline arm averages the 2nd and 3rd best arms: at least 3 arms
     seeds = _validate_common(replications, seed, num_arms, dim, noise_std, min_arms=3)
     feats, thetas = [], []
     for s in seeds:
-        gen = torch.Generator().manual_seed(s)
+        gen = torch.Generator(device=_CPU).manual_seed(s)
         while True:
             theta = _normal((dim,), gen) * 10**0.5
             arms = _rejection_arms(gen, num_arms, dim, theta[None], _uniform_pm1)
@@ -195,20 +219,21 @@ def kazerouni2017(replications: int = 1, seed: int | list[int] = 0, num_arms: in
         feats.append(torch.cat([arms, base[None]]))
         thetas.append(theta[None])
     R = len(seeds)
-    return LinearBandit(
+    return _on_device(LinearBandit(
         name="kazerouni2017", arm_features=torch.stack(feats), parameters=torch.stack(thetas),
-        noise_std=torch.tensor([float(noise_std)], dtype=torch.float64),
-        baseline_action=torch.full((R,), num_arms, dtype=torch.long), seeds=seeds, parameter_std=10**0.5,
-    )
+        noise_std=torch.tensor([float(noise_std)], dtype=torch.float64, device=_CPU),
+        baseline_action=torch.full((R,), num_arms, dtype=torch.long, device=_CPU), seeds=seeds, parameter_std=10**0.5,
+    ), device)
 
 
 def kazerouni2017_neurips(replications: int = 1, seed: int | list[int] = 0, num_arms: int = 100, dim: int = 4,
-                          noise_std: float = 1.0, baseline_rank: int = 10) -> LinearBandit:
+                          noise_std: float = 1.0, baseline_rank: int = 10, *, device: torch.device | str | None = None) -> LinearBandit:
     """The NeurIPS 2017 version of the CLUCB experiment, which Daulton et al. (2019) follow.
 
     100 arms in ``R^4``; features and ``theta`` ``N(0, I)`` with every arm's mean reward
     positive (arms redrawn); ``N(0, 1)`` noise; the baseline is the ``baseline_rank``-th best
-    arm (10th by default).
+    arm (10th by default). ``device``: where the problem's tensors live (module docstring;
+    default the CPU; the instances are drawn on the CPU, the same numbers on every device).
     """
     seeds = _validate_common(replications, seed, num_arms, dim, noise_std)
     check_positive_int(baseline_rank, "baseline_rank")
@@ -216,7 +241,7 @@ def kazerouni2017_neurips(replications: int = 1, seed: int | list[int] = 0, num_
         raise ValueError(f"baseline_rank: expected 1..{num_arms}, got {baseline_rank}")
     feats, thetas, base = [], [], []
     for s in seeds:
-        gen = torch.Generator().manual_seed(s)
+        gen = torch.Generator(device=_CPU).manual_seed(s)
         while True:
             theta = _normal((dim,), gen)
             arms = _rejection_arms(gen, num_arms, dim, theta[None], _normal)
@@ -225,15 +250,15 @@ def kazerouni2017_neurips(replications: int = 1, seed: int | list[int] = 0, num_
         feats.append(arms)
         thetas.append(theta[None])
         base.append(int((arms @ theta).argsort(descending=True)[baseline_rank - 1]))
-    return LinearBandit(
+    return _on_device(LinearBandit(
         name="kazerouni2017-neurips", arm_features=torch.stack(feats), parameters=torch.stack(thetas),
-        noise_std=torch.tensor([float(noise_std)], dtype=torch.float64),
-        baseline_action=torch.tensor(base, dtype=torch.long), seeds=seeds, parameter_std=1.0,
-    )
+        noise_std=torch.tensor([float(noise_std)], dtype=torch.float64, device=_CPU),
+        baseline_action=torch.tensor(base, dtype=torch.long, device=_CPU), seeds=seeds, parameter_std=1.0,
+    ), device)
 
 
 def daulton2019(replications: int = 1, seed: int | list[int] = 0, alpha: float = 0.01, num_arms: int = 100,
-                dim: int = 4, noise_std: float = 0.1, top_reward: int = 30, baseline_rank: int = 20) -> LinearBandit:
+                dim: int = 4, noise_std: float = 0.1, top_reward: int = 30, baseline_rank: int = 20, *, device: torch.device | str | None = None) -> LinearBandit:
     """Daulton et al. (2019) section 4.1: a reward and an auxiliary constraint metric.
 
     ``theta^(r), theta^(c)`` and arm features are i.i.d. ``N(0, I_4)``; an arm's features are
@@ -241,7 +266,8 @@ def daulton2019(replications: int = 1, seed: int | list[int] = 0, alpha: float =
     baseline arm is the ``baseline_rank``-th (20th) best by expected constraint among the
     ``top_reward`` (30) best by expected reward. The instance is redrawn until the best
     feasible reward (at ``alpha``) is below the best infeasible reward, so that the
-    constraint costs reward.
+    constraint costs reward. ``device``: where the problem's tensors live (module docstring;
+    default the CPU).
     """
     seeds = _validate_common(replications, seed, num_arms, dim, noise_std)
     alpha = check_in_range(alpha, "alpha", 0.0, 1.0)
@@ -251,7 +277,7 @@ def daulton2019(replications: int = 1, seed: int | list[int] = 0, alpha: float =
         raise ValueError(f"baseline_rank, top_reward: expected 1 <= baseline_rank <= top_reward <= num_arms, got {baseline_rank}, {top_reward}")
     feats, thetas, base = [], [], []
     for s in seeds:
-        gen = torch.Generator().manual_seed(s)
+        gen = torch.Generator(device=_CPU).manual_seed(s)
         for _attempt in range(10_000):
             theta = _normal((2, dim), gen)
             arms = _rejection_arms(gen, num_arms, dim, theta, _normal)
@@ -271,9 +297,9 @@ def daulton2019(replications: int = 1, seed: int | list[int] = 0, alpha: float =
         feats.append(arms)
         thetas.append(theta)
         base.append(b)
-    return LinearBandit(
+    return _on_device(LinearBandit(
         name="daulton2019", arm_features=torch.stack(feats), parameters=torch.stack(thetas),
-        noise_std=torch.full((2,), float(noise_std), dtype=torch.float64),
-        baseline_action=torch.tensor(base, dtype=torch.long), alpha=alpha,
+        noise_std=torch.full((2,), float(noise_std), dtype=torch.float64, device=_CPU),
+        baseline_action=torch.tensor(base, dtype=torch.long, device=_CPU), alpha=alpha,
         metric_names=["reward", "constraint"], seeds=seeds, parameter_std=1.0,
-    )
+    ), device)

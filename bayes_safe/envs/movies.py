@@ -283,7 +283,7 @@ def _genre_matrix(genre_strings) -> np.ndarray:
 
 def movie_recommendation(data: MovieLensData | str | os.PathLike | None = None, *, num_users: int = 100,
                          num_movies: int = 1000, teaching_size: int = 200, constraints=None, neighbours: int = 30,
-                         seed: int = 0) -> BCTSProblem:
+                         seed: int = 0, device: torch.device | str | None = None) -> BCTSProblem:
     """The paper's MovieLens problem: contexts = movies, arms = the most active users.
 
     Args:
@@ -297,6 +297,7 @@ def movie_recommendation(data: MovieLensData | str | os.PathLike | None = None, 
             ``MOVIE_GENRES``, 1 = allowed (default ``DEFAULT_CONSTRAINTS``).
         neighbours: neighbourhood size of the collaborative filtering.
         seed: seeds the age imputation (and the synthetic data when ``data`` is None).
+        device: where the problem's tables live (default the CPU; built there, then moved).
 
     Returns:
         A ``BCTSProblem`` with ``contexts [movies, 10]``,
@@ -345,9 +346,10 @@ def movie_recommendation(data: MovieLensData | str | os.PathLike | None = None, 
     }
     return BCTSProblem(
         name="movie-recommendation",
-        contexts=torch.as_tensor(G, dtype=torch.float64),
-        rewards=torch.as_tensor(completed.T / 5.0, dtype=torch.float64),
-        allowed=torch.as_tensor(allowed),
+        contexts=torch.as_tensor(G, dtype=torch.float64, device="cpu"),
+        rewards=torch.as_tensor(completed.T / 5.0, dtype=torch.float64, device="cpu"),
+        allowed=torch.as_tensor(allowed, device="cpu"),
+        device=device,
         feature_names=list(MOVIE_GENRES),
         arm_names=[f"user {int(u)} ({AGE_BANDS[b]})" for u, b in zip(users, bands)],
         teaching_size=int(teaching_size),

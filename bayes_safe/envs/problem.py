@@ -257,7 +257,7 @@ class Constraint:
         A chance constraint is counted against the true mean like any other, and a constraint
         with a tuned policy bound against its declared limit (``declared_bound``).
         """
-        rows = torch.arange(values.shape[0])
+        rows = torch.arange(values.shape[0], device=values.device)
         broken = ~self.as_declared().satisfied(values, values[rows, baseline])
         if self.versus_baseline:
             broken[rows, baseline] = False
@@ -381,15 +381,16 @@ class Problem:
 
 def _expected_by_action(problem, units) -> torch.Tensor | None:
     n, K = int(units.features.shape[0]), int(units.features.shape[1])
+    device = units.features.device
     expected = getattr(problem, "expected", None)
     if not callable(expected):
         return None
     per_action = []
     for k in range(K):
-        m = expected(units, torch.full((n,), k, dtype=torch.long))
+        m = expected(units, torch.full((n,), k, dtype=torch.long, device=device))
         if m is None:
             return None
-        per_action.append(torch.as_tensor(m).clone())  # copied now: the user may fill one buffer per call
+        per_action.append(torch.as_tensor(m, device=m.device if isinstance(m, torch.Tensor) else device).clone())  # copied now: the user may fill one buffer per call
     return torch.stack(per_action, 1)
 
 

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import torch
 
+from ..random import standard_normal, standard_uniform
 from .problem import Constraint, Problem, Units
 
 __all__ = ["SparseDosing"]
@@ -46,8 +47,8 @@ LEVELS = 7
 _F64 = torch.float64
 
 
-def _weights(values: dict[int, float], d: int) -> torch.Tensor:
-    out = torch.zeros(d, dtype=_F64)
+def _weights(values: dict[int, float], d: int, device: torch.device) -> torch.Tensor:
+    out = torch.zeros(d, dtype=_F64, device=device)
     for j, v in values.items():
         out[j] = v
     return out
@@ -64,6 +65,9 @@ class SparseDosing(Problem):
         confidence: None (the AE cap judged on one posterior draw) or the chance constraint's level.
         efficacy_guard: None (default) or ``c``: also guard efficacy at least ``c`` times the
             standard dose's (a single-draw relative constraint on the reward).
+        device: where the problem's tensors live (default the CPU; float64). ``draw``'s generator
+            draws on its own device and the draws are put on this one; ``models(engine="gibbs")``
+            is the CPU's (the Gibbs engine runs on the CPU), ``engine="conjugate"`` follows it.
     """
 
     name = "sparse-dosing"
@@ -71,7 +75,8 @@ class SparseDosing(Problem):
     noise_std = (0.5, 0.5)
 
     def __init__(self, replications: int = 1, covariates: int = 76, cap: float = 0.05,
-                 confidence: float | None = None, efficacy_guard: float | None = None):
+                 confidence: float | None = None, efficacy_guard: float | None = None,
+                 device: torch.device | str | None = None):
         if int(covariates) < 4:
             raise ValueError(f"covariates: expected at least 4 (the truth uses 4 of them), got {covariates!r}")
         self.replications = int(replications)
@@ -83,21 +88,23 @@ class SparseDosing(Problem):
         self.constraints = ((Constraint.relative("efficacy", at_least=efficacy_guard), ae)
                             if efficacy_guard is not None else (ae,))
         d = self.dim
-        self.beta_efficacy = _weights({0: 2.0, 1: 1.0, 2: -0.2, 3: 0.2, 5: 0.1}, d)
-        self.beta_ae = _weights({0: -5.0, 1: 1.2, 4: 0.6, 6: 0.3, 7: -0.3}, d)
+        self.device = torch.device("cpu") if device is None else torch.device(device)
+        self.beta_efficacy = _weights({0: 2.0, 1: 1.0, 2: -0.2, 3: 0.2, 5: 0.1}, d, self.device)
+        self.beta_ae = _weights({0: -5.0, 1: 1.2, 4: 0.6, 6: 0.3, 7: -0.3}, d, self.device)
 
     def features(self, z: torch.Tensor) -> torch.Tensor:
         """``[n, p]`` covariates -> ``[n, 7, 4 + p]`` candidate features."""
         n = z.shape[0]
-        u = (torch.arange(LEVELS, dtype=_F64) / 3.0).expand(n, LEVELS)
+        u = (torch.arange(LEVELS, dtype=_F64, device=z.device) / 3.0).expand(n, LEVELS)
         w = z[:, :1].expand(n, LEVELS)
         rest = z[:, None, :].expand(n, LEVELS, z.shape[1])
         return torch.cat([torch.stack([torch.ones_like(u), u, u * u, w * u], -1), rest], -1)
 
     def draw(self, n, generator):
-        z = torch.randn(n, self.covariates, generator=generator, dtype=_F64)
-        noise = torch.randn(n, generator=generator, dtype=_F64) * 0.5
-        u_ae = torch.rand(n, generator=generator, dtype=_F64)
+        device = self.device
+        z = standard_normal((n, self.covariates), generator, dtype=_F64, device=device)
+        noise = standard_normal((n,), generator, dtype=_F64, device=device) * 0.5
+        u_ae = standard_uniform((n,), generator, dtype=_F64, device=device)
         baseline = (3 + torch.round(0.5 * z[:, 0])).clamp(0, LEVELS - 1).long()
         return Units(self.features(z), baseline, context=(noise, u_ae))
 
@@ -107,7 +114,7 @@ class SparseDosing(Problem):
 
     def outcomes(self, units, actions):
         noise, u_ae = units.context
-        means = self.expected_all(units)[torch.arange(len(units)), actions]
+        means = self.expected_all(units)[torch.arange(len(units), device=actions.device), actions]
         return torch.stack([means[:, 0] + noise, (u_ae < means[:, 1]).double()], -1)
 
     def models(self, replications, engine: str = "gibbs", ae_prior: str = "scaled", ae_scale: float = 0.25):
@@ -121,10 +128,14 @@ class SparseDosing(Problem):
 
         shape = () if replications is None else (int(replications),)
         d = self.dim
-        ae_loc = torch.zeros(d, dtype=_F64)
+        device = self.device if engine == "conjugate" else torch.device("cpu")  # the Gibbs engine is the CPU's
+        if engine == "gibbs" and self.device.type != "cpu":
+            raise ValueError(f"engine: the Gibbs engine runs on the CPU; a problem on {self.device} takes "
+                             "engine='conjugate' (or build the problem on the CPU)")
+        ae_loc = torch.zeros(d, dtype=_F64, device=device)
         ae_loc[0] = -3.0
         if engine == "conjugate":
-            eff = BayesianLinear(dist.Normal(torch.zeros(d, dtype=_F64), 1.0).to_event(1), noise_std=0.5,
+            eff = BayesianLinear(dist.Normal(torch.zeros(d, dtype=_F64, device=device), 1.0).to_event(1), noise_std=0.5,
                                  batch_shape=shape)
             ae_loc[0] = 0.05
             ae = BayesianLinear(dist.Normal(ae_loc, 0.2).to_event(1), noise_std=0.2, batch_shape=shape)
@@ -133,9 +144,9 @@ class SparseDosing(Problem):
             raise ValueError(f"engine: expected 'gibbs' or 'conjugate', got {engine!r}")
 
         def horseshoe():
-            tau = pyro.sample("tau", dist.HalfCauchy(torch.tensor(1.0, dtype=_F64)))
-            lam = pyro.sample("lam", dist.HalfCauchy(torch.ones(d, dtype=_F64)).to_event(1))
-            return pyro.sample("w", dist.Normal(torch.zeros(d, dtype=_F64), tau * lam).to_event(1))
+            tau = pyro.sample("tau", dist.HalfCauchy(torch.tensor(1.0, dtype=_F64, device=device)))
+            lam = pyro.sample("lam", dist.HalfCauchy(torch.ones(d, dtype=_F64, device=device)).to_event(1))
+            return pyro.sample("w", dist.Normal(torch.zeros(d, dtype=_F64, device=device), tau * lam).to_event(1))
 
         eff = BayesianLinear(horseshoe, dim=d, noise_std=0.5, batch_shape=shape)
         if ae_prior == "wide":
@@ -143,7 +154,7 @@ class SparseDosing(Problem):
         elif ae_prior == "laplace":
             prior = dist.Laplace(ae_loc, 1.0).to_event(1)
         elif ae_prior == "scaled":
-            scale = torch.full((d,), float(ae_scale), dtype=_F64)
+            scale = torch.full((d,), float(ae_scale), dtype=_F64, device=device)
             scale[:4] = 1.0
             prior = dist.Normal(ae_loc, scale).to_event(1)
         else:

@@ -68,6 +68,7 @@ import numpy as np
 import torch
 
 from .._validation import as_tensor, check_finite
+from ..random import standard_normal, standard_uniform
 from .ab_problem import ABProblem
 from .linear import Step
 from .problem import Constraint, Problem
@@ -272,6 +273,9 @@ class VideoUpload(Problem):
             ``sum_{a' <= a} omega_{a'}`` (Daulton et al. 2019, section 5.1, which fixes
             ``omega_360p = 1`` and searches the others in ``(0, 0.05]``).
         seed: seed of the upload stream (contexts and common random numbers).
+        device: where the problem's tensors live (default the CPU; float64). Its own stream is a
+            ``torch.Generator`` there; a generator given to ``draw`` draws on its own device and the
+            draws are put on this one.
         params: the generating process's numbers (``VideoUploadParameters``).
         alpha: the reliability loss allowed against the baseline, in ``[0, 1)`` (the declared
             constraint ``simulate`` judges violations and regret by; policies take their own).
@@ -289,10 +293,12 @@ class VideoUpload(Problem):
     action_names = ACTION_NAMES
 
     def __init__(self, omega: Sequence[float] = (1.0, 0.02, 0.02, 0.02), seed: int = 0,
-                 params: VideoUploadParameters | None = None, alpha: float = 0.0):
+                 params: VideoUploadParameters | None = None, alpha: float = 0.0,
+                 device: torch.device | str | None = None):
         self.constraints = (Constraint.from_alpha("success", alpha),)
         self.alpha = float(alpha)
-        omega_t = as_tensor(omega, "omega")
+        with torch.device("cpu"):  # the user's numbers read on the CPU (then put on ``device`` below)
+            omega_t = as_tensor(omega, "omega")
         if omega_t.shape != (NUM_ACTIONS,):
             raise ValueError(f"omega: expected 4 offsets (360p, 480p, 720p, 1080p), got shape {list(omega_t.shape)}")
         check_finite(omega_t, "omega")
@@ -300,38 +306,42 @@ class VideoUpload(Problem):
             raise ValueError(f"omega: expected positive offsets (the reward must strictly increase with quality), got {omega_t.tolist()}")
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise TypeError(f"seed: expected an int, got {type(seed).__name__}")
+        # every tensor of the problem on ``device`` (default the CPU), float64; its own stream a generator
+        # there (the CPU's numbers on the CPU, the device's own elsewhere: the same law)
+        self.device = torch.device("cpu") if device is None else torch.device(device)
+        omega_t = omega_t.to(self.device)
         self.omega = omega_t
         self.reward_scale = omega_t.cumsum(0)  # [4] reward of a successful upload at each quality
         self.seed = seed
         self.params = params or VideoUploadParameters()
-        self._generator = torch.Generator().manual_seed(seed)
+        self._generator = torch.Generator(device=self.device).manual_seed(seed)
         self._prepare()
 
     def _prepare(self) -> None:
         p = self.params
-        f64 = torch.float64
-        self._country_probs = torch.tensor(p.country_probs, dtype=f64)
+        f64, device = torch.float64, self.device
+        self._country_probs = torch.tensor(p.country_probs, dtype=f64, device=device)
         self._country_probs = self._country_probs / self._country_probs.sum()
         if self._country_probs.numel() != NUM_COUNTRIES:
             raise ValueError(f"params.country_probs: expected {NUM_COUNTRIES} values")
-        self._country_tier = torch.arange(NUM_COUNTRIES) // 4
-        self._conn_probs = torch.tensor(p.connection_probs, dtype=f64)
+        self._country_tier = torch.arange(NUM_COUNTRIES, device=device) // 4
+        self._conn_probs = torch.tensor(p.connection_probs, dtype=f64, device=device)
         self._conn_probs = self._conn_probs / self._conn_probs.sum(-1, keepdim=True)
-        self._tier_probs = torch.tensor(p.device_tier_probs, dtype=f64)
+        self._tier_probs = torch.tensor(p.device_tier_probs, dtype=f64, device=device)
         self._tier_probs = self._tier_probs / self._tier_probs.sum(-1, keepdim=True)
-        dev = torch.tensor(p.devices, dtype=torch.long)
+        dev = torch.tensor(p.devices, dtype=torch.long, device=device)
         if dev.shape != (NUM_DEVICES, 2):
             raise ValueError(f"params.devices: expected {NUM_DEVICES} (tier, os) pairs")
         self._device_tier, self._device_os = dev[:, 0], dev[:, 1]
         # P(model | tier): uniform over the models of that tier
-        member = (self._device_tier[None, :] == torch.arange(3)[:, None]).to(f64)
+        member = (self._device_tier[None, :] == torch.arange(3, device=device)[:, None]).to(f64)
         self._model_given_tier = member / member.sum(-1, keepdim=True)
-        self._source_probs = torch.tensor(p.source_probs, dtype=f64)
+        self._source_probs = torch.tensor(p.source_probs, dtype=f64, device=device)
         self._source_probs = self._source_probs / self._source_probs.sum(-1, keepdim=True)
-        self._vec = {name: torch.tensor(getattr(p, name), dtype=f64) for name in (
+        self._vec = {name: torch.tensor(getattr(p, name), dtype=f64, device=device) for name in (
             "country_speed", "country_patience", "speed_median", "source_bitrate", "target_bitrate",
             "tau", "device_reliability", "transcode_survival")}
-        self._baseline_rule = torch.tensor(p.baseline_by_connection, dtype=torch.long)
+        self._baseline_rule = torch.tensor(p.baseline_by_connection, dtype=torch.long, device=device)
         if self._baseline_rule.shape != (4,) or bool(((self._baseline_rule < 0) | (self._baseline_rule > 3)).any()):
             raise ValueError(f"params.baseline_by_connection: expected 4 action indices in 0..3, got {p.baseline_by_connection}")
 
@@ -349,9 +359,11 @@ class VideoUpload(Problem):
             raise TypeError(f"generator: expected a torch.Generator or None, got {type(generator).__name__}")
         g = self._generator if generator is None else generator
         p, v, f64 = self.params, self._vec, torch.float64
-        U = torch.rand(7, n, generator=g, dtype=f64)
-        Z = torch.randn(5, n, generator=g, dtype=f64)
-        uniform = torch.rand(n, generator=g, dtype=f64)
+        # drawn on the generator's device, put on the problem's (a copy only when they differ)
+        device = self.device
+        U = standard_uniform((7, n), g, dtype=f64, device=device)
+        Z = standard_normal((5, n), g, dtype=f64, device=device)
+        uniform = standard_uniform((n,), g, dtype=f64, device=device)
 
         country = _categorical(self._country_probs.expand(n, -1), U[0])
         ctier = self._country_tier[country]
@@ -367,8 +379,8 @@ class VideoUpload(Problem):
         src_bitrate = v["source_bitrate"][source] * torch.exp(p.source_bitrate_sigma * Z[3])
         file_mb = src_bitrate * duration / 8.0
 
-        context = torch.zeros(n, CONTEXT_DIM, dtype=f64)
-        rows = torch.arange(n)
+        context = torch.zeros(n, CONTEXT_DIM, dtype=f64, device=device)
+        rows = torch.arange(n, device=device)
         context[rows, model] = 1.0
         context[rows, 13 + os_] = 1.0
         context[rows, 16 + conn] = 1.0
@@ -378,15 +390,15 @@ class VideoUpload(Problem):
         context[:, 34] = src_bitrate.log()
         context[rows, 35 + source] = 1.0
 
-        actions = torch.arange(NUM_ACTIONS)
+        actions = torch.arange(NUM_ACTIONS, device=device)
         valid = actions[None, :] <= source[:, None]
         # upload size (Mbit) at each quality: min(source bitrate, target) * duration; the duration
         # is observable as 8 * file size / source bitrate
         up_rate = torch.minimum(src_bitrate[:, None], v["target_bitrate"][None, :])
         size_mbit = up_rate * duration[:, None]
-        features = torch.empty(n, NUM_ACTIONS, FEATURE_DIM, dtype=f64)
+        features = torch.empty(n, NUM_ACTIONS, FEATURE_DIM, dtype=f64, device=device)
         features[:, :, :CONTEXT_DIM] = context[:, None, :]
-        features[:, :, CONTEXT_DIM:CONTEXT_DIM + NUM_ACTIONS] = torch.eye(NUM_ACTIONS, dtype=f64)
+        features[:, :, CONTEXT_DIM:CONTEXT_DIM + NUM_ACTIONS] = torch.eye(NUM_ACTIONS, dtype=f64, device=device)
         features[:, :, CONTEXT_DIM + 4] = size_mbit.log()
         features[:, :, CONTEXT_DIM + 5] = (size_mbit / speed[:, None]).log()
 
@@ -422,7 +434,8 @@ class VideoUpload(Problem):
         size = torch.minimum(bitrate[:, None], v["target_bitrate"][None, :]) * duration[:, None]
         g = uploads.groups
         x, w = np.polynomial.hermite_e.hermegauss(nodes)
-        x, w = torch.as_tensor(x, dtype=f64), torch.as_tensor(w, dtype=f64) / math.sqrt(2 * math.pi)
+        x, w = (torch.as_tensor(x, dtype=f64, device=ctx.device),
+                torch.as_tensor(w, dtype=f64, device=ctx.device) / math.sqrt(2 * math.pi))
         bw = p.upload_ratio * speed[:, None] * torch.exp(p.upload_sigma * x)[None, :]  # [n, Q]
         tau = (v["tau"][g["connection"]] * v["country_patience"][g["country_tier"]])[:, None, None]
         survive = (torch.exp(-(((size[:, :, None] / bw[:, None, :]) / tau) ** p.kappa)) * w).sum(-1)
@@ -434,7 +447,7 @@ class VideoUpload(Problem):
     # ------------------------------------------------------------------ outcomes
     def check_actions(self, uploads: Uploads, actions) -> torch.Tensor:
         """Validate ``actions [n]`` (long, in 0..3, never above the source resolution)."""
-        a = torch.as_tensor(actions)
+        a = torch.as_tensor(actions, device=uploads.features.device)
         n = len(uploads)
         if a.shape != (n,):
             raise ValueError(f"actions: expected shape [{n}] (one per upload), got {list(a.shape)}")
@@ -443,7 +456,7 @@ class VideoUpload(Problem):
         a = a.long()
         if bool(((a < 0) | (a >= NUM_ACTIONS)).any()):
             raise ValueError(f"actions: expected indices in 0..3 ({', '.join(ACTION_NAMES)}), got values {sorted(set(a.tolist()))}")
-        bad = ~uploads.valid[torch.arange(n), a]
+        bad = ~uploads.valid[torch.arange(n, device=a.device), a]
         if bool(bad.any()):
             i = int(bad.nonzero()[0])
             src = ACTION_NAMES[int(uploads.groups["source_resolution"][i])]
@@ -456,11 +469,11 @@ class VideoUpload(Problem):
     def outcomes(self, uploads: Uploads, actions) -> Outcomes:
         """Outcomes of playing ``actions [n]`` on ``uploads``: success is ``u < p(x, a)`` (CRN)."""
         a = self.check_actions(uploads, actions)
-        rows = torch.arange(len(uploads))
+        rows = torch.arange(len(uploads), device=a.device)
         prob = uploads.success_prob[rows, a]
         success = uploads.uniform < prob
         reward = success.to(torch.float64) * self.reward_scale[a]
-        quality = torch.tensor(RESOLUTIONS)[a]
+        quality = torch.tensor(RESOLUTIONS, device=a.device)[a]
         preserved = success & (a == 3) & (uploads.groups["source_resolution"] == 3)
         return Outcomes(a, success, reward, prob, quality, preserved)
 
@@ -480,7 +493,8 @@ class VideoUpload(Problem):
         uploads with a 1080p source that were uploaded successfully at 1080p; ``None`` for a
         group without 1080p sources. ``expected_reliability`` averages the true ``p(x, a)``.
         """
-        out = {"overall": _group_metrics(uploads, outcomes, torch.ones(len(uploads), dtype=torch.bool))}
+        out = {"overall": _group_metrics(uploads, outcomes, torch.ones(len(uploads), dtype=torch.bool,
+                                                                     device=uploads.features.device))}
         for name, labels in _GROUP_LABELS.items():
             g = uploads.groups[name]
             out[f"by_{name}"] = {lab: _group_metrics(uploads, outcomes, g == i) for i, lab in enumerate(labels)}
@@ -660,11 +674,13 @@ class VideoUploadProblem(ABProblem):
 
             env = VideoUpload(seed=10_007 + self.warmup_seed)
             logged = env.draw(self.warmup)
-            gen = torch.Generator().manual_seed(20_011 + self.warmup_seed)
-            a0 = torch.rand(len(logged), 4, generator=gen, dtype=torch.float64).masked_fill(~logged.valid, -1).argmax(-1)
+            # (the probit GP is a CPU model: its warm start is made on the CPU)
+            gen = torch.Generator(device="cpu").manual_seed(20_011 + self.warmup_seed)
+            a0 = torch.rand(len(logged), 4, generator=gen, dtype=torch.float64, device="cpu").masked_fill(
+                ~logged.valid, -1).argmax(-1)
             o0 = env.outcomes(logged, a0)
             model = ProbitGP(FEATURE_DIM, **{"seed": self.warmup_seed, **self.model, "refit_every": None})
-            model.update(logged.features[torch.arange(len(logged)), a0], o0.success.double())
+            model.update(logged.features[torch.arange(len(logged), device="cpu"), a0], o0.success.double())
             model.fit()
             if len(_WARM_CACHE) >= 4:
                 _WARM_CACHE.pop(next(iter(_WARM_CACHE)))
@@ -690,7 +706,7 @@ class VideoUploadProblem(ABProblem):
     def unit_metrics(self, env, units, outcomes) -> dict:
         success = outcomes.success.double()
         source = units.groups["source_resolution"]
-        lines = torch.tensor(RESOLUTIONS, dtype=torch.float64)[outcomes.actions]
+        lines = torch.tensor(RESOLUTIONS, dtype=torch.float64, device=outcomes.actions.device)[outcomes.actions]
         out = {
             "reliability": (success, None),
             "expected_reliability": (outcomes.success_prob, None),

@@ -224,7 +224,7 @@ def dose_level(weekly_dose) -> np.ndarray:
 
 
 def warfarin(*, data: pd.DataFrame | str | os.PathLike | None = None, feature_prob: float = 0.5,
-             teaching_size: int = 200, seed: int = 0) -> BCTSProblem:
+             teaching_size: int = 200, seed: int = 0, device: torch.device | str | None = None) -> BCTSProblem:
     """The paper's warfarin problem as a ``BCTSProblem``.
 
     Args:
@@ -234,6 +234,7 @@ def warfarin(*, data: pd.DataFrame | str | os.PathLike | None = None, feature_pr
         teaching_size: patients per teaching fold ("the rest of our methodology is unchanged
             from the movie dataset": 200).
         seed: seeds the extra features.
+        device: where the problem's tables live (default the CPU; built there, then moved).
 
     Returns:
         ``contexts [n, 41]`` (39 encoded + 2 extra), ``rewards [n, 4]`` (1 for the correct
@@ -260,7 +261,7 @@ def warfarin(*, data: pd.DataFrame | str | os.PathLike | None = None, feature_pr
         "features": list(IWPC_FEATURES) + ["extra feature 1", "extra feature 2"],
     }
     return BCTSProblem(
-        name="warfarin", contexts=torch.as_tensor(contexts), rewards=torch.as_tensor(rewards),
-        allowed=torch.as_tensor(allowed), feature_names=info["features"], arm_names=list(DOSE_LEVELS),
-        teaching_size=int(teaching_size), info=info,
+        name="warfarin", contexts=torch.as_tensor(contexts, device="cpu"), rewards=torch.as_tensor(rewards, device="cpu"),
+        allowed=torch.as_tensor(allowed, device="cpu"), feature_names=info["features"], arm_names=list(DOSE_LEVELS),
+        teaching_size=int(teaching_size), info=info, device=device,
     )

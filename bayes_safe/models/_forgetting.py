@@ -12,15 +12,17 @@ _DTYPE = torch.float64
 __all__ = ["discount_statistics", "forgetting_weights"]
 
 
-def forgetting_weights(lam: float, n: int) -> tuple[int, torch.Tensor]:
+def forgetting_weights(lam: float, n: int, device: torch.device | str | None = None) -> tuple[int, torch.Tensor]:
     """``(start, weights [n - start])``: the weight ``lam^(n - 1 - i)`` of row ``i`` of ``n`` (the last
     row weighs 1), for rows ``start .. n``. Rows whose weight is below ``2^-60`` are left out
     (``start > 0``): all of them together weigh less than ``2^-60 / (1 - lam)`` rows, so a chain's cost
-    stops growing after about ``42 / (1 - lam)`` rows. A function of ``(lam, n)`` only: nothing to save."""
+    stops growing after about ``42 / (1 - lam)`` rows. A function of ``(lam, n)`` only: nothing to save.
+    The weights are made on ``device`` (the engine's; default the CPU), float64."""
+    device = torch.device("cpu") if device is None else device
     if lam >= 1.0:
-        return 0, torch.ones(n, dtype=_DTYPE)
+        return 0, torch.ones(n, dtype=_DTYPE, device=device)
     keep = min(n, math.floor(60.0 * math.log(2.0) / -math.log(lam)) + 1)
-    return n - keep, lam ** torch.arange(keep - 1, -1, -1, dtype=_DTYPE)
+    return n - keep, lam ** torch.arange(keep - 1, -1, -1, dtype=_DTYPE, device=device)
 
 
 def discount_statistics(xtx: torch.Tensor, xty: torch.Tensor, yty: torch.Tensor, X: torch.Tensor, y: torch.Tensor,
@@ -30,7 +32,7 @@ def discount_statistics(xtx: torch.Tensor, xty: torch.Tensor, yty: torch.Tensor,
     Returns ``(X^T W X, X^T W y, y^T W y, w [n])`` with the old statistics discounted (the Gibbs and
     Langevin engines' exact update of the weighted likelihood)."""
     n = X.shape[-2]
-    w = lam ** torch.arange(n - 1, -1, -1, dtype=_DTYPE)
+    w = lam ** torch.arange(n - 1, -1, -1, dtype=_DTYPE, device=X.device)
     old = lam**n
     return (old * xtx + (X * w[:, None]).mT @ X, old * xty + (X.mT @ (w * y)[..., None])[..., 0],
             old * yty + (w * y * y).sum(-1), w)

@@ -80,7 +80,7 @@ def cholesky(matrix: torch.Tensor) -> torch.Tensor:
             return torch.linalg.cholesky(matrix)  # raises on failure: no extra check op on the hot path
         except torch.linalg.LinAlgError:
             pass
-    eye = torch.eye(matrix.shape[-1], dtype=matrix.dtype)
+    eye = torch.eye(matrix.shape[-1], dtype=matrix.dtype, device=matrix.device)
     scale = matrix.diagonal(dim1=-2, dim2=-1).abs().mean().clamp_min(1.0)
     for jitter in (1e-10, 1e-8, 1e-6, 1e-4):
         factor, info = torch.linalg.cholesky_ex(matrix + jitter * scale * eye)

@@ -232,7 +232,8 @@ class CusumDetector:
         since: observations each element learned since its construction or last alarm (long).
     """
 
-    def __init__(self, config: AdaptiveForgetting, batch_shape, *, binary: bool = False, dim: int = 1):
+    def __init__(self, config: AdaptiveForgetting, batch_shape, *, binary: bool = False, dim: int = 1,
+                 device: torch.device | str | None = None):
         self.config = config
         self.binary = bool(binary)
         self.level = config.level(self.binary)
@@ -240,11 +241,13 @@ class CusumDetector:
         # 0/1 outcomes: the fewer of the ones and zeros learned since a (re)start before testing
         self.warmup_events = 0 if not self.binary else (
             config.warmup_events if config.warmup_events is not None else 2 * int(dim))
-        self.upper = torch.zeros(tuple(batch_shape), dtype=_DTYPE)
-        self.lower = torch.zeros(tuple(batch_shape), dtype=_DTYPE)
-        self.alarms = torch.zeros(tuple(batch_shape), dtype=torch.long)
-        self.since = torch.zeros(tuple(batch_shape), dtype=torch.long)
-        self.ones = torch.zeros(tuple(batch_shape), dtype=torch.long)  # 0/1: the ones learned since a (re)start
+        # on the model's device (``device``; default the CPU), float64 statistics and long counts
+        device = torch.device("cpu") if device is None else device
+        self.upper = torch.zeros(tuple(batch_shape), dtype=_DTYPE, device=device)
+        self.lower = torch.zeros(tuple(batch_shape), dtype=_DTYPE, device=device)
+        self.alarms = torch.zeros(tuple(batch_shape), dtype=torch.long, device=device)
+        self.since = torch.zeros(tuple(batch_shape), dtype=torch.long, device=device)
+        self.ones = torch.zeros(tuple(batch_shape), dtype=torch.long, device=device)  # 0/1: the ones learned since a (re)start
 
     def step(self, z: torch.Tensor, active: torch.Tensor | None = None) -> torch.Tensor:
         """Add the standardised residuals ``z [*batch]`` (only where ``active`` when given); return
@@ -273,7 +276,7 @@ class CusumDetector:
         lower = torch.where(active, (self.lower + down).clamp_min(0.0), self.lower)
         h = self.level
         alarm = (upper > h) | (lower > h)
-        zero = torch.zeros((), dtype=_DTYPE)
+        zero = torch.zeros((), dtype=_DTYPE, device=upper.device)
         self.upper = torch.where(alarm, zero, upper)
         self.lower = torch.where(alarm, zero, lower)
         self.alarms = self.alarms + alarm.long()
@@ -283,7 +286,7 @@ class CusumDetector:
         """Count one observation learned by the ``active`` elements (all when None), and its 0/1
         outcome ``y [*batch]`` when given; an element that raised an ``alarm`` starts counting again
         (the observation that raised it is its first)."""
-        one = torch.ones((), dtype=torch.long)
+        one = torch.ones((), dtype=torch.long, device=self.since.device)
         step = one if active is None else active.long()
         since = self.since + step
         self.since = torch.where(alarm, one, since)

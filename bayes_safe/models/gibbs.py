@@ -110,6 +110,11 @@ __all__ = [
 ]
 
 _DTYPE = torch.float64
+#: the Gibbs engine's device: its samplers (Polya-Gamma series, generalised-inverse-Gaussian and gamma
+#: inverse CDFs, SplitMix64 uniforms) run in numpy and scipy, so its state is made on the CPU, float64
+#: (``BayesianLinear`` refuses ``inference="gibbs"`` for a prior on another device and picks the
+#: Langevin engine there under ``inference="auto"``)
+_CPU = torch.device("cpu")
 _SQRT_HALF = math.sqrt(0.5)
 LIKELIHOODS = ("gaussian", "probit", "logistic")
 GIBBS_OPTIONS = ("sweeps", "burn_in", "predict_sweeps", "pg_terms", "seed")
@@ -179,14 +184,14 @@ def recognise_prior(prior, dim: int, batch_shape) -> ScaleMixturePrior | None:
                                      df=_expand(base.df, (*b, d)))
         if isinstance(base, tdist.Cauchy):
             return ScaleMixturePrior("student", _expand(base.loc, (*b, d)), scale=_expand(base.scale, (*b, d)),
-                                     df=torch.ones((*b, d), dtype=_DTYPE))
+                                     df=torch.ones((*b, d), dtype=_DTYPE, device=_CPU))
         return None
     if callable(prior):
         found = _horseshoe(prior, d)
         if found is None:
             return None
         s, c = found
-        return ScaleMixturePrior("horseshoe", torch.zeros((*b, d), dtype=_DTYPE),
+        return ScaleMixturePrior("horseshoe", torch.zeros((*b, d), dtype=_DTYPE, device=_CPU),
                                  global_scale=_expand(s, b), local_scale=_expand(c, (*b, d)))
     return None
 
@@ -237,9 +242,9 @@ def _horseshoe(prior, d: int) -> tuple[torch.Tensor, torch.Tensor] | None:
         def close(a, b):
             return bool(torch.allclose(a, b, rtol=1e-5, atol=1e-12))
 
-        if close(zloc, torch.zeros(d, dtype=_DTYPE)) and close(zscale, tau * lam) and close(r, value):
+        if close(zloc, torch.zeros(d, dtype=_DTYPE, device=_CPU)) and close(zscale, tau * lam) and close(r, value):
             form = "centred"
-        elif (close(zloc, torch.zeros(d, dtype=_DTYPE)) and close(zscale, torch.ones(d, dtype=_DTYPE))
+        elif (close(zloc, torch.zeros(d, dtype=_DTYPE, device=_CPU)) and close(zscale, torch.ones(d, dtype=_DTYPE, device=_CPU))
               and close(r, tau * lam * value)):
             form = "non-centred"
         else:
@@ -333,7 +338,7 @@ def uniform_rows(shape, generator: Generator = None, key: str = "rows") -> torch
         seeds = (u.numpy() * 2.0**53).astype(np.uint64) * np.uint64(2048) + np.uint64(1)  # 53 random bits
         count = math.prod(shape[1:])
         return _splitmix_uniform(seeds, count).reshape(shape)
-    return torch.rand(shape, generator=generator, dtype=_DTYPE).clamp_min(2.0**-60)
+    return torch.rand(shape, generator=generator, dtype=_DTYPE, device=_CPU).clamp_min(2.0**-60)
 
 
 def inverse_gaussian(mean: torch.Tensor, shape: torch.Tensor, generator: Generator = None,
@@ -434,7 +439,7 @@ def polya_gamma(c: torch.Tensor, generator: Generator = None, key: str = "pg", t
             and (generator is None or type(generator) in (torch.Generator, ReplicationRNG))):
         return _polya_gamma_plain(c, _series_constants(terms), generator, key)
     c = c.abs()
-    k = torch.arange(1, terms + 1, dtype=_DTYPE) - 0.5
+    k = torch.arange(1, terms + 1, dtype=_DTYPE, device=_CPU) - 0.5
     denom = k * k + (c * c / (4.0 * math.pi**2))[..., None]  # [*b, K]
     u = uniform_rows((*c.shape, terms), generator, key=key)
     g = lanewise(lambda uu: -torch.log(uu), u)
@@ -452,7 +457,7 @@ def polya_gamma(c: torch.Tensor, generator: Generator = None, key: str = "pg", t
 @functools.lru_cache(maxsize=8)
 def _series_constants(terms: int) -> np.ndarray:
     """``(k - 1/2)^2`` for ``k = 1 .. terms`` (float64, as ``polya_gamma`` computes them; read only)."""
-    k = torch.arange(1, terms + 1, dtype=_DTYPE) - 0.5
+    k = torch.arange(1, terms + 1, dtype=_DTYPE, device=_CPU) - 0.5
     out = (k * k).numpy()
     out.setflags(write=False)
     return out
@@ -505,12 +510,14 @@ def _exp_draw(shape, generator, key) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------- the data
-def empty_data(batch_shape, dim: int) -> tuple[torch.Tensor, ...]:
+def empty_data(batch_shape, dim: int, device: torch.device | None = None) -> tuple[torch.Tensor, ...]:
     """``(X^T X [*b, d, d], X^T y [*b, d], y^T y [*b], X [*b, 0, d], y [*b, 0])``, all zero: the data
-    a warm-started engine (Gibbs, Langevin) keeps, before any observation."""
+    a warm-started engine (Gibbs, Langevin) keeps, before any observation (on ``device``; default the CPU)."""
     b, d = tuple(batch_shape), int(dim)
-    return (torch.zeros((*b, d, d), dtype=_DTYPE), torch.zeros((*b, d), dtype=_DTYPE), torch.zeros(b, dtype=_DTYPE),
-            torch.zeros((*b, 0, d), dtype=_DTYPE), torch.zeros((*b, 0), dtype=_DTYPE))
+    device = _CPU if device is None else device
+    return (torch.zeros((*b, d, d), dtype=_DTYPE, device=device), torch.zeros((*b, d), dtype=_DTYPE, device=device),
+            torch.zeros(b, dtype=_DTYPE, device=device),
+            torch.zeros((*b, 0, d), dtype=_DTYPE, device=device), torch.zeros((*b, 0), dtype=_DTYPE, device=device))
 
 
 def append_rows(X_rows: torch.Tensor, y_rows: torch.Tensor, n: int, X: torch.Tensor, y: torch.Tensor):
@@ -525,8 +532,8 @@ def append_rows(X_rows: torch.Tensor, y_rows: torch.Tensor, n: int, X: torch.Ten
     renewed = False
     if n + m > X_rows.shape[-2]:
         cap = max(2 * X_rows.shape[-2], n + m, 16)
-        X_new = torch.zeros((*X_rows.shape[:-2], cap, X_rows.shape[-1]), dtype=_DTYPE)
-        y_new = torch.zeros((*y_rows.shape[:-1], cap), dtype=_DTYPE)
+        X_new = torch.zeros((*X_rows.shape[:-2], cap, X_rows.shape[-1]), dtype=_DTYPE, device=X_rows.device)
+        y_new = torch.zeros((*y_rows.shape[:-1], cap), dtype=_DTYPE, device=X_rows.device)
         X_new[..., :n, :] = X_rows[..., :n, :]
         y_new[..., :n] = y_rows[..., :n]
         X_rows, y_rows, renewed = X_new, y_new, True
@@ -617,7 +624,7 @@ class GibbsLinearPosterior:
                              "^age); use likelihood='logistic' (Polya-Gamma augmentation, forgets exactly), or "
                              "inference='langevin' for a probit model that forgets")
         self.forgetting = forgetting
-        self._n_eff = None if forgetting is None else torch.zeros(tuple(batch_shape), dtype=_DTYPE)
+        self._n_eff = None if forgetting is None else torch.zeros(tuple(batch_shape), dtype=_DTYPE, device=_CPU)
         self.dim = int(dim)
         self.batch_shape = torch.Size(batch_shape)
         self.likelihood = likelihood
@@ -649,7 +656,7 @@ class GibbsLinearPosterior:
     # ------------------------------------------------------------------ state
     def _initial_state(self) -> _State:
         p, b, d = self.prior, tuple(self.batch_shape), self.dim
-        ones = torch.ones((*b, d), dtype=_DTYPE)
+        ones = torch.ones((*b, d), dtype=_DTYPE, device=_CPU)
         aux: dict = {}
         v = None
         if p.kind == "laplace":
@@ -658,7 +665,7 @@ class GibbsLinearPosterior:
             aux["g"] = ones.clone()
             v = p.scale**2
         elif p.kind == "horseshoe":
-            aux.update(lam2=p.local_scale**2, nu=ones.clone(), tau2=p.global_scale**2, xi=torch.ones(b, dtype=_DTYPE))
+            aux.update(lam2=p.local_scale**2, nu=ones.clone(), tau2=p.global_scale**2, xi=torch.ones(b, dtype=_DTYPE, device=_CPU))
             v = aux["lam2"] * aux["tau2"][..., None]
         s2 = None
         if self._noise_prior is not None:
@@ -926,7 +933,7 @@ class GibbsLinearPosterior:
             aux["nu"] = rate / _exp_draw(shape, generator, key + "/nu")
             if self.tau_scheme == "conditional":  # the per-coordinate IG step (kept for comparison)
                 rate = 1.0 / aux["xi"] + (w2 / aux["lam2"]).sum(-1) / 2.0
-                conc = torch.full(shape[:-1], 0.5 * (d + 1), dtype=_DTYPE)
+                conc = torch.full(shape[:-1], 0.5 * (d + 1), dtype=_DTYPE, device=_CPU)
                 aux["tau2"] = (rate / _gamma(conc, generator, key + "/tau")).clamp(1e-300, 1e300)
             # else tau was drawn with w integrated out before the weight step (_tau_step)
             if not inner:
@@ -982,7 +989,7 @@ class GibbsLinearPosterior:
             psi = (X @ st.w[..., None])[..., 0]
             omega = polya_gamma(psi, generator, key=key + "/pg", terms=self.pg_terms, b=wts)
             if mask is not None:
-                omega = torch.where(wts > 0, omega, torch.zeros((), dtype=_DTYPE))  # a forgotten row: no latent
+                omega = torch.where(wts > 0, omega, torch.zeros((), dtype=_DTYPE, device=_CPU))  # a forgotten row: no latent
             prec = (X * omega[..., None]).mT @ X
             kappa = y - 0.5 if wts is None else wts * (y - 0.5)
             self._weight_step(st, generator, key, (X.mT @ kappa[..., None])[..., 0], prec, 1.0, z)
@@ -1032,7 +1039,7 @@ class GibbsLinearPosterior:
             return None
         if mask.shape[-1] < n:  # rows learned since the last restart weigh 1
             mask = self.row_mask = torch.cat(
-                [mask, torch.ones((*self.batch_shape, n - mask.shape[-1]), dtype=_DTYPE)], -1)
+                [mask, torch.ones((*self.batch_shape, n - mask.shape[-1]), dtype=_DTYPE, device=_CPU)], -1)
         return mask[..., start:n]
 
     def restart(self, alarm: torch.Tensor, keep: float) -> None:
@@ -1046,7 +1053,7 @@ class GibbsLinearPosterior:
         n = self.n
         mask = self._restart_weights(0, n)
         if mask is None:
-            mask = torch.ones((*self.batch_shape, n), dtype=_DTYPE)
+            mask = torch.ones((*self.batch_shape, n), dtype=_DTYPE, device=_CPU)
         self.row_mask = torch.where(alarm[..., None], mask * keep, mask).clone()
         self._fixed = None
 
@@ -1101,7 +1108,7 @@ class GibbsLinearPosterior:
         groups = 1 if batch.played else min(S, 20)
         saved = self.last_conditional
         out = []
-        for g, size in enumerate(int(c.numel()) for c in torch.arange(S).tensor_split(groups)):
+        for g, size in enumerate(int(c.numel()) for c in torch.arange(S, device=_CPU).tensor_split(groups)):
             st = self.state.clone()
             for _ in range(count - 1):
                 self.sweep(st, shared, key)
@@ -1114,7 +1121,7 @@ class GibbsLinearPosterior:
 
     def fit(self, generator: Generator = None) -> None:
         """Run ``burn_in`` sweeps now (e.g. after one large ``update``)."""
-        gen = generator if generator is not None else torch.Generator().manual_seed(self.seed)
+        gen = generator if generator is not None else torch.Generator(device=_CPU).manual_seed(self.seed)
         for _ in range(self.burn_in):
             self.sweep(self.state, gen, "fit")
         self._n_at_draw = self.n
@@ -1153,7 +1160,7 @@ class GibbsLinearPosterior:
         Gaussian-likelihood summaries are Rao-Blackwellised: averages of the conditional
         means and variances of ``w`` given the scales (law of total variance).
         """
-        gen = generator if generator is not None else torch.Generator().manual_seed(self.seed + 7919 * self.n)
+        gen = generator if generator is not None else torch.Generator(device=_CPU).manual_seed(self.seed + 7919 * self.n)
         st = self.state.clone()
         saved = self.last_conditional
         for _ in range(self.burn_in):

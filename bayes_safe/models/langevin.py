@@ -213,25 +213,28 @@ class LangevinLinearPosterior:
         b, d = tuple(self.batch_shape), self.dim
         self.n = 0
         self._n_at_draw = 0
-        # the Gaussian likelihood's sufficient statistics; the binary likelihoods' rows (append_rows)
-        self._xtx, self._xty, self._yty, self._X, self._y = empty_data(b, d)
+        # the chains follow the device of the prior's own draws (its parameters'), float64 (autograd and the
+        # MALA acceptance ratio in float64 on every device)
         self.theta = self._initial_theta().expand(*b, self.num_params).clone()
+        device = self.theta.device
+        # the Gaussian likelihood's sufficient statistics; the binary likelihoods' rows (append_rows)
+        self._xtx, self._xty, self._yty, self._X, self._y = empty_data(b, d, device)
         self._w_block = self._find_w_block()
         self._graph = None  # the recorded prior (one replication), built at the first evaluation
         self._graph_tried = False
         self._step_graph = None  # the recorded proposal (one replication, Gaussian), built at the first step
         self._step_graph_tried = False
-        self.log_step = torch.full(b, math.log(0.1), dtype=_DTYPE)  # log h per replication
-        self.factor = torch.eye(self.num_params, dtype=_DTYPE).expand(*b, -1, -1).clone()  # L, Sigma = L L^T
+        self.log_step = torch.full(b, math.log(0.1), dtype=_DTYPE, device=device)  # log h per replication
+        self.factor = torch.eye(self.num_params, dtype=_DTYPE, device=device).expand(*b, -1, -1).clone()  # L, Sigma = L L^T
         self._adapt_count = 0
         self._n_at_refresh = 0  # observations at the last preconditioner refresh
         # (log p [*b], grad [*b, P], w [*b, d], graph) at theta; None after new data, when the prior
         # part kept in ``graph`` (one replication, a _PriorAt) renews value and gradient by the chain rule
         self._cache = None
         self._stale_cache = None
-        self.accept_rate = torch.zeros(b, dtype=_DTYPE)  # mean acceptance probability since the last refresh
-        self.rejected_non_finite = torch.zeros(b, dtype=torch.long)  # proposals rejected for a non-finite density
-        self._nan_run = torch.zeros(b, dtype=torch.long)  # consecutive NaN proposals per chain
+        self.accept_rate = torch.zeros(b, dtype=_DTYPE, device=device)  # mean acceptance probability since the last refresh
+        self.rejected_non_finite = torch.zeros(b, dtype=torch.long, device=device)  # proposals rejected for a non-finite density
+        self._nan_run = torch.zeros(b, dtype=torch.long, device=device)  # consecutive NaN proposals per chain
         self._nan_pending = False  # some chain's _nan_run is not zero
 
     def __getstate__(self) -> dict:
@@ -310,8 +313,10 @@ class LangevinLinearPosterior:
         """The recorded ``theta [P] -> (lp, grad, w[, s2][, jac])`` of the prior part, or None."""
         from .prior_graph import compile_prior
 
-        noise = torch.randn(2, self.num_params, generator=torch.Generator().manual_seed(0), dtype=_DTYPE)
-        checks = theta + noise * torch.tensor([[0.5], [2.0]], dtype=_DTYPE)
+        # the check points drawn on the CPU (the same on every device), then on theta's device
+        noise = torch.randn(2, self.num_params, generator=torch.Generator(device="cpu").manual_seed(0), dtype=_DTYPE,
+                            device="cpu").to(theta.device)
+        checks = theta + noise * torch.tensor([[0.5], [2.0]], dtype=_DTYPE, device=theta.device)
         with pyro.validation_enabled(False):
             graph = compile_prior(self._prior_value_and_grad, (theta,), [(c,) for c in checks])
             if graph is not None and not all(self._block_holds(graph(t)[2], t) for t in (theta, *checks)):
@@ -333,7 +338,7 @@ class LangevinLinearPosterior:
         out = [lp, grad, *aux]
         if self._w_block is None:  # dw/dtheta [d, P]: d vector-Jacobian products against the identity
             _, vjp = torch.func.vjp(lambda u: self._prior_part(u)[1], t)
-            out.append(torch.func.vmap(vjp)(torch.eye(self.dim, dtype=_DTYPE))[0])
+            out.append(torch.func.vmap(vjp)(torch.eye(self.dim, dtype=_DTYPE, device=t.device))[0])
         return tuple(out)
 
     def _recorded_step(self):
@@ -357,14 +362,15 @@ class LangevinLinearPosterior:
         P, d = self.num_params, self.dim
         _, current = self._current_prior()
         n, xtx, xty, yty, _, _ = self._one_data()
-        scalar = lambda x: torch.tensor(x, dtype=_DTYPE)
+        device = self.theta.device
+        scalar = lambda x: torch.tensor(x, dtype=_DTYPE, device=device)
         example = (self.theta.reshape(P), self.factor.reshape(P, P), self.log_step.reshape(()),
-                   torch.zeros(P, dtype=_DTYPE), scalar(0.5), scalar(n), scalar(1.0), scalar(1.0),
+                   torch.zeros(P, dtype=_DTYPE, device=device), scalar(0.5), scalar(n), scalar(1.0), scalar(1.0),
                    self.accept_rate.reshape(()), xtx, xty, yty, *self._prior_tuple(current))
-        g = torch.Generator().manual_seed(1)
-        theta, xi, dxty = (torch.randn(k, generator=g, dtype=_DTYPE) for k in (P, P, d))
+        g = torch.Generator(device="cpu").manual_seed(1)  # the CPU's numbers, put on the chains' device
+        theta, xi, dxty = (torch.randn(k, generator=g, dtype=_DTYPE, device="cpu").to(device) for k in (P, P, d))
         checks = [(example[0] + theta, example[1], example[2] - 1.0, xi, scalar(0.25), example[5] + 1.0,  # other state,
-                   scalar(0.5), scalar(0.25), scalar(0.3), xtx + torch.eye(d, dtype=_DTYPE), xty + dxty,  # step, noise,
+                   scalar(0.5), scalar(0.25), scalar(0.3), xtx + torch.eye(d, dtype=_DTYPE, device=device), xty + dxty,  # step, noise,
                    yty + 1.0, *example[12:])]                                                            # data
         with pyro.validation_enabled(False):
             graph = compile_prior(self._step_fn, example, checks)
@@ -667,14 +673,14 @@ class LangevinLinearPosterior:
         With a recorded step (``_recorded_step``) ``value`` and ``grad`` may be None: the step computes
         them from ``graph``, the prior part at ``theta``."""
         b = tuple(self.batch_shape)
-        xi = standard_normal((*b, self.num_params), generator, key=key + "/xi")
-        u = standard_uniform(b, generator, key=key + "/u")
+        xi = standard_normal((*b, self.num_params), generator, key=key + "/xi", device=theta.device)
+        u = standard_uniform(b, generator, key=key + "/u", device=theta.device)
         k = self._adapt_count + 1
         step = self._recorded_step()
         if step is not None:  # one replication, Gaussian likelihood: the whole step is one recorded graph
             P = self.num_params
             n, xtx, xty, yty, _, _ = self._one_data()
-            n_gain_inv_k = torch.tensor((n, k ** -0.6, 1.0 / k), dtype=_DTYPE).unbind(0)
+            n_gain_inv_k = torch.tensor((n, k ** -0.6, 1.0 / k), dtype=_DTYPE, device=theta.device).unbind(0)
             out = step(theta.reshape(P), self.factor.reshape(P, P), log_step.reshape(()), xi.reshape(P), u.reshape(()),
                        *n_gain_inv_k, self.accept_rate.reshape(()), xtx, xty, yty, *self._prior_tuple(graph))
             nan_here, any_bad, accepted = out[0].tolist()
@@ -701,7 +707,7 @@ class LangevinLinearPosterior:
         # state, or NaN at _NAN_LIMIT proposals in a row of one chain, is a broken prior: an error
         if any_bad:
             if bad is None:  # recorded step: its one chain's proposal
-                bad = torch.ones(b, dtype=torch.bool)
+                bad = torch.ones(b, dtype=torch.bool, device=theta.device)
             self.rejected_non_finite = self.rejected_non_finite + bad.long()
             nan = torch.isnan(value_p) | torch.isnan(grad_p).any(-1)
             self._nan_run = torch.where(nan, self._nan_run + 1, torch.zeros_like(self._nan_run))
@@ -905,7 +911,7 @@ class LangevinLinearPosterior:
 
     def fit(self, generator: Generator = None) -> None:
         """Refresh the preconditioner and run ``burn_in`` steps now (e.g. after one large ``update``)."""
-        gen = generator if generator is not None else torch.Generator().manual_seed(self.seed)
+        gen = generator if generator is not None else torch.Generator(device="cpu").manual_seed(self.seed)
         self.refresh_preconditioner()
         self._advance(self.burn_in, gen, "fit")
         self._n_at_draw = self.n
@@ -925,7 +931,7 @@ class LangevinLinearPosterior:
         """
         import copy
 
-        gen = generator if generator is not None else torch.Generator().manual_seed(self.seed + 7919 * self.n)
+        gen = generator if generator is not None else torch.Generator(device="cpu").manual_seed(self.seed + 7919 * self.n)
         chain = copy.copy(self)
         chain.factor, chain.theta, chain.log_step = self.factor.clone(), self.theta.clone(), self.log_step.clone()
         chain.accept_rate = self.accept_rate.clone()

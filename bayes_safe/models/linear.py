@@ -35,6 +35,22 @@ step, with any likelihood. ``inference="nuts"`` / ``"svi"`` select Pyro's NUTS o
 approximation: Thompson draws then come from stored posterior draws, refitted from scratch
 when the data have doubled since the last fit (or every ``refit_every`` observations).
 
+**Devices and dtypes** (issue 46). A model follows the device of its prior (the prior
+distribution's parameters; ``BayesianLinear.device``): every tensor it makes is made there, and its
+random numbers are drawn by the generator given (a ``ReplicationRNG``'s numpy numbers put on the
+model's device, a ``torch.Generator`` on its own device, copied when that differs). Per engine:
+
+* conjugate and Normal-Inverse-Gamma: on any device, float64 (the running precision ``Lambda``
+  and its Cholesky factor lose too many digits in float32 after many rank-one updates);
+  ``DrawBatch`` propensity draws use float32 normals widened to float64, as on the CPU;
+* Langevin: on the device of the prior's draws, float64 (the MALA acceptance ratio and autograd);
+* Gibbs: the CPU only, float64 (numpy / scipy samplers); ``inference="gibbs"`` refuses a prior on
+  another device and ``"auto"`` takes the Langevin engine there;
+* laplace, NUTS and SVI (``pyro_inference.py``) and the probit GP: not made device-agnostic yet
+  (CPU).
+
+On the CPU nothing changed: the same dtypes and the same numbers as before devices were named.
+
 Example:
     >>> import torch, pyro.distributions as dist
     >>> m = BayesianLinear(prior=dist.Normal(0.0, 1.0).expand([3]).to_event(1), noise_std=0.1)
@@ -84,6 +100,20 @@ __all__ = ["BayesianLinear", "check_real_support", "gaussian_prior_parameters"]
 
 _DTYPE = torch.float64
 _ONE = torch.ones((), dtype=_DTYPE)  # (torch.where of two Python floats is float32: 0.99 would be 0.9900000095)
+_CPU = torch.device("cpu")
+
+
+def _prior_device(prior) -> torch.device:
+    """The device of a prior distribution's parameters (torch's default device for a callable prior)."""
+    if isinstance(prior, tdist.Distribution):
+        base = prior
+        while isinstance(getattr(base, "base_dist", None), tdist.Distribution):  # Independent, expanded, ...
+            base = base.base_dist
+        for name in getattr(base, "arg_constraints", {}):
+            value = base.__dict__.get(name)
+            if isinstance(value, torch.Tensor):
+                return value.device
+    return torch.get_default_device()
 
 
 @functools.cache
@@ -255,6 +285,18 @@ class BayesianLinear:
     """
 
     @property
+    def device(self) -> torch.device:
+        """The device of the model's tensors: its prior's (the prior distribution's parameters; for a
+        callable Pyro prior, torch's default device when the model was made). Every tensor the model
+        makes follows it; give it data on this device. Dtypes: the conjugate engines keep float64 on
+        every device (the precision's Cholesky factor and the running sums lose too much in float32
+        after many updates); ``DrawBatch`` propensity draws use float32 normals as on the CPU."""
+        precision = self.__dict__.get("precision")
+        if precision is not None:
+            return precision.device
+        return self.__dict__.get("_device", _CPU)
+
+    @property
     def binary_outcomes(self) -> bool:
         """Whether the outcomes this model learns are 0 / 1 (probit and logistic likelihoods)."""
         return self.likelihood != "gaussian"
@@ -368,6 +410,7 @@ class BayesianLinear:
         else:
             raise TypeError(f"prior: expected a pyro.distributions distribution with event shape [d] or a callable Pyro model, got {type(prior).__name__}")
         self.feature_names = check_feature_names(feature_names, d)
+        self._device = _prior_device(prior)  # the conjugate engines read it from their precision
         self.dim = d
         self._sample_shape = (*self.batch_shape, d)
         self._column_shape = (*self.batch_shape, d, 1)
@@ -385,8 +428,13 @@ class BayesianLinear:
             gibbs_only = sorted(set(inference_options or {}) - set(GIBBS_OPTIONS))
             if inference == "gibbs" and gibbs_only:
                 raise ValueError(f"inference_options: the Gibbs engine takes {list(GIBBS_OPTIONS)}, got {gibbs_only}")
+            if inference == "gibbs" and self._device != _CPU:
+                raise ValueError(f"prior: the Gibbs engine runs on the CPU (its samplers are numpy's and scipy's), got a "
+                                 f"prior on {self._device}; use inference='langevin' (or 'auto', which picks it there) "
+                                 "or a prior on the CPU")
             if not pyro_keys:  # NUTS / SVI options with inference='auto' keep the Pyro engine (as before)
-                if not (set(inference_options or {}) - set(GIBBS_OPTIONS)):
+                # off the CPU 'auto' takes the Langevin engine (the Gibbs engine is the CPU's)
+                if self._device == _CPU and not (set(inference_options or {}) - set(GIBBS_OPTIONS)):
                     mixture = recognise_prior(prior, d, self.batch_shape)
                 langevin = mixture is None and inference == "auto"
             if mixture is None and inference == "gibbs":
@@ -430,7 +478,7 @@ class BayesianLinear:
                              "stabilized rule (the data weighed, the prior kept)")
         # adaptive forgetting: the change detector's statistics per batch element
         self._detector = None if adaptive is None else CusumDetector(
-            adaptive, self.batch_shape, binary=adaptive.is_binary(likelihood), dim=d)
+            adaptive, self.batch_shape, binary=adaptive.is_binary(likelihood), dim=d, device=self._device)
         if base_prior is not None and (forgetting is None and adaptive is None):
             raise ValueError("base_prior: the prior forgetting returns to; give it with forgetting (a factor or "
                              "'adaptive'), got forgetting=None")
@@ -458,8 +506,9 @@ class BayesianLinear:
             if base_prior is not None:
                 self._set_base_prior(base_prior, d)
             if noise_prior is not None:
-                self._a = noise_prior.concentration.to(_DTYPE).expand(self.batch_shape).clone()
-                self._b0 = noise_prior.rate.to(_DTYPE).expand(self.batch_shape).clone()
+                # on the prior's device (a noise prior given with CPU numbers follows the weights' prior)
+                self._a = noise_prior.concentration.to(device=loc.device, dtype=_DTYPE).expand(self.batch_shape).clone()
+                self._b0 = noise_prior.rate.to(device=loc.device, dtype=_DTYPE).expand(self.batch_shape).clone()
                 # running y^T y + m0^T Lambda0 m0, for b_n = b0 + (sq - eta^T Lambda^-1 eta) / 2
                 self._sq = (loc[..., None, :] @ self._prior_precision @ loc[..., None])[..., 0, 0]
                 self._a0, self._sq0 = self._a.clone(), self._sq.clone()
@@ -537,7 +586,7 @@ class BayesianLinear:
     @property
     def num_observations(self) -> torch.Tensor:
         """Number of observations each batch element has seen, ``[*batch]`` (long)."""
-        out = torch.full(self.batch_shape, self._count, dtype=torch.long)
+        out = torch.full(self.batch_shape, self._count, dtype=torch.long, device=self.device)
         return out if self._masked_count is None else out + self._masked_count
 
     # ------------------------------------------------------------------ updates
@@ -637,7 +686,7 @@ class BayesianLinear:
             if self._detector is not None:  # one row here (forgetting: in order)
                 self._detect_change(X[..., 0, :], y[..., 0], None)
             elif self.engine_name == "laplace" and self.forgetting is not None:
-                self.engine.forget(torch.full(self.batch_shape, self.forgetting, dtype=_DTYPE))
+                self.engine.forget(torch.full(self.batch_shape, self.forgetting, dtype=_DTYPE, device=self.device))
             self.engine.add(X, y)
             return
         self._X.append(X.expand(*self.batch_shape, *X.shape[-2:]))
@@ -656,8 +705,9 @@ class BayesianLinear:
             raise ValueError(f"base_prior: expected a Gaussian (MultivariateNormal or Normal(...).to_event(1)), got "
                              f"{type(base_prior).__name__}")
         try:
-            loc = gaussian[0].to(_DTYPE).expand(*self.batch_shape, d).clone()
-            cov = gaussian[1].to(_DTYPE).expand(*self.batch_shape, d, d)
+            device = self.precision.device  # the base prior follows the prior's device
+            loc = gaussian[0].to(device=device, dtype=_DTYPE).expand(*self.batch_shape, d).clone()
+            cov = gaussian[1].to(device=device, dtype=_DTYPE).expand(*self.batch_shape, d, d)
         except RuntimeError:
             raise ValueError(f"base_prior: batch shape {list(base_prior.batch_shape)} does not broadcast to "
                              f"batch_shape {list(self.batch_shape)}") from None
@@ -691,7 +741,8 @@ class BayesianLinear:
         [*batch] == 0``: the arms not played) forget at ``decay`` toward the base prior, so the
         uncertainty about an arm left unplayed grows back with time (the stabilised rule, Kulhavy &
         Zarrop 1993, applied per step rather than per observation; as bayesianbandits' ``decay``)."""
-        f = torch.where(weight > 0, _ONE, torch.tensor(self.decay, dtype=_DTYPE))
+        one = _ONE if weight.device == _CPU else _ONE.to(weight.device)
+        f = torch.where(weight > 0, one, torch.tensor(self.decay, dtype=_DTYPE, device=weight.device))
         self._pull_to_base(f, f[..., None], f[..., None, None])
 
     def _pull_to_base(self, f, f2, f3) -> None:
@@ -710,7 +761,8 @@ class BayesianLinear:
         (only the elements ``weight [*batch] > 0`` receive it); ``forgetting_rule`` says whether the
         prior is kept (stabilised) or weighed too (exponential)."""
         lam = self.forgetting
-        f = lam if weight is None else torch.where(weight > 0, torch.tensor(lam, dtype=_DTYPE), _ONE)
+        f = lam if weight is None else torch.where(weight > 0, torch.tensor(lam, dtype=_DTYPE, device=weight.device),
+                                                   _ONE if weight.device == _CPU else _ONE.to(weight.device))
         f2 = f if weight is None else f[..., None]
         f3 = f if weight is None else f[..., None, None]
         if self.forgetting_rule == "exponential":
@@ -745,7 +797,8 @@ class BayesianLinear:
         """The batch elements ``alarm [*batch]`` return to the base prior, keeping ``keep`` of what
         they learned (the stabilised rule at factor ``keep``)."""
         if self.engine_name == "laplace":
-            self.engine.forget(torch.where(alarm, torch.tensor(keep, dtype=_DTYPE), _ONE))
+            self.engine.forget(torch.where(alarm, torch.tensor(keep, dtype=_DTYPE, device=alarm.device),
+                                           _ONE if alarm.device == _CPU else _ONE.to(alarm.device)))
             return
         if self.engine_name == "gibbs":
             self.engine.restart(alarm, keep)
@@ -843,6 +896,10 @@ class BayesianLinear:
         factor = self._factor if self._dirty is None else None  # ``self.factor`` without the property's calls
         if factor is None:
             factor = self.factor
+        if factor.device != _CPU:  # numpy and BLAS: the CPU's path; elsewhere the tensor one
+            X = torch.as_tensor(np.asarray(x, dtype=np.float64), device=factor.device).reshape(*self.batch_shape, self.dim)
+            return float(self.predictive_residual(X, torch.full(self.batch_shape, float(y), dtype=_DTYPE,
+                                                                device=factor.device)).reshape(-1)[0])
         kept = self.__dict__.get("_residual_kept")
         if kept is None or kept[0] is not factor:  # numpy views of the factor and mean, kept with the factor
             d = self.dim
@@ -877,7 +934,7 @@ class BayesianLinear:
         d = self.dim
         s = self._scale
         ones = torch.ones_like(index)
-        flat_count = torch.zeros(self.batch_shape.numel(), dtype=torch.long).index_add_(0, index, ones)
+        flat_count = torch.zeros(self.batch_shape.numel(), dtype=torch.long, device=index.device).index_add_(0, index, ones)
         count = flat_count.reshape(self.batch_shape)
         self._masked_count = count if self._masked_count is None else self._masked_count + count
         self.precision.view(-1, d, d).index_add_(0, index, x[:, :, None] * x[:, None, :], alpha=s)
@@ -920,7 +977,7 @@ class BayesianLinear:
         if self.forgetting is not None:  # rows weighing less than 2^-60 no longer move the posterior
             from ._forgetting import forgetting_weights
 
-            start, _ = forgetting_weights(self.forgetting, X.shape[-2])
+            start, _ = forgetting_weights(self.forgetting, X.shape[-2], X.device)
             X, y = X[..., start:, :], y[..., start:]
         self._X, self._y = [X], [y]
         with single_thread():  # small-model fits ran 10-20x slower with 2 threads on a loaded machine
@@ -961,9 +1018,11 @@ class BayesianLinear:
             return
         own = getattr(self, "_own_dirty", None)
         if own is None or self._dirty is not own[0]:
-            mask = torch.zeros(self.batch_shape, dtype=torch.bool) if self._dirty is None else self._dirty.clone()
+            mask = torch.zeros(self.batch_shape, dtype=torch.bool, device=self._factor.device) if self._dirty is None \
+                else self._dirty.clone()
             self._dirty = mask
-            own = self._own_dirty = (mask, mask.numpy().reshape(-1))
+            # the CPU's numpy view (an element written without a tensor call); elsewhere the flat view
+            own = self._own_dirty = (mask, mask.numpy().reshape(-1) if mask.device == _CPU else mask.view(-1))
         own[1][index] = True
 
     def _stale(self) -> bool:
@@ -1046,7 +1105,7 @@ class BayesianLinear:
         R, d = rhs.shape[0], self.dim
         step = max(1, min(R, (1 << 20) // (d * d)))
         dense = L[:step].contiguous()
-        out = torch.empty(rhs.shape, dtype=rhs.dtype)
+        out = torch.empty(rhs.shape, dtype=rhs.dtype, device=rhs.device)
         for start in range(0, R, step):
             n = min(step, R - start)
             out[start:start + n] = torch.linalg.solve_triangular(dense[:n].mT, rhs[start:start + n], upper=True)
@@ -1183,17 +1242,17 @@ class BayesianLinear:
             # independent draws in one solve: z [n, *batch, d, 1]
             if self._stale():
                 self._factorize()
-            z = torch.randn((n, *self._column_shape), generator=generator, dtype=_DTYPE)
+            z = standard_normal((n, *self._column_shape), generator, dtype=_DTYPE, device=self.device)
             draws = self._solve_upper(self._u + z)[..., 0]
         else:
             draws = torch.stack([self._sample_one(generator, key) for _ in range(n)]) if n else \
-                torch.empty((0, *self.batch_shape, self.dim), dtype=_DTYPE)
+                torch.empty((0, *self.batch_shape, self.dim), dtype=_DTYPE, device=self.device)
         return draws.reshape(*shape, *self.batch_shape, self.dim)
 
     def _sample_one(self, generator: Generator = None, key: str = "weights") -> torch.Tensor:
         """One joint posterior draw of the weights, ``[*batch, d]`` (``sample``)."""
         if self.conjugate:
-            z = standard_normal(self._column_shape, generator, key=key)  # [*batch, d, 1]
+            z = standard_normal(self._column_shape, generator, key=key, device=self.precision.device)  # [*batch, d, 1]
             if self._stale():
                 self._factorize()
             if self.noise_prior is not None:
@@ -1206,9 +1265,9 @@ class BayesianLinear:
         self._refit_if_due(generator, key)
         S = self._draws.shape[0]
         # [*b] stored draws picked uniformly ([num_draws, *b] under a DrawBatch: the stored draws do not change)
-        idx = (standard_uniform(self.batch_shape, generator, key=key) * S).long().clamp_max(S - 1)
+        idx = (standard_uniform(self.batch_shape, generator, key=key, device=self._draws.device) * S).long().clamp_max(S - 1)
         flat = self._draws.reshape(S, -1, self.dim)
-        picked = flat[idx.reshape(-1, flat.shape[1]), torch.arange(flat.shape[1])]
+        picked = flat[idx.reshape(-1, flat.shape[1]), torch.arange(flat.shape[1], device=flat.device)]
         return picked.reshape(*idx.shape, self.dim)
 
     def sample_at(self, features, generator: Generator = None, key: str = "weights") -> torch.Tensor:
@@ -1226,14 +1285,15 @@ class BayesianLinear:
                 return self._draws_at(features, generator)
             # ``sample``'s draw kept as the solve's column [.., d, 1]: w^T X^T without the reshaping
             # views (the same operations and numbers; a tenth of a decision at R = 1)
-            if generator is None or type(generator) is torch.Generator:
+            device = self.precision.device
+            if generator is None or (type(generator) is torch.Generator and generator.device == device):
                 # standard_normal's own call; the fresh normals take u in place (z + u is u + z, bit for bit)
-                z = torch.randn(self._column_shape, generator=generator, dtype=_DTYPE)
+                z = torch.randn(self._column_shape, generator=generator, dtype=_DTYPE, device=device)
                 if self._factor is None or self._dirty is not None:
                     self._factorize()
                 rhs = z.add_(self._u)
             else:  # a stream's numbers are a view of its block: not written
-                z = standard_normal(self._column_shape, generator, key=key)
+                z = standard_normal(self._column_shape, generator, key=key, device=device)
                 if self._factor is None or self._dirty is not None:
                     self._factorize()
                 rhs = self._u + z
@@ -1315,10 +1375,10 @@ class BayesianLinear:
             mean = features @ torch.linalg.solve_triangular(L.mT, self._u.reshape(d, 1), upper=True)  # [n, K, 1]: X mu
             # the spread in float32 (the float32 normals of every DrawBatch; a relative error near 1e-7 of
             # a posterior sd), the mean in float64: half the time of the product and the QR
-            inv = torch.linalg.solve_triangular(L, torch.eye(d, dtype=_DTYPE), upper=False).to(torch.float32)
+            inv = torch.linalg.solve_triangular(L, torch.eye(d, dtype=_DTYPE, device=L.device), upper=False).to(torch.float32)
             ct = (features.reshape(n * K, d).to(torch.float32) @ inv.mT).reshape(n, K, d)  # C^T = X L^-T, per row
             r = torch.linalg.qr(ct.mT, mode="r").R  # [n, m, K]
-            z = torch.randn((n, S, r.shape[-2]), generator=batch.generator, dtype=torch.float32)
+            z = standard_normal((n, S, r.shape[-2]), batch.generator, dtype=torch.float32, device=L.device)
             if self.noise_prior is not None:
                 a, b = self._noise_posterior()
                 s2 = b / standard_gamma(a.reshape(()).expand(n), batch, key="rows/noise")  # [S, n]
@@ -1327,7 +1387,7 @@ class BayesianLinear:
         else:
             self._refit_if_due(batch)
             stored = self._draws.reshape(self._draws.shape[0], d)
-            idx = (torch.rand((n, S), generator=batch.generator, dtype=_DTYPE) * stored.shape[0]).long()
+            idx = (standard_uniform((n, S), batch.generator, dtype=_DTYPE, device=stored.device) * stored.shape[0]).long()
             w = stored[idx.clamp_max(stored.shape[0] - 1)]  # [n, S, d]
             f = torch.bmm(w, features.mT)  # [n, S, K]
         f = f.transpose(0, 1)
@@ -1351,6 +1411,9 @@ class BayesianLinear:
         if (generator is not None and type(generator) is not torch.Generator) or not self.conjugate \
                 or self.noise_prior is not None or len(self.batch_shape) != 1:
             return None
+        device = self.precision.device
+        if generator is not None and generator.device != device:  # sample_at draws on the generator's device
+            return None
         R, K, d = features.shape
         if R * K > 1024 or R != self.batch_shape[0]:
             return None
@@ -1364,7 +1427,8 @@ class BayesianLinear:
         ident = (R, K, threading.get_ident())
         bufs = self.__dict__.get("_argmax_buffers")
         if bufs is None or bufs[0] != ident or bufs[1].is_inference() != torch.is_inference_mode_enabled():
-            z, w, scores = torch.empty(R, d, 1, dtype=_DTYPE), torch.empty(R, d, 1, dtype=_DTYPE), torch.empty(R, 1, K, dtype=_DTYPE)
+            z, w, scores = (torch.empty(R, d, 1, dtype=_DTYPE, device=device), torch.empty(R, d, 1, dtype=_DTYPE, device=device),
+                            torch.empty(R, 1, K, dtype=_DTYPE, device=device))
             bufs = self._argmax_buffers = (ident, z, w, w.view(R, 1, d), scores, scores.view(R, K))
         _, z, w, w_row, scores, flat = bufs
         # normal(u, 1): torch's standard normals of randn, then + u (z * 1 is z): sample_at's u + z in one call
@@ -1394,9 +1458,9 @@ class BayesianLinear:
             # the float32 normals that ``_full`` widens, widened by the addition itself (float64 sums,
             # the same numbers, one operation fewer); [S, 1, d] x [d, K]: matmul folds the S rows into
             # one product (against C [1, d, K] it ran S batched products, 10 us against 4.5)
-            z = batch._normal32((R, self.dim))  # [S, 1, d] float32
+            z = batch._normal32((R, self.dim), C.device)  # [S, 1, d] float32
             return torch.matmul(torch.add(z, self._u.mT), C[0])  # [S, 1, K]
-        z = batch._full("normal", (R, self.dim), _DTYPE)  # [S, R, d]
+        z = batch._full("normal", (R, self.dim), _DTYPE, C.device)  # [S, R, d]
         return torch.bmm(z.add_(self._u[..., 0]).transpose(0, 1), C).transpose(0, 1)  # [R, S, K] -> [S, R, K]
 
     @property
@@ -1461,9 +1525,12 @@ class BayesianLinear:
             # torch's CPU normal sampler fills blocks of 16 from the stream in order, so M successive
             # draws of S d normals (S d a multiple of 16) are the first M S d normals of one draw: one
             # call instead of M and a stack (4 us of 11 at M = 2, S = 200, d = 4; tested)
-            z = torch.randn((M, batch.num_draws, models[0].dim), generator=batch.generator, dtype=torch.float32)
+            z = torch.randn((M, batch.num_draws, models[0].dim), generator=batch.generator, dtype=torch.float32,
+                            device=batch.generator.device)
+            if z.device != C.device:
+                z = z.to(C.device)
         else:
-            z = torch.stack([batch._normal32((models[0].dim,)) for _ in models])  # [M, S, d] float32
+            z = torch.stack([batch._normal32((models[0].dim,), C.device) for _ in models])  # [M, S, d] float32
         draws = torch.bmm(torch.add(z, u.mT), C)  # [M, S, K]
         return (draws, C, u) if with_solve else draws
 
@@ -1474,7 +1541,7 @@ class BayesianLinear:
             return
         seeds = None
         if isinstance(generator, ReplicationRNG) and not isinstance(generator, DrawBatch):
-            u = standard_uniform(self.batch_shape, generator, key=key + "/refit").reshape(-1)
+            u = standard_uniform(self.batch_shape, generator, key=key + "/refit", device=_CPU).reshape(-1)
             seeds = (u * 2**31).long().tolist()
         self._fit(seeds)
 
@@ -1540,9 +1607,10 @@ def _streamed_scores_exact(num_arms: int, dim: int) -> bool:
     if hit is None:
         hit = False
         if dim <= 4:
-            g = torch.Generator().manual_seed(20)
-            X = torch.randn(16, dim, num_arms, generator=g, dtype=_DTYPE) * torch.rand(16, 1, num_arms, generator=g, dtype=_DTYPE).exp()
-            w = torch.randn(16, dim, 1, generator=g, dtype=_DTYPE) * 1e3
+            g = torch.Generator(device=_CPU).manual_seed(20)  # the CPU's BLAS (the streamed path is the CPU's)
+            X = torch.randn(16, dim, num_arms, generator=g, dtype=_DTYPE, device=_CPU) \
+                * torch.rand(16, 1, num_arms, generator=g, dtype=_DTYPE, device=_CPU).exp()
+            w = torch.randn(16, dim, 1, generator=g, dtype=_DTYPE, device=_CPU) * 1e3
             hit = torch.equal(torch.bmm(w.mT, X)[:, 0], (X * w).sum(1))
         _STREAMED_EXACT[key] = hit
     return hit
@@ -1587,22 +1655,26 @@ class _ThompsonStep:
         if self.stream is not None:
             return self.stream.next()
         m = self.model
-        z = standard_normal(m._column_shape, self.generator, key=self.key)  # checks the batch size once
-        if type(self.generator) is ReplicationRNG:  # the same stream object serves every later draw
+        device = m.precision.device
+        z = standard_normal(m._column_shape, self.generator, key=self.key, device=device)  # checks the batch size once
+        if type(self.generator) is ReplicationRNG and self.generator.device == device:
+            # the same stream object serves every later draw (its blocks on the model's device)
             self.stream = self.generator._stream("normal", m._column_shape[1:], self.key, z.dtype)
         return z
 
     def _setup(self, features_t: torch.Tensor) -> None:
         R, d, K = features_t.shape
+        device = features_t.device
         self.features_shape = features_t.shape
-        self.rhs = torch.empty(R, d, 1, dtype=_DTYPE)
-        self.scores = torch.empty(R, 1, K, dtype=_DTYPE)
+        self.rhs = torch.empty(R, d, 1, dtype=_DTYPE, device=device)
+        self.scores = torch.empty(R, 1, K, dtype=_DTYPE, device=device)
         self.flat_scores = self.scores.view(R, K)
         self.small = R * K <= 1024
-        streamed = (R * K * d * 8 > _STREAMED_SCORES_BYTES and K * d <= _STREAMED_MAX_BLOCK
+        # the chunks fit the CPU's L2 cache (off the CPU: one batched product)
+        streamed = (device == _CPU and R * K * d * 8 > _STREAMED_SCORES_BYTES and K * d <= _STREAMED_MAX_BLOCK
                     and _streamed_scores_exact(K, d))
         self.chunk = max(1, _STREAMED_CHUNK_NUMBERS // (d * K)) if streamed else 0
-        self.product = torch.empty(min(self.chunk, R), d, K, dtype=_DTYPE) if streamed else None
+        self.product = torch.empty(min(self.chunk, R), d, K, dtype=_DTYPE, device=device) if streamed else None
 
     def choose(self, features: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
         """Actions ``[R]`` (long) for candidates ``features [R, K, d]`` and ``valid`` (``None`` or

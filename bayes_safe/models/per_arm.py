@@ -137,6 +137,11 @@ class PerArmLinear:
                 kept.counts = a._masked_count.numpy()
 
     @property
+    def device(self) -> torch.device:
+        """The device of the arms' tensors (the prior's); the one-stream numpy fast path is the CPU's."""
+        return self.arms.device
+
+    @property
     def forgetting(self):
         """The arms' forgetting: a factor, ``"adaptive"``, or None (see the class docstring)."""
         return self.arms.forgetting
@@ -163,9 +168,11 @@ class PerArmLinear:
 
     # ------------------------------------------------------------------ the one-stream fast path
     def _marginal_fast(self) -> bool:
-        """Whether the one-stream fast path applies: no batch shape, known noise, no forgetting."""
+        """Whether the one-stream fast path applies: no batch shape, known noise, no forgetting, on the
+        CPU (the path works in numpy on the tensors' memory; elsewhere the batched tensor path serves)."""
         a = self.arms
-        return not self.batch_shape and a.noise_prior is None and a.forgetting is None and a.decay is None
+        return (not self.batch_shape and a.noise_prior is None and a.forgetting is None and a.decay is None
+                and a.precision.is_cpu)
 
     def _marginal_state(self) -> tuple[np.ndarray, np.ndarray]:
         """``(cov [K, d, d], mean [K, d])`` of the arms (numpy, float64), kept by ``_fast_update`` and
@@ -179,7 +186,7 @@ class PerArmLinear:
         # not one per product below)
         mean = torch.cholesky_solve(a.eta.unsqueeze(-1), L).squeeze(-1).numpy()
         if a._masked_count is None:  # counted in place from here on (the source follows the tensor)
-            a._masked_count = torch.zeros(self.num_arms, dtype=torch.long)
+            a._masked_count = torch.zeros(self.num_arms, dtype=torch.long, device=a.precision.device)
         self._marginal = _Kept(cov_t.numpy(), cov_t, mean, a.eta.numpy(), a._masked_count.numpy(),
                                (a, a.precision, a.eta, a._count, a._masked_count))
         return self._marginal.cov, mean
@@ -233,7 +240,7 @@ class PerArmLinear:
                 actions.dtype.is_floating_point or actions.dtype == torch.bool)):
             raise TypeError(f"actions: expected integer arm indices (shape {list(self.batch_shape)}), got {actions!r}")
         try:
-            a = torch.as_tensor(actions, dtype=torch.long)
+            a = torch.as_tensor(actions, dtype=torch.long, device=c.device)
         except (TypeError, ValueError, RuntimeError):
             raise TypeError(f"actions: expected integer arm indices (shape {list(self.batch_shape)}), "
                             f"got {type(actions).__name__}") from None
@@ -259,7 +266,7 @@ class PerArmLinear:
             return
         # only the played arm of each batch element learns: flat index b * K + a into [*b, K]
         n = self.batch_shape.numel()
-        index = torch.arange(n) * self.num_arms + a.reshape(-1)
+        index = torch.arange(n, device=a.device) * self.num_arms + a.reshape(-1)
         self.arms._update_elements(index, c.reshape(n, self.dim).to(torch.float64), y.reshape(n).to(torch.float64))
 
     def predict(self, features) -> tuple[torch.Tensor, torch.Tensor]:
@@ -281,7 +288,8 @@ class PerArmLinear:
         """One draw of every arm's score at its row of ``features [*batch, K, d]`` -> ``[*batch, K]``."""
         features = self._features(features)
         if ((features.dim() == 2 or (features.dim() == 3 and features.shape[0] == 1))
-                and (generator is None or type(generator) is torch.Generator) and self._marginal_fast()):
+                and (generator is None or (type(generator) is torch.Generator and generator.device.type == "cpu"))
+                and self._marginal_fast()):
             # one stream ([K, d], or [1, K, d] as the policies pass it): each arm's score from its
             # marginal N(x_k^T m_k, x_k^T S_k x_k) (module docstring)
             return torch.from_numpy(self._draw_one(features, generator)[0]).reshape(features.shape[:-1])
@@ -311,7 +319,7 @@ class PerArmLinear:
             F = F.reshape(K, d)
             mu = (F * mean).sum(-1)
             var = (F * (cov @ F[:, :, None])[:, :, 0]).sum(-1)
-        z = torch.randn(features.shape[:-1], generator=generator, dtype=_F64)
+        z = torch.randn(features.shape[:-1], generator=generator, dtype=_F64, device="cpu")  # the CPU's path
         return mu + np.sqrt(np.maximum(var, 0.0)) * z.numpy().reshape(-1), mu, var
 
     def _features(self, features) -> torch.Tensor:
@@ -329,10 +337,10 @@ class PerArmLinear:
             cov, mean = self._marginal_state()
             x = np.asarray(as_tensor(context, "context"), dtype=np.float64).reshape(self.dim)
             var = 1.0 / self.arms._scale + float(x @ cov[arm] @ x)
-            return torch.tensor((float(y) - float(x @ mean[arm])) / math.sqrt(var), dtype=torch.float64)
+            return torch.tensor((float(y) - float(x @ mean[arm])) / math.sqrt(var), dtype=torch.float64, device="cpu")
         context = as_tensor(context, "context")
         X = context.unsqueeze(-2).expand(*context.shape[:-1], self.num_arms, self.dim)
-        y = torch.as_tensor(y, dtype=torch.float64)
+        y = torch.as_tensor(y, dtype=torch.float64, device=context.device)
         return self.arms.predictive_residual(X, y.unsqueeze(-1).expand(X.shape[:-1]))[..., arm]
 
     @property

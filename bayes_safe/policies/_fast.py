@@ -69,7 +69,7 @@ def select_inputs(features, baseline, valid, expected, *, require_baseline: bool
     elif type(baseline) is int:
         if not 0 <= baseline < K:
             return None
-        baseline = torch.full((R,), baseline, dtype=_LONG)
+        baseline = torch.full((R,), baseline, dtype=_LONG, device=features.device)
     elif type(baseline) is torch.Tensor and baseline.dtype is _LONG and baseline.shape == (R,):
         if not trusted:
             if R == 1:
@@ -109,7 +109,7 @@ def update_inputs(features_chosen, reward, constraints, expected, num_constraint
         if R != 1 or num_constraints or features_chosen.shape[0] != d:
             return None
         if type(reward) is float:
-            reward = torch.tensor([reward], dtype=_F64)
+            reward = torch.tensor([reward], dtype=_F64, device=features_chosen.device)
         elif type(reward) is torch.Tensor and reward.dtype is _F64 and reward.dim() == 0:
             reward = reward[None]
         else:

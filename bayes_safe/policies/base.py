@@ -40,6 +40,17 @@ def _separate_rows():
         _SEPARATE_ROWS.on = before
 
 
+_CPU = torch.device("cpu")
+
+
+def model_device(model) -> torch.device:
+    """The device of a posterior model's tensors (``model.device``: a ``BayesianLinear``'s prior's); the
+    CPU for a model that names none (the probit GP and other CPU-only models). A policy makes the
+    tensors it keeps on it; what it makes per step follows the features' device."""
+    device = getattr(model, "device", None)
+    return device if isinstance(device, torch.device) else _CPU
+
+
 def masked_argmax(scores: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
     """``argmax`` over the last dimension of ``scores [R, K]`` among ``valid [R, K]`` entries."""
     if valid is not None:
@@ -138,7 +149,7 @@ def check_select_inputs(features, baseline=None, valid=None, *, dim: int | None 
         # back as shape [1] (``int(action)`` reads it)
         features = features[None]
         if valid is not None and not isinstance(valid, torch.Tensor):
-            valid = torch.as_tensor(valid)
+            valid = torch.as_tensor(valid, device=features.device)
         if isinstance(valid, torch.Tensor) and valid.dim() == 1:
             valid = valid[None]
         if isinstance(baseline, torch.Tensor) and baseline.dim() == 0:
@@ -172,12 +183,12 @@ def check_select_inputs(features, baseline=None, valid=None, *, dim: int | None 
         if isinstance(baseline, bool):
             raise TypeError(f"baseline: expected integer action indices (shape {list(rows_shape)}), got a bool")
         if isinstance(baseline, numbers.Integral):
-            baseline = torch.full(rows_shape, int(baseline), dtype=torch.long)
+            baseline = torch.full(rows_shape, int(baseline), dtype=torch.long, device=features.device)
         elif not isinstance(baseline, torch.Tensor):
             if isinstance(baseline, numbers.Number):
                 raise TypeError(f"baseline: expected integer action indices (shape {list(rows_shape)}), got {baseline!r}")
             try:
-                baseline = torch.as_tensor(baseline)
+                baseline = torch.as_tensor(baseline, device=features.device)
             except (TypeError, ValueError, RuntimeError):
                 raise TypeError(f"baseline: expected integer action indices (shape {list(rows_shape)}), "
                                 f"got {type(baseline).__name__}") from None
@@ -195,7 +206,7 @@ def check_select_inputs(features, baseline=None, valid=None, *, dim: int | None 
     if valid is not None:
         if not isinstance(valid, torch.Tensor):
             try:
-                valid = torch.as_tensor(valid)
+                valid = torch.as_tensor(valid, device=features.device)
             except (TypeError, ValueError, RuntimeError):
                 raise TypeError(f"valid: expected a bool mask of shape {[*rows_shape, K]}, got {type(valid).__name__}") from None
         if valid.dtype != torch.bool:
@@ -413,9 +424,9 @@ class Policy:
         if isinstance(num_draws, bool) or not isinstance(num_draws, int) or num_draws < 1:
             raise ValueError(f"num_draws: expected an int >= 1, got {num_draws!r}")
         if num_actions is None:
-            sizes = torch.full((n,), K, dtype=torch.long)
+            sizes = torch.full((n,), K, dtype=torch.long, device=features.device)
         else:
-            sizes = torch.as_tensor(num_actions).reshape(-1)
+            sizes = torch.as_tensor(num_actions, device=features.device).reshape(-1)
             if sizes.dtype.is_floating_point or sizes.dtype == torch.bool or tuple(sizes.shape) != (n,):
                 raise ValueError(f"num_actions: expected {n} integers (one per row), got {list(sizes.shape)} {sizes.dtype}")
             sizes = sizes.long()
@@ -423,7 +434,7 @@ class Policy:
                 raise ValueError(f"num_actions: expected integers in [1, {K}], got values "
                                  f"{sorted(set(sizes.tolist()))[:10]}")
         if baseline is not None:
-            baseline = torch.as_tensor(baseline).reshape(-1)
+            baseline = torch.as_tensor(baseline, device=features.device).reshape(-1)
             if baseline.dtype.is_floating_point or baseline.dtype == torch.bool or tuple(baseline.shape) != (n,):
                 raise ValueError(f"baseline: expected {n} integer action indices (one per row), got "
                                  f"{list(baseline.shape)} {baseline.dtype}")
@@ -434,13 +445,14 @@ class Policy:
                 raise ValueError(f"baseline: row {row}'s baseline {int(baseline[row])} is not one of its "
                                  f"{int(sizes[row])} candidates")
         if valid is not None:
-            valid = torch.as_tensor(valid)
+            valid = torch.as_tensor(valid, device=features.device)
             if valid.dtype != torch.bool or tuple(valid.shape) != (n, K):
                 raise ValueError(f"valid: expected a bool mask of shape [{n}, {K}], got {list(valid.shape)} {valid.dtype}")
         if generator is None:
             if isinstance(seed, bool) or not isinstance(seed, int):
                 raise TypeError(f"seed: expected an int, got {seed!r}")
-            generator = torch.Generator().manual_seed(int(seed))
+            # a CPU generator, as action_probabilities' DrawBatch: the same propensities on every device
+            generator = torch.Generator(device="cpu").manual_seed(int(seed))
         elif not isinstance(generator, torch.Generator):
             raise TypeError(f"generator: expected a torch.Generator or None, got {type(generator).__name__}")
         can = self.row_draws()
@@ -448,7 +460,7 @@ class Policy:
             raise ValueError(f"batched: {type(self).__name__} with these models cannot draw a log's rows in one "
                              "call (row_draws() is False: a chain engine, a batch shape, or another policy); "
                              "use batched=None or False")
-        probs = torch.zeros((n, K), dtype=torch.float64)
+        probs = torch.zeros((n, K), dtype=torch.float64, device=features.device)
         if batched is False or not can:
             for i in range(n):  # row by row, each on its own candidates: the padding never reaches the policy
                 k = int(sizes[i])
@@ -458,7 +470,7 @@ class Policy:
                 probs[i, :k] = p[0]
             return probs, (probs * (1 - probs) / num_draws).sqrt()
         check_finite(features, "features")
-        present = torch.arange(K) < sizes[:, None]
+        present = torch.arange(K, device=features.device) < sizes[:, None]
         mask = present if valid is None else present & valid
         step = rows_per_call if rows_per_call is not None else max(1, (1 << 20) // (num_draws * K))
         if isinstance(step, bool) or not isinstance(step, int) or step < 1:
@@ -475,7 +487,7 @@ class Policy:
             if tuple(actions.shape) != (num_draws, stop - start):
                 raise NotImplementedError(f"{type(self).__name__}.row_probabilities: its select returned shape "
                                           f"{list(actions.shape)} for {num_draws} draws of {stop - start} rows")
-            flat = actions + torch.arange(stop - start)[None] * K  # [S, rows]: each row's counts in one bincount
+            flat = actions + torch.arange(stop - start, device=actions.device)[None] * K  # [S, rows]: each row's counts in one bincount
             counts = torch.bincount(flat.reshape(-1), minlength=(stop - start) * K).to(torch.float64)
             probs[start:stop] = counts.reshape(stop - start, K) / num_draws
         if bool(probs[~present].any()):  # the padding is masked out: a policy that played it ignored ``valid``

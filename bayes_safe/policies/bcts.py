@@ -63,7 +63,7 @@ import torch
 from .. import _validation
 from .._validation import as_tensor, check_finite, check_positive
 from ..random import Generator, standard_normal, standard_uniform
-from .base import Policy, check_select_inputs, masked_argmax
+from .base import Policy, check_select_inputs, masked_argmax, model_device
 
 __all__ = ["BCTS", "DEFAULT_V", "TEACHING_STRATEGIES", "CTSPosterior", "ConstraintMask"]
 
@@ -103,6 +103,7 @@ class CTSPosterior:
         refresh_every: recompute ``B^-1`` from ``B`` after this many updates.
         feature_names: names of the ``d`` context features, or None (saved with the model and used
             by ``to_inference_data`` and ``bayes-safe diagnose``, as for ``PerArmLinear``).
+        device: where the posterior's tensors live (default the CPU); float64 on every device.
 
     Shapes: ``update(contexts [*b, d], y [*b], actions [*b])`` (contexts may also be given as
     per-arm features ``[*b, K, d]``: the played arm's row is used);
@@ -113,7 +114,8 @@ class CTSPosterior:
     conjugate = True
 
     def __init__(self, num_arms: int, dim: int, v: float = DEFAULT_V, *, batch_shape: Sequence[int] = (),
-                 refresh_every: int = 1024, feature_names: Sequence[str] | None = None):
+                 refresh_every: int = 1024, feature_names: Sequence[str] | None = None,
+                 device: torch.device | str | None = None):
         if int(num_arms) < 1:
             raise ValueError(f"num_arms: expected a positive int, got {num_arms!r}")
         if int(dim) < 1:
@@ -128,14 +130,20 @@ class CTSPosterior:
         self.refresh_every = int(refresh_every)
         self.feature_names = _validation.check_feature_names(feature_names, self.dim)
         n, K, d = math.prod(self.batch_shape), self.num_arms, self.dim
-        state = torch.zeros(n, K, d + 1, d, dtype=_DTYPE)
-        state[:, :, :d, :] = torch.eye(d, dtype=_DTYPE)  # B^-1 = I, mu_hat = 0
-        self._init(state, torch.zeros(n, K, d + 2, d + 2, dtype=_DTYPE))
+        device = torch.device("cpu") if device is None else torch.device(device)
+        state = torch.zeros(n, K, d + 1, d, dtype=_DTYPE, device=device)
+        state[:, :, :d, :] = torch.eye(d, dtype=_DTYPE, device=device)  # B^-1 = I, mu_hat = 0
+        self._init(state, torch.zeros(n, K, d + 2, d + 2, dtype=_DTYPE, device=device))
 
     def _init(self, state: torch.Tensor, stats: torch.Tensor) -> None:
         self._state, self._stats = state, stats
         self._since_refresh = 0
-        self._rows = torch.arange(state.shape[0])
+        self._rows = torch.arange(state.shape[0], device=state.device)
+
+    @property
+    def device(self) -> torch.device:
+        """Where the posterior's tensors live."""
+        return self._state.device
 
     # ------------------------------------------------------------------ construction helpers
     def _like(self, batch_shape, state, stats) -> CTSPosterior:
@@ -151,7 +159,7 @@ class CTSPosterior:
 
     def take(self, index) -> CTSPosterior:
         """A new model whose batch elements are the flattened batch elements ``index`` (1-D) of this one."""
-        idx = torch.as_tensor(index, dtype=torch.long).reshape(-1)
+        idx = torch.as_tensor(index, dtype=torch.long, device=self._state.device).reshape(-1)
         n = self._state.shape[0]
         if idx.numel() == 0 or bool(((idx < 0) | (idx >= n)).any()):
             raise ValueError(f"index: expected a non-empty 1-D index into {n} batch elements, got {idx.tolist()[:10]}")
@@ -212,7 +220,7 @@ class CTSPosterior:
         trusted = _validation.trusted() and isinstance(contexts, torch.Tensor) and isinstance(y, torch.Tensor)
         c = contexts if trusted and contexts.dtype == _DTYPE else check_finite(as_tensor(contexts, "contexts"), "contexts")
         y = y if trusted and y.dtype == _DTYPE else check_finite(as_tensor(y, "y"), "y")
-        a = torch.as_tensor(actions, dtype=torch.long)
+        a = torch.as_tensor(actions, dtype=torch.long, device=self._state.device)
         nb = len(self.batch_shape)
         if c.dim() == nb + 2 and tuple(c.shape[-2:]) == (K, d):
             c = c.reshape(n, K, d)[self._rows, a.reshape(-1)]
@@ -232,7 +240,7 @@ class CTSPosterior:
         # with B'^-1 c = B^-1 c / denom: both are the rank-one change  -[B^-1 c ; -(y - c^T mu)] (B^-1 c)^T / denom
         left = torch.cat([Sc, (fitted - y)[:, None]], dim=1) / denom
         self._state.view(n * K, d + 1, d).index_add_(0, flat, left[:, :, None] * Sc[:, None, :], alpha=-1.0)
-        z = torch.cat([c, y[:, None], torch.ones(n, 1, dtype=_DTYPE)], dim=1)
+        z = torch.cat([c, y[:, None], torch.ones(n, 1, dtype=_DTYPE, device=c.device)], dim=1)
         self._stats.view(n * K, d + 2, d + 2).index_add_(0, flat, z[:, :, None] * z[:, None, :])
         self._since_refresh += 1
         if self._since_refresh >= self.refresh_every:
@@ -241,7 +249,7 @@ class CTSPosterior:
     def refresh(self) -> None:
         """Recompute ``B^-1`` and ``mu_hat`` from the sufficient statistics by Cholesky."""
         d = self.dim
-        precision = self._stats[..., :d, :d] + torch.eye(d, dtype=_DTYPE)
+        precision = self._stats[..., :d, :d] + torch.eye(d, dtype=_DTYPE, device=self._stats.device)
         factor = torch.linalg.cholesky(precision)
         self._state[..., :d, :] = torch.cholesky_inverse(factor)
         self._state[..., d, :] = torch.cholesky_solve(self._stats[..., :d, d : d + 1], factor)[..., 0]
@@ -270,14 +278,15 @@ class CTSPosterior:
         ``K`` standard normals per batch element from the stream ``key``.
         """
         mean, var = self.predict(features)
-        z = standard_normal((*self.batch_shape, self.num_arms), generator, key=key)
+        z = standard_normal((*self.batch_shape, self.num_arms), generator, key=key, device=mean.device)
         return mean + var.sqrt() * z
 
     def sample(self, generator: Generator = None, key: str = "weights") -> torch.Tensor:
         """One joint draw of every arm's weights, ``[*batch, K, d]`` (``K * d`` normals from ``key``)."""
         d = self.dim
-        z = standard_normal((*self.batch_shape, self.num_arms, d), generator, key=key)
-        factor = torch.linalg.cholesky(self._stats[..., :d, :d] + torch.eye(d, dtype=_DTYPE))  # B = L L^T
+        device = self._stats.device
+        z = standard_normal((*self.batch_shape, self.num_arms, d), generator, key=key, device=device)
+        factor = torch.linalg.cholesky(self._stats[..., :d, :d] + torch.eye(d, dtype=_DTYPE, device=device))  # B = L L^T
         z = z.reshape(-1, self.num_arms, d, 1)
         w = self._state[..., d, :] + self.v * torch.linalg.solve_triangular(factor.mT, z, upper=True)[..., 0]
         return w.reshape(*self.batch_shape, self.num_arms, d)
@@ -297,8 +306,8 @@ class CTSPosterior:
         return f"CTSPosterior(num_arms={self.num_arms}, dim={self.dim}, v={self.v}, batch_shape={list(self.batch_shape)})"
 
 
-def _check_sigma(sigma_online, batch_shape) -> torch.Tensor:
-    s = torch.as_tensor(sigma_online, dtype=_DTYPE)
+def _check_sigma(sigma_online, batch_shape, device: torch.device | None = None) -> torch.Tensor:
+    s = torch.as_tensor(sigma_online, dtype=_DTYPE, device=torch.device("cpu") if device is None else device)
     if not bool(torch.isfinite(s).all()) or bool(((s < 0) | (s > 1)).any()):
         shown = s.tolist() if s.numel() <= 12 else f"{s.numel()} values, min {float(s.min())}, max {float(s.max())}"
         raise ValueError(f"sigma_online: expected values in [0, 1] (0 follows the learned constraints, "
@@ -309,7 +318,7 @@ def _check_sigma(sigma_online, batch_shape) -> torch.Tensor:
         raise ValueError(f"sigma_online: shape {list(s.shape)} does not broadcast to the batch shape {list(batch_shape)}") from None
 
 
-def _check_teaching(teaching, n: int) -> torch.Tensor:
+def _check_teaching(teaching, n: int, device: torch.device | None = None) -> torch.Tensor:
     """``[n]`` bool: True where the batch element teaches by uniform random exploration."""
     items = [teaching] * n if isinstance(teaching, str) else list(teaching)
     if len(items) != n:
@@ -318,7 +327,8 @@ def _check_teaching(teaching, n: int) -> torch.Tensor:
     if bad:
         raise ValueError(f"teaching: expected {TEACHING_STRATEGIES[0]!r} (Contextual Thompson Sampling) or "
                          f"{TEACHING_STRATEGIES[1]!r} (uniform exploration), got {bad[0]!r}")
-    return torch.tensor([t == "random" for t in items], dtype=torch.bool)
+    return torch.tensor([t == "random" for t in items], dtype=torch.bool,
+                        device=torch.device("cpu") if device is None else device)
 
 
 class BCTS(Policy):
@@ -337,6 +347,8 @@ class BCTS(Policy):
         reward_model, constraint_model: per-arm posteriors with ``update(contexts, y,
             actions)`` and ``sample_at(features, generator, key)`` (e.g. ``CTSPosterior``
             or ``PerArmLinear``); default ``CTSPosterior``.
+        device: the device of the default models when neither model is given (default the CPU);
+            otherwise the policy's tensors follow the given models' device.
 
     Random streams (``generator`` a ``ReplicationRNG``): teaching
     draws use ``"teaching"`` (CTS) and ``"teaching/uniform"``; online draws ``"reward"`` and
@@ -350,7 +362,7 @@ class BCTS(Policy):
 
     def __init__(self, sigma_online, num_arms: int | None = None, dim: int | None = None, *, v: float = DEFAULT_V,
                  teaching: str | Sequence[str] = "cts", batch_shape: Sequence[int] = (), reward_model=None,
-                 constraint_model=None):
+                 constraint_model=None, device: torch.device | str | None = None):
         if (reward_model is None or constraint_model is None) and (num_arms is None or dim is None):
             raise ValueError("num_arms, dim: required unless both reward_model and constraint_model are given")
         if reward_model is not None:
@@ -358,17 +370,21 @@ class BCTS(Policy):
         elif constraint_model is not None:
             batch_shape = constraint_model.batch_shape
         self.batch_shape = torch.Size(int(b) for b in batch_shape)
-        self.sigma_online = _check_sigma(sigma_online, self.batch_shape)
-        self.reward_model = reward_model if reward_model is not None else CTSPosterior(num_arms, dim, v, batch_shape=self.batch_shape)
+        # the device of the given models (else ``device``, default the CPU): the default models' and the policy's
+        given = reward_model if reward_model is not None else constraint_model
+        device = model_device(given) if given is not None else torch.device("cpu" if device is None else device)
+        self.sigma_online = _check_sigma(sigma_online, self.batch_shape, device)
+        self.reward_model = reward_model if reward_model is not None else CTSPosterior(
+            num_arms, dim, v, batch_shape=self.batch_shape, device=device)
         self.constraint_model = (constraint_model if constraint_model is not None
-                                 else CTSPosterior(num_arms, dim, v, batch_shape=self.batch_shape))
+                                 else CTSPosterior(num_arms, dim, v, batch_shape=self.batch_shape, device=device))
         for name, m in (("reward_model", self.reward_model), ("constraint_model", self.constraint_model)):
             if torch.Size(m.batch_shape) != self.batch_shape:
                 raise ValueError(f"{name}: batch shape {list(m.batch_shape)} differs from {list(self.batch_shape)}")
         self.num_arms = int(self.reward_model.num_arms)
         if int(self.constraint_model.num_arms) != self.num_arms:
             raise ValueError("reward_model, constraint_model: different numbers of arms")
-        self.random_teaching = _check_teaching(teaching, math.prod(self.batch_shape)).reshape(self.batch_shape)
+        self.random_teaching = _check_teaching(teaching, math.prod(self.batch_shape), device).reshape(self.batch_shape)
         self.num_teaching_examples = 0
         self._taught = constraint_model is not None  # a given constraint model counts as taught
         self._all_reward = bool((self.sigma_online == 1).all())
@@ -378,12 +394,12 @@ class BCTS(Policy):
     def select_teaching(self, features, generator: Generator = None) -> torch.Tensor:
         """The arms to show the teacher for the contexts ``features [*batch, K, d]`` -> ``[*batch]``."""
         scores = self.constraint_model.sample_at(features, generator, key="teaching")
-        u = standard_uniform((*self.batch_shape, self.num_arms), generator, key="teaching/uniform")
+        u = standard_uniform((*self.batch_shape, self.num_arms), generator, key="teaching/uniform", device=scores.device)
         return torch.where(self.random_teaching, u.max(-1).indices, scores.max(-1).indices)
 
     def observe_teaching(self, features_chosen, allowed, actions) -> None:
         """Update the constraint posterior with the teacher's verdicts ``allowed [*batch]`` (r^e in {0, 1})."""
-        r = torch.as_tensor(allowed)
+        r = torch.as_tensor(allowed, device=features_chosen.device if isinstance(features_chosen, torch.Tensor) else None)
         if r.dtype == torch.bool:
             r = r.to(_DTYPE)
         elif not _validation.trusted() and bool(((r != 0) & (r != 1)).any()):
@@ -420,7 +436,7 @@ class BCTS(Policy):
             features, allowed = teacher(step, generator)
             a = self.select_teaching(features, generator)
             if rows is None:
-                rows = torch.arange(math.prod(self.batch_shape))
+                rows = torch.arange(math.prod(self.batch_shape), device=features.device)
             flat_f = features.reshape(-1, self.num_arms, features.shape[-1])
             flat_a = a.reshape(-1)
             chosen = flat_f[rows, flat_a].reshape(*self.batch_shape, features.shape[-1])

@@ -67,7 +67,7 @@ import torch
 
 from .._validation import check_finite, check_in_range, check_probability
 from ..random import Generator
-from .base import Policy, check_select_inputs, check_update_inputs, masked_argmax
+from .base import Policy, check_select_inputs, check_update_inputs, masked_argmax, model_device
 from .ucb import EllipsoidConfidence, LinUCB
 
 __all__ = ["CLUCB", "CLUCB2ASC", "LUCB"]
@@ -99,7 +99,7 @@ def _confidence(model, delta: float, weight_bound, name: str, radius_scale: floa
     scale = float(radius_scale)
     if not (scale > 0 and scale < float("inf")):
         raise ValueError(f"radius_scale: expected a finite number > 0, got {radius_scale!r}")
-    bound = torch.as_tensor(weight_bound, dtype=_DTYPE)
+    bound = torch.as_tensor(weight_bound, dtype=_DTYPE, device=model_device(model))
     if bound.dim() != 0 and tuple(bound.shape) != (R,):
         raise ValueError(f"{name}: expected a float or one bound per replication (shape [{R}]), got shape {list(bound.shape)}")
     if not bool((torch.isfinite(bound) & (bound > 0)).all()):
@@ -277,13 +277,14 @@ def _alpha_of_constraints(constraints, alpha, delta=0.001, policy: str = "CLUCB2
     return out
 
 
-def _check_alpha(alpha, count: int, name: str = "alpha") -> torch.Tensor:
+def _check_alpha(alpha, count: int, name: str = "alpha", device: torch.device | None = None) -> torch.Tensor:
     if isinstance(alpha, torch.Tensor):
         alpha = alpha.tolist()
     values = [alpha] * count if isinstance(alpha, (int, float)) else list(alpha)
     if len(values) != count:
         raise ValueError(f"{name}: expected a scalar or {count} values (one per constraint metric), got {len(values)}")
-    return torch.tensor([check_in_range(a, name, 0.0, 1.0) for a in values], dtype=_DTYPE)
+    return torch.tensor([check_in_range(a, name, 0.0, 1.0) for a in values], dtype=_DTYPE,
+                        device=torch.device("cpu") if device is None else device)
 
 
 class LUCB(LinUCB):
@@ -355,7 +356,7 @@ class CLUCB(Policy):
             self._baseline_fn = baseline_reward
             self._baseline_fixed = None
         else:
-            b = torch.as_tensor(baseline_reward, dtype=_DTYPE)
+            b = torch.as_tensor(baseline_reward, dtype=_DTYPE, device=model_device(model))
             if tuple(b.shape) != (R,):
                 raise ValueError(f"baseline_reward: expected one known baseline reward per replication (shape [{R}]) or a callable, got shape {list(b.shape)}")
             check_finite(b, "baseline_reward")
@@ -363,18 +364,19 @@ class CLUCB(Policy):
             self._baseline_fixed = b.clone()
         d = model.dim
         self.replications, self.dim = R, d
-        self.z = torch.zeros(R, d, dtype=_DTYPE)
-        self.baseline_reward_played = torch.zeros(R, dtype=_DTYPE)
-        self.baseline_reward_total = torch.zeros(R, dtype=_DTYPE)
-        self.num_optimistic = torch.zeros(R, dtype=torch.long)
-        self.num_conservative = torch.zeros(R, dtype=torch.long)
+        device = model_device(model)  # the policy's running sums on the model's device
+        self.z = torch.zeros(R, d, dtype=_DTYPE, device=device)
+        self.baseline_reward_played = torch.zeros(R, dtype=_DTYPE, device=device)
+        self.baseline_reward_total = torch.zeros(R, dtype=_DTYPE, device=device)
+        self.num_optimistic = torch.zeros(R, dtype=torch.long, device=device)
+        self.num_conservative = torch.zeros(R, dtype=torch.long, device=device)
         self.last_safe: torch.Tensor | None = None
         self._pending: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def _known_baseline_reward(self, features, baseline) -> torch.Tensor:
         if self._baseline_fixed is not None:
             return self._baseline_fixed
-        r = torch.as_tensor(self._baseline_fn(features, baseline), dtype=_DTYPE)
+        r = torch.as_tensor(self._baseline_fn(features, baseline), dtype=_DTYPE, device=features.device)
         if tuple(r.shape) != (self.replications,):
             raise ValueError(f"baseline_reward: the callable returned shape {list(r.shape)}, expected [{self.replications}]")
         return r
@@ -382,7 +384,7 @@ class CLUCB(Policy):
     def select(self, features, baseline=None, generator: Generator = None, valid=None) -> torch.Tensor:
         features, baseline, valid = check_select_inputs(features, baseline, valid, dim=self.dim,
                                                         replications=self.replications, require_baseline="CLUCB")
-        rows = torch.arange(features.shape[0])
+        rows = torch.arange(features.shape[0], device=features.device)
         _, upper = _bounds(self.confidence, features)
         optimistic = masked_argmax(upper, valid)
         r_b = self._known_baseline_reward(features, baseline)
@@ -484,7 +486,7 @@ class CLUCB2ASC(Policy):
         self.reward_model = reward_model
         self.constraint_models = list(constraint_models)
         C = self.num_constraints = len(self.constraint_models)
-        self.alpha = _check_alpha(alpha, C)
+        self.alpha = _check_alpha(alpha, C, device=model_device(reward_model))
         self.delta = check_probability(delta, "delta")
         self.reward_confidence = _confidence(reward_model, self.delta, weight_bound, "weight_bound", radius_scale)
         if constraint_weight_bounds is None:
@@ -507,10 +509,11 @@ class CLUCB2ASC(Policy):
         self.baseline_lower_bound = [float(v) for v in lows]
         d = reward_model.dim
         self.replications, self.dim = R, d
-        self.z = torch.zeros(R, d, dtype=_DTYPE)
-        self.v = torch.zeros(R, d, dtype=_DTYPE)
-        self.w = torch.zeros(R, d, dtype=_DTYPE)
-        self.num_conservative = torch.zeros(R, dtype=torch.long)  # n
+        device = model_device(reward_model)
+        self.z = torch.zeros(R, d, dtype=_DTYPE, device=device)
+        self.v = torch.zeros(R, d, dtype=_DTYPE, device=device)
+        self.w = torch.zeros(R, d, dtype=_DTYPE, device=device)
+        self.num_conservative = torch.zeros(R, dtype=torch.long, device=device)  # n
         self.last_feasible: torch.Tensor | None = None
         self._pending: tuple[torch.Tensor, torch.Tensor] | None = None
 
@@ -522,9 +525,9 @@ class CLUCB2ASC(Policy):
 
     def _feasible(self, features, baseline) -> torch.Tensor:
         R, K, _ = features.shape
-        rows = torch.arange(R)
+        rows = torch.arange(R, device=features.device)
         xb = features[rows, baseline]  # [R, d]
-        ok = torch.ones(R, K, dtype=torch.bool)
+        ok = torch.ones(R, K, dtype=torch.bool, device=features.device)
         cumulative = self.mode == "cumulative"
         extra = torch.stack([self.v + xb, self.w], 1) if cumulative else xb[:, None, :]
         n = self.num_conservative.to(_DTYPE)
@@ -542,7 +545,7 @@ class CLUCB2ASC(Policy):
         features, baseline, valid = check_select_inputs(features, baseline, valid, dim=self.dim,
                                                         replications=self.replications, require_baseline="CLUCB2-ASC",
                                                         empty_rows_ok=True)
-        rows = torch.arange(features.shape[0])
+        rows = torch.arange(features.shape[0], device=features.device)
         ok = self._feasible(features, baseline)
         if valid is not None:
             ok &= valid

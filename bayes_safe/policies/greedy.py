@@ -35,5 +35,5 @@ class Random(Policy):
     def select(self, features, baseline=None, generator: Generator = None, valid=None) -> torch.Tensor:
         features, baseline, valid = check_select_inputs(features, baseline, valid)
         R, K = features.shape[:2]
-        u = standard_uniform((R, K), generator, key="random")
+        u = standard_uniform((R, K), generator, key="random", device=features.device)
         return masked_argmax(u, valid)

@@ -217,6 +217,7 @@ from .base import (
     check_select_inputs,
     check_update_inputs,
     masked_argmax,
+    model_device,
 )
 
 __all__ = ["CHANCE_MCSE", "CHANCE_REFRESH_DEFAULT", "CHANCE_SELECTION", "FALLBACKS", "SERVING_CHANCE_REFRESH", "TSASC"]
@@ -375,8 +376,8 @@ class TSASC(Policy):
             relative = all(c.versus_baseline and not _chance(c) for c in self.constraints)
             self._paper = in_order and relative
             paper_form = self._paper and all(not c.at_most for c in self.constraints)
-            self.alpha = (torch.tensor([1.0 - c.bound for c in self.constraints], dtype=torch.float64)
-                          if paper_form else None)
+            self.alpha = (torch.tensor([1.0 - c.bound for c in self.constraints], dtype=torch.float64,
+                                       device=model_device(self.reward_model)) if paper_form else None)
             self._plan()
             return
         if alpha is None:
@@ -391,7 +392,8 @@ class TSASC(Policy):
             raise TypeError(f"alpha: expected a number in [0, 1) or one per constraint model, got {type(alpha).__name__}")
         if len(alphas) != self.num_constraints:
             raise ValueError(f"alpha: expected a scalar or {self.num_constraints} values (one per constraint model), got {len(alphas)}")
-        self.alpha = torch.tensor([check_in_range(a, "alpha", 0.0, 1.0) for a in alphas], dtype=torch.float64)
+        self.alpha = torch.tensor([check_in_range(a, "alpha", 0.0, 1.0) for a in alphas], dtype=torch.float64,
+                                  device=model_device(self.reward_model))
         self._plan()
 
     def _plan(self) -> None:
@@ -439,7 +441,7 @@ class TSASC(Policy):
                 ok = now if ok is None else ok & now
             ok.select(-1, b).fill_(True)
             return ok
-        rows = torch.arange(R)
+        rows = torch.arange(R, device=features.device)
         for j, model in enumerate(self.constraint_models):
             fc = model.sample_at(features, generator, key=f"constraint{j}")
             base = fc[..., rows, baseline]
@@ -447,7 +449,8 @@ class TSASC(Policy):
                 now = fc >= (factors[j] * base)[..., None]  # a new bool tensor [*lead, R, K]: the first needs no ``&``
                 ok = now if ok is None else ok & now
             else:
-                ok = (torch.ones(features.shape[:2], dtype=torch.bool) if ok is None else ok) & self.constraints[j].satisfied(fc, base)
+                ok = (torch.ones(features.shape[:2], dtype=torch.bool, device=features.device) if ok is None else ok) \
+                    & self.constraints[j].satisfied(fc, base)
         ok[..., rows, baseline] = True
         return ok
 
@@ -472,7 +475,7 @@ class TSASC(Policy):
         ok = self._feasible(features, baseline, generator)
         if valid is not None:
             ok = ok & valid
-            ok[..., torch.arange(features.shape[0]), baseline] = True
+            ok[..., torch.arange(features.shape[0], device=features.device), baseline] = True
         # masked_argmax's numbers and first maximal index, in two ops instead of four on small tables
         scores = torch.where(ok, fr, float("-inf"))
         return scores.argmax(-1) if scores.numel() <= 1024 else scores.max(-1).indices
@@ -506,7 +509,7 @@ class TSASC(Policy):
     def _stacked_actions(self, features, baseline, batch: DrawBatch, valid) -> np.ndarray | None:
         """``_select_stacked``'s actions as a numpy array ``[S]``, or None."""
         models = self._stackable()
-        if models is None:
+        if models is None or not features.is_cpu:  # numpy on torch's memory: the CPU's path
             return None
         draws, solve, means = type(self.reward_model)._stacked_draws_at(models, features, batch, with_solve=True)
         # the decision's L^-1 X^T, whitened means and the factors they came from: the Decider's outlier
@@ -599,7 +602,7 @@ class TSASC(Policy):
     def _probability(self, m: int, c, features, baseline, draws: dict, moments: dict) -> torch.Tensor:
         """``P(c met)`` ``[R, K]`` of each action under model ``m``'s posterior (closed form or draws);
         a relative constraint's baseline entry is 1 (exempt)."""
-        rows = torch.arange(features.shape[0])
+        rows = torch.arange(features.shape[0], device=features.device)
         if self._closed[m]:
             model = (self.reward_model, *self.constraint_models)[m]
             if c.versus_baseline:  # f(a) - c f(b) = (x_a - c x_b)^T w
@@ -620,7 +623,7 @@ class TSASC(Policy):
             shift = None if c.versus_baseline else self._recal_shift(c, values.mean(0))
             if shift is not None:  # a quantile grid of N(bias, se^2), one point per draw
                 S = values.shape[0]
-                grid = _normal_grid(S).to(values.dtype)
+                grid = _normal_grid(S).to(device=values.device, dtype=values.dtype)
                 values = values + (shift[0] + grid[:, None] * shift[1]).reshape(S, *shift[0].shape, 1)
             if self.chance_monotone is not None and not c.versus_baseline:
                 values = _envelope(values, c.at_most, self._forward(c), maximum=c.at_most)
@@ -642,7 +645,7 @@ class TSASC(Policy):
         state = self._recal.get(key)
         if state is None or state[0].shape[0] != predicted.shape[0]:
             R = predicted.shape[0]
-            state = self._recal[key] = [torch.zeros(R, dtype=torch.float64) for _ in range(3)]
+            state = self._recal[key] = [torch.zeros(R, dtype=torch.float64, device=predicted.device) for _ in range(3)]
         n, s1, s2 = state
         return s1 / (n + 1.0), s2.sqrt() / (n + 1.0)
 
@@ -652,13 +655,14 @@ class TSASC(Policy):
         claims = self.last_chance_claims
         if actions is None or claims is None or claims[1].dim() != 2 or not self._recal_pred:
             return
-        actions = torch.as_tensor(np.asarray(actions)).long().reshape(-1)
+        device = claims[1].device
+        actions = _tensor_on(actions, None, device).long().reshape(-1)
         R = actions.shape[0]
-        rows = torch.arange(R)
+        rows = torch.arange(R, device=device)
         ok = claims[1][rows, actions].to(torch.float64)
-        reward = torch.as_tensor(np.asarray(reward), dtype=torch.float64).reshape(R)
+        reward = _tensor_on(reward, torch.float64, device).reshape(R)
         if constraints is not None:
-            constraints = torch.as_tensor(np.asarray(constraints), dtype=torch.float64).reshape(R, -1)
+            constraints = _tensor_on(constraints, torch.float64, device).reshape(R, -1)
         for key, (m, _) in enumerate(self._guards):
             if key not in self._recal_pred or key not in self._recal:
                 continue
@@ -686,7 +690,7 @@ class TSASC(Policy):
         if self.chance_mcse is None or self._closed[m]:
             return p >= q
         values = draws[m]
-        rows = torch.arange(features.shape[0])
+        rows = torch.arange(features.shape[0], device=features.device)
         met = c.satisfied(values, values[..., rows, baseline]).to(values.dtype)  # [S, *lead, R, K]
         se = _batch_means_se(met)
         if c.versus_baseline:
@@ -696,7 +700,7 @@ class TSASC(Policy):
     def _judge(self, features, baseline, generator):
         """One guarded decision's draws and verdicts: ``(fr, allowed [*lead, R, K], parts)`` with
         ``parts = (singles, probability)`` for the fallback."""
-        rows = torch.arange(features.shape[0])
+        rows = torch.arange(features.shape[0], device=features.device)
         fr, single, draws = self._values(features, generator)
         moments: dict = {}
         allowed = None
@@ -719,14 +723,14 @@ class TSASC(Policy):
             verdicts.append(ok)
             allowed = ok if allowed is None else allowed & ok
         if allowed is None:
-            allowed = torch.ones(features.shape[:2], dtype=torch.bool)
+            allowed = torch.ones(features.shape[:2], dtype=torch.bool, device=features.device)
         self._verdicts = verdicts  # per guard, for the fallback record (_record_fallback)
         if claims:  # the calibration record (chance_guards): references only, no copies
             self.last_chance_claims = (torch.stack(claims) if len(claims) > 1 else claims[0][None], allowed)
         return fr, allowed, (singles, prob)
 
     def _select_guarded(self, features, baseline, generator, valid) -> torch.Tensor:
-        rows = torch.arange(features.shape[0])
+        rows = torch.arange(features.shape[0], device=features.device)
         fr, allowed, (singles, prob) = self._judge(features, baseline, generator)
         if valid is not None:
             base_ok = allowed[..., rows, baseline]
@@ -794,7 +798,7 @@ class TSASC(Policy):
                 draws[m] = self._chance_draws(m, models[m], features, generator)
             out.append(self._probability(m, c, features, baseline, draws, moments))
         if not out:
-            return torch.zeros((0, *features.shape[:2]), dtype=torch.float64)
+            return torch.zeros((0, *features.shape[:2]), dtype=torch.float64, device=features.device)
         return torch.stack(out)
 
     def update(self, features_chosen, reward, constraints=None, actions=None) -> None:
@@ -889,10 +893,17 @@ class _StreamDraws(ReplicationRNG):
 
     def __init__(self, parent: ReplicationRNG, num_draws: int):  # the parent's streams serve
         self.parent, self.num_draws = parent, int(num_draws)
-        self.seeds, self.block, self._streams = parent.seeds, parent.block, {}
+        self.seeds, self.block, self._streams, self.device = parent.seeds, parent.block, {}, parent.device
 
     def _draw(self, kind, shape, key, dtype):
         return self.parent._draw(kind, (self.num_draws, *(int(s) for s in shape)), key, dtype).movedim(1, 0)
+
+
+def _tensor_on(value, dtype, device) -> torch.Tensor:
+    """``value`` (a tensor, array, list or number) as a tensor of ``dtype`` (None: its own) on ``device``."""
+    if not isinstance(value, torch.Tensor):
+        value = torch.as_tensor(np.asarray(value), device=device)
+    return value.to(device=device, dtype=dtype if dtype is not None else value.dtype)
 
 
 def _envelope(values: torch.Tensor, at_most: bool, forward: bool, maximum: bool) -> torch.Tensor:
@@ -914,8 +925,9 @@ def _normal_grid(S: int) -> torch.Tensor:
     from statistics import NormalDist
 
     nd = NormalDist()
-    grid = torch.tensor([nd.inv_cdf((s + 0.5) / S) for s in range(S)], dtype=torch.float64)
-    return grid[torch.randperm(S, generator=torch.Generator().manual_seed(S))]
+    # made on the CPU (a constant, cached) and put on the draws' device where it is used
+    grid = torch.tensor([nd.inv_cdf((s + 0.5) / S) for s in range(S)], dtype=torch.float64, device="cpu")
+    return grid[torch.randperm(S, generator=torch.Generator(device="cpu").manual_seed(S), device="cpu")]
 
 
 def _guard_index(guards: tuple, c) -> int:

@@ -15,7 +15,7 @@ import torch
 
 from .._validation import check_probability
 from ..random import Generator
-from .base import Policy, check_select_inputs, check_update_inputs, masked_argmax
+from .base import Policy, check_select_inputs, check_update_inputs, masked_argmax, model_device
 
 __all__ = ["EllipsoidConfidence", "LinUCB"]
 
@@ -34,7 +34,7 @@ class EllipsoidConfidence:
             raise ValueError("model: the Abbasi-Yadkori ellipsoid needs a conjugate BayesianLinear with a known noise_std")
         self.model = model
         self.delta = check_probability(delta, "delta")
-        bound = torch.as_tensor(weight_bound, dtype=torch.float64)
+        bound = torch.as_tensor(weight_bound, dtype=torch.float64, device=model_device(model))
         if not bool(torch.isfinite(bound).all() and (bound > 0).all()):
             raise ValueError(f"weight_bound: expected finite values > 0, got {weight_bound!r}")
         self.weight_bound = bound
@@ -48,7 +48,8 @@ class EllipsoidConfidence:
         """``beta_t`` per batch element, ``[R]``."""
         logdet = 2 * self.model.factor.diagonal(dim1=-2, dim2=-1).log().sum(-1)
         log_ratio = 0.5 * (logdet - self._logdet0)
-        return self.sigma * (2 * (log_ratio - torch.log(torch.tensor(self.delta, dtype=torch.float64)))).sqrt() + self._sqrt_lambda * self.weight_bound
+        return self.sigma * (2 * (log_ratio - torch.log(torch.tensor(self.delta, dtype=torch.float64,
+                                                                        device=log_ratio.device)))).sqrt() + self._sqrt_lambda * self.weight_bound
 
     def bounds(self, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(lower, upper)`` bounds of ``x^T theta`` at ``features [R, K, d]`` -> ``[R, K]`` each."""
