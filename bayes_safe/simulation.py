@@ -31,7 +31,8 @@ def _check_policy(policy) -> None:
 
 def simulate(policy, env, horizon: int, seed: int | Sequence[int] = 0, *, progress: bool | str = "auto",
              callback: Callable[[int, dict], None] | None = None, generator: ReplicationRNG | None = None,
-             record: str | Sequence[str] | None = None, delays: Mapping[str, object] | None = None) -> Trace:
+             record: str | Sequence[str] | None = None, delays: Mapping[str, object] | None = None,
+             device: str | torch.device | None = None) -> Trace:
     """Run ``policy`` on the problem ``env`` for ``horizon`` steps, all replications at once.
 
     ``env`` is any ``bayes_safe.envs.Problem``: a built-in one or your own class with ``draw``
@@ -129,6 +130,13 @@ def simulate(policy, env, horizon: int, seed: int | Sequence[int] = 0, *, progre
     ``last_fallback_by`` after each step's ``select``), whatever ``record`` asks, and
     ``attrs["fallback_constraints"]``; None otherwise (``bayes_safe.metrics.fallback_breakdown``).
 
+    Device (issue 46): the run's tensors (its random streams' draws, the records, the rows it
+    indexes) live on ``device``, by default the problem's (its ``device`` attribute, else its
+    ``arm_features``' device, else the CPU); the models must be on it too (a model follows its
+    prior's device). The returned ``Trace`` is on the CPU (moved once, at the end; on the CPU
+    nothing moves). The problems' and the models' random numbers are drawn as on the CPU and
+    moved, so a run gives the same numbers on every device where the maths does.
+
     Recording: each field is written into one preallocated ``[T, R, ...]`` tensor, a chunk of
     steps at a time (the steps' tensors are kept by reference until their chunk is written, so
     a step costs a few list appends), and the trace returns those tensors without copying:
@@ -161,7 +169,19 @@ def simulate(policy, env, horizon: int, seed: int | Sequence[int] = 0, *, progre
     names = [str(n) for n in env.metric_names]
     lags = _check_delays(delays, names, str(getattr(env, "name", None) or type(env).__name__), T)
     return _run(policy, env, T, seed, progress=progress, callback=callback, generator=generator, record=fields,
-                delays=lags)
+                delays=lags, device=_run_device(env, device))
+
+
+def _run_device(env, device) -> torch.device:
+    """``simulate``'s device: the one given, else the problem's (``device``, else ``arm_features``'), else the CPU."""
+    if device is None:
+        device = getattr(env, "device", None)
+        if device is None and isinstance(getattr(env, "arm_features", None), torch.Tensor):
+            device = env.arm_features.device
+    try:
+        return torch.device("cpu" if device is None else device)
+    except (TypeError, RuntimeError):
+        raise ValueError(f"device: expected a torch device or its name ('cpu', 'cuda', 'cuda:1'), got {device!r}") from None
 
 
 #: the fields of a ``Trace`` that ``simulate`` can record (``record=``)
@@ -269,9 +289,12 @@ def _distribution_quantile(dist, what: str, T: int):
         raise ValueError(f"{what}: expected a distribution of scalar lags, got batch_shape {list(dist.batch_shape)} "
                          f"and event_shape {list(dist.event_shape)}")
     support = dist.support
-    steps = torch.arange(T, dtype=torch.float64)
+    # the table on the distribution's own device (its parameters'), made once before the run
+    device = next((v.device for v in vars(dist).values() if isinstance(v, torch.Tensor)), torch.device("cpu"))
+    steps = torch.arange(T, dtype=torch.float64, device=device)
     try:
-        negative = bool(support.check(torch.tensor(-1.0 if support.is_discrete else -1e-9, dtype=torch.float64)))
+        negative = bool(support.check(torch.tensor(-1.0 if support.is_discrete else -1e-9, dtype=torch.float64,
+                                                   device=device)))
     except Exception:  # noqa: BLE001 - a support that cannot say: judged by its CDF below
         negative = False
     if negative:
@@ -280,7 +303,7 @@ def _distribution_quantile(dist, what: str, T: int):
     try:
         if support.is_discrete:
             inside = support.check(steps)
-            p = torch.zeros(T, dtype=torch.float64)
+            p = torch.zeros(T, dtype=torch.float64, device=device)
             if bool(inside.any()):
                 p[inside] = dist.log_prob(steps[inside]).to(torch.float64).exp()
             cdf = p.cumsum(0)
@@ -309,6 +332,8 @@ class _TableQuantile:
         self.cdf = cdf.contiguous()
 
     def __call__(self, u: torch.Tensor) -> torch.Tensor:
+        if self.cdf.device != u.device:  # (the run's device: the table moved once)
+            self.cdf = self.cdf.to(u.device)
         return torch.searchsorted(self.cdf, u.contiguous(), right=True)
 
 
@@ -420,14 +445,14 @@ class _Delivery:
             due_lags = torch.cat([self.random[m][self.random[m] < T] for _, m in self.learners if m in self.random])
             self.W = int(due_lags.max()) + 1 if due_lags.numel() else 1
             self.schedule = {}
-            steps = torch.arange(T)[:, None]
             for _, m in self.learners:
                 if m not in self.random or m in self.schedule:
                     continue
+                steps = torch.arange(T, device=self.random[m].device)[:, None]  # (the run's device)
                 due = (steps + self.random[m]).reshape(-1)
                 order = torch.sort(due, stable=True).indices  # by due step, then decision step, then replication
                 order = order[: int((due < T).sum())]
-                bounds = torch.zeros(T + 1, dtype=torch.long)
+                bounds = torch.zeros(T + 1, dtype=torch.long, device=due.device)
                 bounds[1:] = torch.bincount(due[due < T], minlength=T).cumsum(0)
                 s, r = order // R, order % R
                 # per due row: its replication, and its row in the buffers' flat [W * R] view
@@ -451,7 +476,7 @@ class _Delivery:
             buffer, d = self.buffer, self.d
             if buffer is None:
                 d = self.d = chosen.shape[-1]
-                buffer = self.buffer = torch.empty(self.W, self.R, d + self.M, dtype=torch.float64)
+                buffer = self.buffer = torch.empty(self.W, self.R, d + self.M, dtype=torch.float64, device=chosen.device)
             row = buffer[t % self.W]
             row[:, :d] = chosen
             row[:, d:] = obs
@@ -472,21 +497,22 @@ class _Delivery:
     def learned_at(self) -> torch.Tensor:
         """``[T, R, M]`` int32: the step each outcome was delivered at, -1 when never (pending at the end)."""
         T, R, M = self.T, self.R, self.M
-        out = torch.empty(T, R, M, dtype=torch.int32)
-        steps = torch.arange(T, dtype=torch.int32)
+        out = torch.empty(T, R, M, dtype=torch.int32, device="cpu")
+        steps = torch.arange(T, dtype=torch.int32, device="cpu")
         for m in range(M):
             if m in self.random:
-                due = self.random[m].to(torch.int32) + steps[:, None]
+                due = self.random[m].to(device="cpu", dtype=torch.int32) + steps[:, None]  # (the trace: on the CPU)
             else:
                 due = (steps + min(self.fixed[m], T))[:, None].expand(T, R)
             out[..., m] = torch.where(due < T, due, -1)
         return out
 
 
-def _step_generator(seeds: list[int], t: int) -> torch.Generator:
-    """The problem's generator of step ``t``: seeded from the run's seeds and ``t`` only."""
+def _step_generator(seeds: list[int], t: int, device=None) -> torch.Generator:
+    """The problem's generator of step ``t``: seeded from the run's seeds and ``t`` only (on the CPU: the
+    problems draw their numbers there and move them, the same numbers on every device)."""
     state = np.random.SeedSequence([*seeds, t]).generate_state(2, dtype=np.uint32)
-    return torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))
+    return torch.Generator(device="cpu").manual_seed(int(state[0]) << 32 | int(state[1]))
 
 
 def _as_float64(value, method: str, t: int, shape: tuple[int, ...], names=None) -> torch.Tensor:
@@ -513,8 +539,9 @@ def _as_float64(value, method: str, t: int, shape: tuple[int, ...], names=None) 
     return out
 
 
-def _check_units(units, R: int, t: int) -> Units:
-    """The ``Units`` of ``problem.draw(R, generator)``, checked and converted (features float64)."""
+def _check_units(units, R: int, t: int, device=None) -> Units:
+    """The ``Units`` of ``problem.draw(R, generator)``, checked and converted (features float64, on the
+    run's ``device``: a user's problem that draws on the CPU is moved there)."""
     from .envs.problem import Units
 
     if not isinstance(units, Units):
@@ -533,11 +560,13 @@ def _check_units(units, R: int, t: int) -> Units:
         raise ValueError(f"problem.draw returned features of shape {list(feats.shape)} at step {t}; "
                          f"expected [n={R}, K, d]")
     feats = _as_float64(feats, "problem.draw (features)", t, tuple(feats.shape))
+    if device is not None and feats.device != device:
+        feats = feats.to(device)
     K = feats.shape[1]
     base = units.baseline
     if isinstance(base, (int, np.integer)) and not isinstance(base, bool):
-        base = torch.full((R,), int(base), dtype=torch.long)
-    base = torch.as_tensor(np.asarray(base) if not isinstance(base, torch.Tensor) else base)
+        base = torch.full((R,), int(base), dtype=torch.long, device=feats.device)
+    base = torch.as_tensor(np.asarray(base) if not isinstance(base, torch.Tensor) else base, device=feats.device)
     if base.dtype == torch.bool or base.is_floating_point() or base.is_complex():
         raise TypeError(f"problem.draw returned a baseline of dtype {base.dtype} at step {t}; expected integer "
                         "action indices [n]")
@@ -548,7 +577,7 @@ def _check_units(units, R: int, t: int) -> Units:
         raise ValueError(f"problem.draw returned a baseline action outside [0, {K}) at step {t}: {base.tolist()}")
     valid = units.valid
     if valid is not None:
-        valid = torch.as_tensor(np.asarray(valid) if not isinstance(valid, torch.Tensor) else valid)
+        valid = torch.as_tensor(np.asarray(valid) if not isinstance(valid, torch.Tensor) else valid, device=feats.device)
         if valid.dtype != torch.bool or tuple(valid.shape) != (R, K):
             raise ValueError(f"problem.draw returned valid of dtype {valid.dtype} and shape {list(valid.shape)} at "
                              f"step {t}; expected a bool mask [{R}, {K}] (or None)")
@@ -578,8 +607,8 @@ def _judge(means: torch.Tensor, units, declared, index: dict, rows: torch.Tensor
         broken = torch.stack(columns, -1)
         any_broken = broken.any(-1)
     else:
-        broken = torch.zeros(R, K, 0, dtype=torch.bool)
-        any_broken = torch.zeros(R, K, dtype=torch.bool)
+        broken = torch.zeros(R, K, 0, dtype=torch.bool, device=means.device)
+        any_broken = torch.zeros(R, K, dtype=torch.bool, device=means.device)
     feasible = ~any_broken
     if units.valid is not None:
         feasible &= units.valid
@@ -592,8 +621,10 @@ def _judge(means: torch.Tensor, units, declared, index: dict, rows: torch.Tensor
 
 
 def _run(policy, problem, T: int, seed, *, progress: bool | str, callback, generator=None,
-         record: tuple[str, ...] = TRACE_FIELDS, delays: dict[int, object] | None = None) -> Trace:
+         record: tuple[str, ...] = TRACE_FIELDS, delays: dict[int, object] | None = None,
+         device: torch.device | None = None) -> Trace:
     """The loop of ``simulate`` (see its docstring)."""
+    device = torch.device("cpu") if device is None else device
     from .envs.problem import chosen_rows, expected_table, outcome_metrics
 
     R = int(problem.replications)
@@ -611,7 +642,7 @@ def _run(policy, problem, T: int, seed, *, progress: bool | str, callback, gener
     index = {n: m for m, n in enumerate(names)}
     if generator is None:
         seeds = replication_seeds(seed, R)
-        rng = ReplicationRNG(seeds)
+        rng = ReplicationRNG(seeds, device=None if device.type == "cpu" else device)
     else:  # the seed of each row (shared streams map rows to replications)
         rng = generator
         rows_of = getattr(generator, "rows", None)
@@ -619,14 +650,14 @@ def _run(policy, problem, T: int, seed, *, progress: bool | str, callback, gener
     shared_streams = bool(getattr(problem, "replication_streams", False))
     # the library's own problems return float64 tensors of the right shapes: their outputs are not re-checked
     checked = not getattr(problem, "_trusted_outputs", False)
-    rows = torch.arange(R)
+    rows = torch.arange(R, device=device)
     if columns is not None and columns == list(range(1, M)):
         columns = slice(1, M)  # a view, as before
-    rec = _Recorder(record, T, R, M, declared, index, rows, trusted_baseline=not checked)
+    rec = _Recorder(record, T, R, M, declared, index, rows, trusted_baseline=not checked, device=device)
     timed = _draw_takes_step(problem)
     lean = _lean_thompson(policy)
-    falls = _FallbackRecord.of(policy, T, R) if lean is None else None
-    chance = _ChanceRecord.of(policy, names, columns, T, R) if lean is None else None
+    falls = _FallbackRecord.of(policy, T, R, device) if lean is None else None
+    chance = _ChanceRecord.of(policy, names, columns, T, R, device) if lean is None else None
     if lean is not None:
         from .models.linear import _ThompsonStep
 
@@ -655,9 +686,9 @@ def _run(policy, problem, T: int, seed, *, progress: bool | str, callback, gener
     with single_thread(), grad_mode, trusted_inputs():
         for t in steps:
             with user():
-                stream = rng if shared_streams else _step_generator(seeds, t)
+                stream = rng if shared_streams else _step_generator(seeds, t, device)
                 raw = problem.draw(R, stream, step=t) if timed else problem.draw(R, stream)
-                units = _check_units(raw, R, t) if checked else raw
+                units = _check_units(raw, R, t, device) if checked else raw
             K = units.features.shape[1]
             try:
                 if lean is not None and units.features.shape[-1] == lean.dim:
@@ -674,7 +705,7 @@ def _run(policy, problem, T: int, seed, *, progress: bool | str, callback, gener
             with user():
                 obs = outcome_metrics(problem.outcomes(raw, a.clone() if checked else a))
                 if checked:
-                    obs = _as_float64(obs, "problem.outcomes", t, (R, M), names)
+                    obs = _as_float64(obs, "problem.outcomes", t, (R, M), names).to(device)
                 means = expected_table(problem, raw) if available else None
                 if means is None and available:
                     if t > 0:
@@ -682,7 +713,7 @@ def _run(policy, problem, T: int, seed, *, progress: bool | str, callback, gener
                                          "earlier steps; return means always or never")
                     available = False
                 elif means is not None and checked:
-                    means = _as_float64(means, "problem.expected", t, (R, K, M), names)
+                    means = _as_float64(means, "problem.expected", t, (R, K, M), names).to(device)
             if chance is not None:
                 chance.step(t, policy, a, units, means, rows)
             chosen = chosen_rows(units.features, rows, a)
@@ -694,7 +725,8 @@ def _run(policy, problem, T: int, seed, *, progress: bool | str, callback, gener
                 policy.update(chosen, obs[:, 0], obs[:, columns] if columns is not None else None, actions=a)
             rec.step(t, a, units, obs, means)
             if callback is not None:
-                mean = means[rows, a] if means is not None else torch.full((R, M), float("nan"), dtype=torch.float64)
+                mean = means[rows, a] if means is not None else torch.full((R, M), float("nan"), dtype=torch.float64,
+                                                                            device=device)
                 callback(t, {"actions": a, "expected": mean, "observed": obs, "policy": policy, "units": units})
             bar.update(1)
         rec.flush(T)
@@ -721,6 +753,8 @@ def _run(policy, problem, T: int, seed, *, progress: bool | str, callback, gener
         attrs["delays"] = delivery.described
         attrs["delivery"] = delivery.mode
         attrs["pending_at_end"] = {n: int((learned[..., m] < 0).sum()) for m, n in enumerate(names)}
+    if device.type != "cpu":  # the trace on the CPU, moved once
+        fields = {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in fields.items()}
     return Trace(**fields, metric_names=names, alpha=alpha, seeds=seeds, attrs=attrs)
 
 
@@ -729,17 +763,17 @@ class _FallbackRecord:
     ``last_fallback`` / ``last_fallback_by`` after each ``select``, copied in (two small copies per
     step, only for a policy that can fall back: ``Policy.fallback_constraints`` not None)."""
 
-    def __init__(self, policy, guards, T: int, R: int):
+    def __init__(self, policy, guards, T: int, R: int, device=None):
         self.guards = [c.to_dict() if callable(getattr(c, "to_dict", None)) else str(c) for c in guards]
         self.name = type(policy).__name__
         # made outside inference mode: the trace's tensors are ordinary tensors
-        self.fallback = torch.zeros(T, R, dtype=torch.bool)
-        self.by = torch.zeros(T, R, len(self.guards), dtype=torch.bool)
+        self.fallback = torch.zeros(T, R, dtype=torch.bool, device=device)
+        self.by = torch.zeros(T, R, len(self.guards), dtype=torch.bool, device=device)
 
     @classmethod
-    def of(cls, policy, T: int, R: int):
+    def of(cls, policy, T: int, R: int, device=None):
         guards = getattr(policy, "fallback_constraints", None)
-        return None if guards is None else cls(policy, tuple(guards), T, R)
+        return None if guards is None else cls(policy, tuple(guards), T, R, device)
 
     def step(self, t: int, policy) -> None:
         fell, by = policy.last_fallback, policy.last_fallback_by
@@ -761,7 +795,7 @@ class _ChanceRecord:
     #: last bin holds exactly 1, all S draws safe)
     EDGES = (0.5, 0.8, 0.9, 0.95, 0.975, 0.99, 1.0)
 
-    def __init__(self, guards, names: list[str], columns, T: int, R: int):
+    def __init__(self, guards, names: list[str], columns, T: int, R: int, device=None):
         index = {n: m for m, n in enumerate(names)}
         learned = [0, *(list(range(1, len(names))) if columns is None else
                         (list(range(len(names)))[columns] if isinstance(columns, slice) else list(columns)))]
@@ -770,19 +804,19 @@ class _ChanceRecord:
         self.cols = [index.get(c.metric, learned[m] if m < len(learned) else m) for m, c in guards]
         G, B = len(self.guards), len(self.EDGES) + 1
         self.G, self.B = G, B
-        self.edges = torch.tensor(self.EDGES, dtype=torch.float64)
+        self.edges = torch.tensor(self.EDGES, dtype=torch.float64, device=device)
         # made outside inference mode: the trace's tensors are ordinary tensors
-        self.claimed = torch.full((T, R, G), float("nan"), dtype=torch.float64)
-        self.met = torch.zeros(T, R, G, dtype=torch.bool)
-        self.allowed = torch.zeros(T, R, dtype=torch.bool)
-        self.count = torch.zeros(T, G, 2 * B, dtype=torch.float64)
-        self.met_count = torch.zeros(T, G, 2 * B, dtype=torch.float64)
-        self.claimed_sum = torch.zeros(T, G, 2 * B, dtype=torch.float64)
+        self.claimed = torch.full((T, R, G), float("nan"), dtype=torch.float64, device=device)
+        self.met = torch.zeros(T, R, G, dtype=torch.bool, device=device)
+        self.allowed = torch.zeros(T, R, dtype=torch.bool, device=device)
+        self.count = torch.zeros(T, G, 2 * B, dtype=torch.float64, device=device)
+        self.met_count = torch.zeros(T, G, 2 * B, dtype=torch.float64, device=device)
+        self.claimed_sum = torch.zeros(T, G, 2 * B, dtype=torch.float64, device=device)
 
     @classmethod
-    def of(cls, policy, names, columns, T: int, R: int):
+    def of(cls, policy, names, columns, T: int, R: int, device=None):
         guards = tuple(getattr(policy, "chance_guards", ()) or ())
-        return cls(guards, names, columns, T, R) if guards else None
+        return cls(guards, names, columns, T, R, device) if guards else None
 
     def step(self, t: int, policy, a: torch.Tensor, units, means, rows) -> None:
         claims = getattr(policy, "last_chance_claims", None)
@@ -803,7 +837,7 @@ class _ChanceRecord:
         self.met[t] = met[:, rows, a].mT
         G = self.G
         flat = (torch.bucketize(probs, self.edges, right=True) + self.B * allowed.long()).reshape(G, -1)
-        self.count[t].scatter_add_(1, flat, torch.ones(flat.shape, dtype=torch.float64))
+        self.count[t].scatter_add_(1, flat, torch.ones(flat.shape, dtype=torch.float64, device=flat.device))
         self.met_count[t].scatter_add_(1, flat, met.reshape(G, -1).to(torch.float64))
         self.claimed_sum[t].scatter_add_(1, flat, probs.reshape(G, -1).to(torch.float64))
 
@@ -895,7 +929,8 @@ class _Recorder:
     ``constraint_violation`` (the same numbers; one gather fills both).
     """
 
-    def __init__(self, record: tuple[str, ...], T: int, R: int, M: int, declared, index, rows, trusted_baseline: bool):
+    def __init__(self, record: tuple[str, ...], T: int, R: int, M: int, declared, index, rows, trusted_baseline: bool,
+                 device=None):
         self.record, self.T, self.R, self.M = record, T, R, M
         self.declared, self.index, self.rows = declared, index, rows
         self.trusted_baseline = trusted_baseline
@@ -905,7 +940,7 @@ class _Recorder:
                   "regret": ((T, R), torch.float64), "violation": ((T, R), torch.bool),
                   "constraint_violation": ((T, R, len(declared)), torch.bool)}
         # made outside inference mode: the trace's tensors are ordinary tensors
-        self.out = {f: torch.empty(*shapes[f][0], dtype=shapes[f][1]) for f in record}
+        self.out = {f: torch.empty(*shapes[f][0], dtype=shapes[f][1], device=device) for f in record}
         self.C = len(declared)
         if self.C == 1 and "constraint_violation" in self.out:
             # one constraint: "any" is that constraint's column (a view; contiguous, as C = 1)
@@ -917,7 +952,8 @@ class _Recorder:
         self.needs_actions = "actions" in record or any(
             f in record for f in ("expected", "regret", "violation", "constraint_violation"))
         self.chunk = _chunk_steps(R)
-        self.scratch = None if "actions" in record or not self.needs_actions else torch.empty(min(self.chunk, T), R, dtype=torch.long)
+        self.scratch = None if "actions" in record or not self.needs_actions else torch.empty(
+            min(self.chunk, T), R, dtype=torch.long, device=device)
         self.t0 = 0
         self.actions: list[torch.Tensor] = []
         self.observed: list[torch.Tensor] = []

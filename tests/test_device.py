@@ -40,7 +40,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 import bayes_safe
-from bayes_safe import TSASC, BayesianLinear
+from bayes_safe import TSASC, BayesianLinear, simulate
 from bayes_safe.envs import daulton2019, kazerouni2017, kazerouni2017_neurips
 from bayes_safe.envs.drifting import kazerouni2017_neurips_abrupt, kazerouni2017_neurips_rotating
 from bayes_safe.models import PerArmLinear
@@ -510,3 +510,28 @@ def test_the_default_device_guard_catches_an_injected_device_bug(default_meta):
     assert _fixed(x).device == CPU
     with pytest.raises((RuntimeError, NotImplementedError)):
         _buggy(x).tolist()  # a meta tensor met a CPU one: an error, or a result without values
+
+
+# ------------------------------------------------------------------------------ simulate itself
+@pytest.mark.parametrize("policy_kind", ["ts", "ts-asc"])
+def test_simulate_names_the_device_of_every_tensor_it_makes(policy_kind):
+    """``simulate``'s own loop (its records, its rows, its step generators, the late outcomes' schedule) makes
+    no tensor without a device, and ``device="cpu"`` given is the default run, number for number."""
+    from bayes_safe.factory import make_policy
+
+    def run(**kw):
+        env = daulton2019(replications=3, seed=0)
+        policy = make_policy(policy_kind, env)
+        return simulate(policy, env, 6, seed=1, progress=False,
+                        delays={"reward": torch.distributions.Geometric(probs=torch.tensor(0.5))}, **kw)
+
+    rec = FactoryRecorder(roots=(PKG / "simulation.py",))
+    with rec:
+        trace = run()
+    assert not rec.factories, f"simulate made tensors without device=: {dict(rec.factories)}"
+    again = run(device="cpu")
+    for field in ("actions", "regret", "observed", "learned_at"):
+        assert torch.equal(getattr(trace, field), getattr(again, field)), field
+    assert trace.actions.device.type == "cpu"
+    with pytest.raises(ValueError, match=r"device: expected a torch device or its name"):
+        run(device="gpu please")
