@@ -3,6 +3,8 @@
     .venv/bin/python benchmarks/bakeoff.py                      # 10 shuffles of every dataset
     .venv/bin/python benchmarks/bakeoff.py --quick              # 2 shuffles, streams cut to 400
     .venv/bin/python benchmarks/bakeoff.py --datasets iris,wine --shuffles 3 --report out.md
+    .venv/bin/python benchmarks/bakeoff.py --protocol warm --warm-fraction 0.2   # issue 44: strong baselines
+    .venv/bin/python benchmarks/bakeoff.py --protocol both                       # the two protocols' tables
 
 Protocol (Bietti, Agarwal & Langford, "A contextual bandit bake-off", JMLR 2021, s.5): a
 multiclass data set is a contextual bandit with one action per class and reward 1 for the true
@@ -22,6 +24,18 @@ is that of its own actions over the same ``T`` rows. Learners registered with ``
 calibrated bayes_safe ones) are also handed the warm slice's rows and labels, and take from them
 hyperparameters only (``calibrated_per_arm``: a prior mean shared by the arms, one prior sd, the
 noise sd); their arms still start from that prior, without the warm slice's posterior.
+
+Protocols (``--protocol``, issue 44): ``cold`` (the default, the paragraph above) and ``warm``: every
+learner is also handed the warm slice with full information before the stream (its rows, labels,
+and the baseline's probabilities there) through ``learner.warm_start(X_warm, y_warm, P_warm)``: the
+linear learners update every arm with every warm row (reward ``1[y = k]``), VW learns every row once
+per action (that action labelled with its cost, probability 1), bayesianbandits' arms ``update``.
+``warm_start`` is not timed. ``--warm-fraction`` sets the warm slice's share (default 0.05; 0.2 gives
+baselines fitted on 30 to 1,060 rows: strong baselines). ``P_warm`` holds the baseline's *out-of-fold*
+probabilities on its own training rows (5 contiguous folds of the warm slice, the same logistic
+regression refitted without each fold; a warm slice under 10 rows gets the in-sample fit's), and
+every learner's ``act`` may take the baseline's probability of every action (``LearnerSpec(probs=True)``:
+``act(x, baseline, baseline_prob, probs)``), as the baseline-residual learners do.
 
 Budget (Kazerouni, Ghavamzadeh, Abbasi-Yadkori & Van Roy 2017, constraint (3), with alpha =
 0.1): the learner's cumulative reward must stay at least ``(1 - alpha)`` times the baseline's at
@@ -161,6 +175,8 @@ class Stream:
     num_warm: int
     warm_X: np.ndarray | None = None  # [w, p + 1] the warm slice, standardised, with the constant
     warm_y: np.ndarray | None = None  # [w] its labels (the baseline's training data)
+    baseline_probs: np.ndarray | None = None  # [T, K] the baseline's probability of every action
+    warm_probs: np.ndarray | None = None  # [w, K] the same on the warm slice, out of fold (``out_of_fold_probs``)
 
     @property
     def baseline_rewards(self) -> np.ndarray:
@@ -193,6 +209,15 @@ class LogisticBaseline:
 
             self.model = LogisticRegression(max_iter=2000, random_state=seed).fit(Z, y)
 
+    def probs(self, Z: np.ndarray, num_classes: int) -> np.ndarray:
+        """The probability of every class ``[n, num_classes]`` (0 for a class absent from the warm slice)."""
+        out = np.zeros((len(Z), num_classes))
+        if self.model is None:
+            out[:, self.classes[0]] = 1.0
+        else:
+            out[:, self.model.classes_.astype(np.int64)] = self.model.predict_proba(Z)
+        return out
+
     def act(self, Z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Actions ``[n]`` and the probability of each ``[n]``."""
         if self.model is None:
@@ -202,25 +227,46 @@ class LogisticBaseline:
         return self.model.classes_[best].astype(np.int64), proba[np.arange(len(Z)), best]
 
 
+OUT_OF_FOLD = 5  # folds of the baseline's out-of-fold probabilities on its own training rows
+
+
+def out_of_fold_probs(Z: np.ndarray, y: np.ndarray, num_classes: int, seed: int, folds: int = OUT_OF_FOLD) -> np.ndarray:
+    """The baseline's probabilities on its own training rows, each row's from a fit without its fold
+    (``folds`` contiguous folds of the shuffled warm slice; ``[w, K]``): what the baseline says on rows
+    it has not seen, as on the stream. A warm slice of fewer than ``2 folds`` rows gets the in-sample fit's."""
+    w = len(y)
+    if w < 2 * folds:
+        return LogisticBaseline(Z, y, seed).probs(Z, num_classes)
+    out = np.empty((w, num_classes))
+    for part in np.array_split(np.arange(w), folds):
+        train = np.ones(w, dtype=bool)
+        train[part] = False
+        out[part] = LogisticBaseline(Z[train], y[train], seed).probs(Z[part], num_classes)
+    return out
+
+
 def stream_seed(seed: int, dataset: str, shuffle: int) -> list[int]:
     return [int(seed), zlib.crc32(dataset.encode()), int(shuffle)]
 
 
-def make_stream(ds: Dataset, shuffle: int, seed: int, max_rows: int | None = None) -> Stream:
+def make_stream(ds: Dataset, shuffle: int, seed: int, max_rows: int | None = None,
+                warm_fraction: float = WARM_FRACTION) -> Stream:
     """Shuffle ``ds`` (seeded), cut to ``max_rows``, fit the standardisation and the baseline on the
-    warm slice, and return the scored rest."""
+    warm slice (the first ``warm_size(n, warm_fraction)`` rows), and return the scored rest."""
     order = np.random.default_rng(stream_seed(seed, ds.name, shuffle)).permutation(len(ds.y))
     if max_rows is not None:
         order = order[:max_rows]
     X, y = ds.X[order], ds.y[order]
-    w = warm_size(len(y))
+    w = warm_size(len(y), warm_fraction)
     mean, sd = standardiser(X[:w])
     Z = (X - mean) / sd
-    baseline = LogisticBaseline(Z[:w], y[:w], seed=int(zlib.crc32(f"{seed}/{ds.name}/{shuffle}".encode())))
+    bseed = int(zlib.crc32(f"{seed}/{ds.name}/{shuffle}".encode()))
+    baseline = LogisticBaseline(Z[:w], y[:w], seed=bseed)
     b, pb = baseline.act(Z[w:])
     Zc = np.ascontiguousarray(np.hstack([Z[w:], np.ones((len(y) - w, 1))]))
     Zw = np.ascontiguousarray(np.hstack([Z[:w], np.ones((w, 1))]))
-    return Stream(ds.name, shuffle, Zc, y[w:].copy(), b, pb, ds.num_classes, w, Zw, y[:w].copy())
+    return Stream(ds.name, shuffle, Zc, y[w:].copy(), b, pb, ds.num_classes, w, Zw, y[:w].copy(),
+                  baseline.probs(Z[w:], ds.num_classes), out_of_fold_probs(Z[:w], y[:w], ds.num_classes, bseed))
 
 
 # ------------------------------------------------------------------------------------ learners
@@ -237,9 +283,16 @@ class LearnerSpec:
     safe: bool = False  # designed to keep the budget
     default: bool = True  # run unless --learners names others
     warm: bool = False  # make(dim, num_actions, seed, warm=(X_warm, y_warm)): hyperparameters from the warm slice
+    probs: bool = False  # warm=(X_warm, y_warm, P_warm) and act(x, baseline, baseline_prob, probs): every action's
+    # baseline probability
 
 
 LEARNERS: dict[str, LearnerSpec] = {}
+
+
+def one_hot(y: np.ndarray, num_actions: int) -> np.ndarray:
+    """Every action's reward on labelled rows (full information): ``[N, K]``, 1 at the label."""
+    return (np.asarray(y)[:, None] == np.arange(num_actions)[None, :]).astype(np.float64)
 
 
 def register(spec: LearnerSpec) -> LearnerSpec:
@@ -263,6 +316,15 @@ class GreedyRidge:
     def act(self, x, baseline, baseline_prob) -> int:
         return int(np.argmax(self.theta @ x))
 
+    def warm_start(self, X, y, P) -> None:
+        """The warm protocol: every arm learns every warm row (its reward ``1[y = k]``)."""
+        K, d = self.b.shape
+        lam = NOISE_SD**2 / PRIOR_SD**2
+        inv = np.linalg.inv(lam * np.eye(d) + X.T @ X)
+        self.inv = np.repeat(inv[None], K, axis=0)
+        self.b = one_hot(y, K).T @ X
+        self.theta = self.b @ inv
+
     def learn(self, x, action, reward) -> None:
         inv = self.inv[action]
         v = inv @ x
@@ -282,6 +344,12 @@ class _Torch:
         self.dim = dim
         self.generator = torch.Generator().manual_seed(int(seed))
         self._x = None
+
+    def warm_per_arm(self, model, X, y) -> None:
+        """Full information: every arm of the ``PerArmLinear`` learns every warm row (one batched update)."""
+        torch, K = self.torch, self.K
+        Xs = torch.from_numpy(np.ascontiguousarray(np.broadcast_to(X, (K, *X.shape))))
+        model.arms.update(Xs, torch.from_numpy(np.ascontiguousarray(one_hot(y, K).T)))
 
     def per_arm(self):
         import pyro.distributions as dist
@@ -312,7 +380,11 @@ class BayesSafeTS(_Torch):
         super().__init__(dim, num_actions, seed)
         from bayes_safe import ThompsonSampling
 
-        self.policy = ThompsonSampling(self.per_arm() if warm is None else self.calibrated(warm, temperature))
+        self.model = self.per_arm() if warm is None else self.calibrated(warm, temperature)
+        self.policy = ThompsonSampling(self.model)
+
+    def warm_start(self, X, y, P) -> None:
+        self.warm_per_arm(self.model, X, y)
 
     def act(self, x, baseline, baseline_prob) -> int:
         self._x = self.torch.from_numpy(x)
@@ -338,6 +410,10 @@ class BayesSafeStreamingTS:
 
     def act(self, x, baseline, baseline_prob) -> int:
         return self.ts.select(x)
+
+    def warm_start(self, X, y, P) -> None:
+        K, N = self.ts.num_arms, len(y)
+        self.ts.learn_batch(np.tile(X, (K, 1)), one_hot(y, K).T.reshape(-1), np.repeat(np.arange(K), N))
 
     def learn(self, x, action, reward) -> None:
         self.ts.update(x, reward, action)
@@ -368,7 +444,12 @@ class BayesSafeTSASC(_Torch):
         super().__init__(dim, num_actions, seed)
         from bayes_safe import TSASC
 
-        self.policy = TSASC(self.per_arm(), [self.per_arm()], alpha=ALPHA)
+        self.models = (self.per_arm(), self.per_arm())
+        self.policy = TSASC(self.models[0], [self.models[1]], alpha=ALPHA)
+
+    def warm_start(self, X, y, P) -> None:
+        for model in self.models:
+            self.warm_per_arm(model, X, y)
 
     def act(self, x, baseline, baseline_prob) -> int:
         self._x = self.torch.from_numpy(x)
@@ -395,6 +476,9 @@ class BayesSafeConservativeTS(_Torch):
             model = self.calibrated(warm)
             self.policy = ConservativeTS(model, alpha=ALPHA, budget=budget,
                                          variance_scale=1.0 / self.calibration.temperature)
+
+    def warm_start(self, X, y, P) -> None:
+        self.warm_per_arm(self.policy.model, X, y)
 
     def act(self, x, baseline, baseline_prob) -> int:
         self._x = self.torch.from_numpy(x)
@@ -425,6 +509,7 @@ class BayesSafeCLUCB(_Torch):
         width = num_actions * dim
         prior = dist.Normal(torch.zeros(width, dtype=torch.float64), PRIOR_SD).to_event(1)
         model = BayesianLinear(prior, noise_std=NOISE_SD, batch_shape=[1])
+        self.model = model
         self._rb = torch.zeros(1, dtype=torch.float64)
         self.policy = CLUCB(model, lambda features, baseline: self._rb, alpha=ALPHA)
         self._blocks = torch.zeros(num_actions, num_actions, dim, dtype=torch.float64)
@@ -439,6 +524,75 @@ class BayesSafeCLUCB(_Torch):
 
     def learn(self, x, action, reward) -> None:
         self.policy.update(self._features[action].clone(), self.torch.tensor(reward, dtype=self.torch.float64))
+
+    def warm_start(self, X, y, P) -> None:
+        """Every warm row at every action's block features, in one batched update of the linear model."""
+        N, d, K = X.shape[0], self.dim, self.K
+        blocks = np.zeros((N, K, K, d))
+        blocks[:, np.arange(K), np.arange(K)] = X[:, None, :]
+        rows = blocks.reshape(1, N * K, K * d)
+        self.model.update(self.torch.from_numpy(rows), self.torch.from_numpy(one_hot(y, K).reshape(1, N * K)))
+
+
+class BayesSafeResidual(_Torch):
+    """``baseline_residual`` (``bayes_safe.models.baseline_residual``): per-arm features ``[x, p_k(x)]``,
+    the prior mean the baseline itself (weight 1 on its probability of the arm), the residual's prior
+    and noise by empirical Bayes on the warm slice (its rows, labels and the baseline's out-of-fold
+    probabilities there). ``policy``: ``"ts"`` (``ThompsonSampling``) or ``"conservative"``
+    (``ConservativeTS``, realised budget, checked on the calibrated posterior: ``variance_scale = 1 /
+    T``, with the win check ``min_win_probability = min_win``); ``engine``: ``"torch"`` or ``"numpy"``
+    (``StreamingPerArmTS`` / ``StreamingConservativeTS``, the same law of decisions). Both protocols:
+    the arms start from the prior (``baseline_residual``'s default ``warm_posterior=False``, measured
+    better than the warm rows' posterior; the baseline, fitted on the warm slice, carries it)."""
+
+    uses_baseline_probs = True
+
+    def __init__(self, dim, num_actions, seed, warm, policy="ts", engine="torch", temperature=0.25,
+                 score_scale=0.25, min_win=None, **options):
+        super().__init__(dim, num_actions, seed)
+        self.kind, self.engine, self.seed = policy, engine, seed
+        self.options = {"temperature": temperature, "score_scale": score_scale, **options}
+        self.min_win = min_win
+        self._build(*warm)
+
+    def _build(self, X, y, P, **override) -> None:
+        from bayes_safe.models.baseline_residual import baseline_residual
+
+        self.res = res = baseline_residual(X, P, labels=y, **{**self.options, **override})
+        extra = {} if self.min_win is None else {"min_win_probability": self.min_win}
+        if self.engine == "numpy":
+            from bayes_safe.policies import StreamingConservativeTS, StreamingPerArmTS
+
+            self.ts = StreamingPerArmTS.from_residual(res, seed=self.seed)
+            self.policy = StreamingConservativeTS(self.ts, alpha=ALPHA, **extra) if self.kind == "conservative" else None
+        else:
+            from bayes_safe import ThompsonSampling
+            from bayes_safe.policies import ConservativeTS
+
+            model = res.model()
+            self.policy = (ConservativeTS(model, alpha=ALPHA, budget="realised", variance_scale=1.0 / res.temperature,
+                                          **extra) if self.kind == "conservative" else ThompsonSampling(model))
+
+    def warm_start(self, X, y, P) -> None:
+        self._build(X, y, P, warm_posterior=self.options.get("warm_posterior", False))
+
+    def act(self, x, baseline, baseline_prob, probs=None) -> int:
+        from bayes_safe.models.baseline_residual import residual_features
+
+        F = residual_features(x, probs)
+        self._F = F
+        if self.engine == "numpy":
+            return self.policy.select(F, baseline) if self.kind == "conservative" else self.ts.select(F)
+        self._x = self.torch.from_numpy(F)
+        if self.kind == "conservative":
+            return int(self.policy.select(self._x, int(baseline), generator=self.generator))
+        return int(self.policy.select(self._x, generator=self.generator))
+
+    def learn(self, x, action, reward) -> None:
+        if self.engine == "numpy":
+            (self.policy or self.ts).update(self._F, reward, action)
+            return
+        self.policy.update(self._x[action], self.torch.tensor(reward, dtype=self.torch.float64), actions=action)
 
 
 class VowpalWabbit:
@@ -478,6 +632,22 @@ class VowpalWabbit:
         labelled[i] = f"0:{1.0 - reward}:{p} {lines[i]}"
         self.ws.learn([shared, *labelled])
 
+    def warm_start(self, X, y, P) -> None:
+        """Full information: every warm row once per action, that action labelled with its cost and
+        probability 1 (the baseline's action first in the baseline-challenger's lists)."""
+        for x, label, probs in zip(X, y.tolist(), P):
+            shared = "shared |s " + " ".join(f"{j}:{v:.6g}" for j, v in enumerate(x.tolist()))
+            if self.baseline_first:
+                b = int(np.argmax(probs))
+                order = [b, *(k for k in range(self.K) if k != b)]
+            else:
+                order = list(range(self.K))
+            lines = [self.lines[k] for k in order]
+            for i, k in enumerate(order):
+                labelled = list(lines)
+                labelled[i] = f"0:{0.0 if k == label else 1.0}:1 {lines[i]}"
+                self.ws.learn([shared, *labelled])
+
     def __del__(self):
         ws = getattr(self, "ws", None)
         if ws is not None:
@@ -499,6 +669,11 @@ class BayesianBanditsTS:
 
     def act(self, x, baseline, baseline_prob) -> int:
         return int(self.agent.pull(x[None])[0])
+
+    def warm_start(self, X, y, P) -> None:
+        R = one_hot(y, len(self.agent.arms))
+        for k, arm in enumerate(self.agent.arms):
+            arm.update(X, R[:, k])
 
     def learn(self, x, action, reward) -> None:
         self.agent.update(x[None], np.array([reward]))
@@ -529,6 +704,27 @@ register(LearnerSpec("bayes_safe conservative TS", BayesSafeConservativeTS,
 register(LearnerSpec("bayes_safe conservative TS expected", lambda d, k, s, warm: BayesSafeConservativeTS(d, k, s, warm, "expected"),
                      "bayes_safe ConservativeTS alpha=0.1, budget on expected rewards, calibrated_per_arm",
                      requires=("torch", "pyro"), safe=True, warm=True, default=False))
+RESIDUAL_MIN_WIN = 0.5  # the win check of the residual conservative learners (a priori: no worse than even odds)
+for _kind, _engine, _label in (("ts", "torch", "residual TS"), ("ts", "numpy", "residual TS streaming"),
+                                ("conservative", "torch", "residual conservative TS"),
+                                ("conservative", "numpy", "residual conservative TS streaming")):
+    _win = RESIDUAL_MIN_WIN if _kind == "conservative" else None
+    register(LearnerSpec(f"bayes_safe {_label}",
+                         lambda d, k, s, warm, p=_kind, e=_engine, q=_win: BayesSafeResidual(d, k, s, warm, p, e, min_win=q),
+                         f"bayes_safe {'ConservativeTS alpha=0.1 realised, win check 0.5' if _kind == 'conservative' else 'ThompsonSampling'}"
+                         f" ({_engine}) on baseline_residual: per-arm features [x, p_k(x)], prior mean the baseline",
+                         requires=("torch", "pyro"), safe=_kind == "conservative", warm=True, probs=True))
+_RESIDUAL_VARIANTS = {  # the measured alternatives (issue 44), on request
+    "no win check": {"min_win": None},
+    "warm posterior": {"warm_posterior": True},
+    "residual scale": {"scale_from": "residuals"},
+}
+for _variant, _opts in _RESIDUAL_VARIANTS.items():
+    register(LearnerSpec(f"bayes_safe residual conservative TS streaming {_variant}",
+                         lambda d, k, s, warm, o=_opts: BayesSafeResidual(
+                             d, k, s, warm, "conservative", "numpy", **{"min_win": RESIDUAL_MIN_WIN, **o}),
+                         f"bayes_safe residual conservative TS streaming, {_variant}", requires=("torch", "pyro"),
+                         safe=True, warm=True, probs=True, default=False))
 register(LearnerSpec("bayes_safe CLUCB", BayesSafeCLUCB,
                      "bayes_safe CLUCB alpha=0.1, block-per-arm BayesianLinear, known baseline reward = its probability",
                      requires=("torch", "pyro"), safe=True))
@@ -624,12 +820,13 @@ def run_stream(learner, stream: Stream) -> tuple[np.ndarray, float]:
     rewards = np.zeros(T)
     X, y, b, pb = stream.X, stream.y, stream.baseline.tolist(), stream.baseline_prob.tolist()
     labels = y.tolist()
+    probs = stream.baseline_probs if getattr(learner, "uses_baseline_probs", False) else None
     clock = time.perf_counter
     spent = 0.0
     for t in range(T):
         x = X[t]
         t0 = clock()
-        a = learner.act(x, b[t], pb[t])
+        a = learner.act(x, b[t], pb[t]) if probs is None else learner.act(x, b[t], pb[t], probs[t])
         t1 = clock()
         r = 1.0 if a == labels[t] else 0.0
         t2 = clock()
@@ -639,13 +836,27 @@ def run_stream(learner, stream: Stream) -> tuple[np.ndarray, float]:
     return rewards, spent
 
 
-def evaluate(spec: LearnerSpec, stream: Stream, seed: int) -> Result:
+PROTOCOLS = ("cold", "warm")
+
+
+def evaluate(spec: LearnerSpec, stream: Stream, seed: int, protocol: str = "cold") -> Result:
+    """One learner on one stream. ``protocol``: ``"cold"`` (learners start with no data; ``warm=True``
+    ones take hyperparameters from the warm slice) or ``"warm"`` (every learner's model also learns the
+    warm slice with full information, ``learner.warm_start(X_warm, y_warm, P_warm)``, before the stream;
+    a learner without ``warm_start`` is refused)."""
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"protocol: expected one of {PROTOCOLS}, got {protocol!r}")
     lseed = int(np.random.default_rng([*stream_seed(seed, stream.dataset, stream.shuffle),
                                        zlib.crc32(spec.name.encode())]).integers(2**31 - 1))
     if spec.warm:
-        learner = spec.make(stream.X.shape[1], stream.num_actions, lseed, warm=(stream.warm_X, stream.warm_y))
+        warm = (stream.warm_X, stream.warm_y) + ((stream.warm_probs,) if spec.probs else ())
+        learner = spec.make(stream.X.shape[1], stream.num_actions, lseed, warm=warm)
     else:
         learner = spec.make(stream.X.shape[1], stream.num_actions, lseed)
+    if protocol == "warm":
+        if not hasattr(learner, "warm_start"):
+            raise TypeError(f"learner {spec.name!r} has no warm_start(X, y, P): it cannot run in the warm protocol")
+        learner.warm_start(stream.warm_X, stream.warm_y, stream.warm_probs)
     rewards, seconds = run_stream(learner, stream)
     base = stream.baseline_rewards
     return Result(spec.name, stream.dataset, stream.shuffle, len(rewards), pv_loss(rewards), pv_loss(base),
@@ -809,7 +1020,8 @@ def _versions() -> str:
 
 # ------------------------------------------------------------------------------------ main
 def run(dataset_names: Sequence[str], learner_specs: Sequence[LearnerSpec], shuffles: int, seed: int,
-        max_rows: int | None = None, log=print) -> tuple[list[Result], list[Dataset]]:
+        max_rows: int | None = None, log=print, protocol: str = "cold",
+        warm_fraction: float = WARM_FRACTION) -> tuple[list[Result], list[Dataset]]:
     results, datasets = [], []
     for name in dataset_names:
         try:
@@ -819,9 +1031,9 @@ def run(dataset_names: Sequence[str], learner_specs: Sequence[LearnerSpec], shuf
             continue
         datasets.append(ds)
         for s in range(shuffles):
-            stream = make_stream(ds, s, seed, max_rows)
+            stream = make_stream(ds, s, seed, max_rows, warm_fraction)
             for spec in learner_specs:
-                res = evaluate(spec, stream, seed)
+                res = evaluate(spec, stream, seed, protocol)
                 results.append(res)
                 log(f"  {name:14s} shuffle {s}  {spec.name:24s} PV {res.pv:.3f} (baseline {res.baseline_pv:.3f}) "
                     f"violations {res.violation:.3f}  {res.steps / max(res.seconds, 1e-12):,.0f}/s")
@@ -839,7 +1051,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="comma-separated registry names, case/space/-/_ insensitive (default: all): " + ", ".join(LEARNERS))
     parser.add_argument("--report", default=None, help="write the markdown report here")
     parser.add_argument("--quiet", action="store_true", help="no line per stream")
+    parser.add_argument("--protocol", choices=[*PROTOCOLS, "both"], default="cold",
+                        help="cold (default): learners start with no data, calibrated ones take hyperparameters from "
+                             "the warm slice; warm: every learner's model also learns the warm slice with full "
+                             "information; both: the two, one after the other")
+    parser.add_argument("--warm-fraction", type=float, default=WARM_FRACTION,
+                        help=f"the warm slice's share of each stream (default {WARM_FRACTION}; larger: a stronger "
+                             "baseline, fitted on more rows)")
     args = parser.parse_args(argv)
+    if not 0 < args.warm_fraction < 1:
+        parser.error(f"--warm-fraction: expected a number in (0, 1), got {args.warm_fraction}")
 
     import torch
 
@@ -864,17 +1085,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError:  # another drive (Windows)
         python = sys.executable
     command = " ".join([python, "benchmarks/bakeoff.py", *(argv if argv is not None else sys.argv[1:])])
-    load_start = load_average()
-    print(f"bake-off: {len(names)} data sets x {shuffles} shuffles, {len(specs)} learners; load average {load_start}")
-    t0 = time.perf_counter()
-    results, datasets = run(names, specs, shuffles, args.seed, max_rows, log=(lambda *a: None) if args.quiet else print)
-    text = render(results, command=command, load_start=load_start, load_end=load_average(), shuffles=shuffles,
-                  max_rows=max_rows, wall=time.perf_counter() - t0, datasets=datasets)
-    print()
-    print(text)
+    texts = []
+    for protocol in (PROTOCOLS if args.protocol == "both" else (args.protocol,)):
+        load_start = load_average()
+        print(f"bake-off, {protocol} protocol (warm slice {args.warm_fraction:g} of each stream): {len(names)} data sets "
+              f"x {shuffles} shuffles, {len(specs)} learners; load average {load_start}")
+        t0 = time.perf_counter()
+        results, datasets = run(names, specs, shuffles, args.seed, max_rows,
+                                log=(lambda *a: None) if args.quiet else print, protocol=protocol,
+                                warm_fraction=args.warm_fraction)
+        text = render(results, command=command, load_start=load_start, load_end=load_average(), shuffles=shuffles,
+                      max_rows=max_rows, wall=time.perf_counter() - t0, datasets=datasets)
+        texts.append(f"# Protocol: {protocol} (warm slice: {args.warm_fraction:g} of each stream)\n\n{text}")
+        print()
+        print(texts[-1])
     if args.report:
         with open(args.report, "w") as fh:
-            fh.write("# Safe bake-off: measured run\n\n" + text + "\n")
+            fh.write("# Safe bake-off: measured run\n\n" + "\n\n".join(texts) + "\n")
         print(f"\nreport written to {args.report}")
     return 0
 

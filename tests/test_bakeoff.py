@@ -193,3 +193,75 @@ def test_the_wide_speed_table_runs_the_bakeoffs_learners(capsys):
     assert "| bayes_safe TS | " in out and "| bayes_safe TS streaming | " in out
     with pytest.raises(SystemExit):
         module.main(["--dim", "1"])
+
+
+def test_warm_protocol_greedy_learns_the_warm_slice_with_full_information(bakeoff):
+    """``warm_start``: every arm's ridge fit on every warm row (reward ``1[y = k]``), the same as
+    that many one-row updates; in the warm protocol the first decision already uses it."""
+    ds = _blobs(bakeoff, n=200)
+    stream = bakeoff.make_stream(ds, 0, seed=0, warm_fraction=0.2)
+    assert stream.num_warm == 40 and stream.warm_probs.shape == (40, 3)
+    K, d = 3, stream.X.shape[1]
+    warm = bakeoff.GreedyRidge(d, K, 0)
+    warm.warm_start(stream.warm_X, stream.warm_y, stream.warm_probs)
+    rows = bakeoff.GreedyRidge(d, K, 0)
+    for x, label in zip(stream.warm_X, stream.warm_y):
+        for k in range(K):
+            rows.learn(x, k, float(label == k))
+    np.testing.assert_allclose(warm.theta, rows.theta, atol=1e-8)
+    spec = bakeoff.LEARNERS["greedy"]
+    cold, hot = (bakeoff.evaluate(spec, stream, 0, protocol) for protocol in ("cold", "warm"))
+    assert cold.steps == hot.steps == 160
+    assert hot.pv < cold.pv   # well-separated blobs: the warm slice's labels help at once
+    with pytest.raises(ValueError):
+        bakeoff.evaluate(spec, stream, 0, "lukewarm")
+    with pytest.raises(TypeError):   # a learner without warm_start cannot run in the warm protocol
+        bakeoff.evaluate(bakeoff.LearnerSpec("c", lambda d, k, s: _Constant(), "x"), stream, 0, "warm")
+
+
+def test_out_of_fold_probabilities_and_the_full_probability_matrix(bakeoff):
+    ds = _blobs(bakeoff, n=300)
+    stream = bakeoff.make_stream(ds, 1, seed=2, warm_fraction=0.3)
+    np.testing.assert_allclose(stream.baseline_probs.sum(1), 1.0)
+    np.testing.assert_allclose(stream.baseline_probs[np.arange(len(stream.y)), stream.baseline], stream.baseline_prob)
+    np.testing.assert_allclose(stream.warm_probs.sum(1), 1.0)
+    Z, y = stream.warm_X[:, :-1], stream.warm_y
+    inside = bakeoff.LogisticBaseline(Z, y, seed=0).probs(Z, 3)
+    # out of fold: no row's probability comes from a fit that saw it, so they differ from the in-sample ones
+    assert np.abs(stream.warm_probs - inside).max() > 1e-3
+    # a tiny warm slice falls back to the in-sample fit
+    np.testing.assert_allclose(bakeoff.out_of_fold_probs(Z[:6], y[:6], 3, seed=0),
+                               bakeoff.LogisticBaseline(Z[:6], y[:6], seed=0).probs(Z[:6], 3))
+
+
+def test_every_default_learner_runs_in_the_warm_protocol_and_residual_learners_start_at_the_baseline(bakeoff):
+    import torch
+
+    torch.set_num_threads(1)
+    ds = _blobs(bakeoff, n=100)
+    stream = bakeoff.make_stream(ds, 0, seed=0, warm_fraction=0.2)
+    names = [s.name for s in bakeoff.LEARNERS.values() if s.default and not s.name.startswith("VW")
+             and "CLUCB" not in s.name and "bayesianbandits" not in s.name]
+    for spec in bakeoff.available(names):
+        r = bakeoff.evaluate(spec, stream, 0, "warm")
+        assert r.steps == 80 and 0.0 <= r.pv <= 1.0 and 0.0 <= r.violation <= 1.0
+    for name in ("bayes_safe residual conservative TS", "bayes_safe residual conservative TS streaming"):
+        spec = bakeoff.LEARNERS[name]
+        learner = spec.make(stream.X.shape[1], 3, 0, warm=(stream.warm_X, stream.warm_y, stream.warm_probs))
+        learner.warm_start(stream.warm_X, stream.warm_y, stream.warm_probs)
+        # no budget yet: the first decision is the baseline's
+        assert learner.act(stream.X[0], int(stream.baseline[0]), stream.baseline_prob[0],
+                           stream.baseline_probs[0]) == int(stream.baseline[0])
+
+
+def test_the_cli_runs_both_protocols(bakeoff, monkeypatch, capsys, tmp_path):
+    ds = _blobs(bakeoff, n=80)
+    monkeypatch.setitem(bakeoff.DATASETS, "blobs", lambda: ds)
+    out = tmp_path / "r.md"
+    assert bakeoff.main(["--datasets", "blobs", "--shuffles", "1", "--learners", "greedy", "--protocol", "both",
+                         "--warm-fraction", "0.25", "--quiet", "--report", str(out)]) == 0
+    text = out.read_text()
+    assert "# Protocol: cold (warm slice: 0.25" in text and "# Protocol: warm (warm slice: 0.25" in text
+    assert text.count("| greedy |") == 4   # summary and per data set, in each protocol
+    with pytest.raises(SystemExit):
+        bakeoff.main(["--datasets", "blobs", "--warm-fraction", "1.5"])

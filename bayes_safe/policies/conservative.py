@@ -52,6 +52,18 @@ model built with a temperature ``T`` (``calibrated_per_arm``) samples from a pos
 narrower or wider than the calibrated one; ``variance_scale = 1 / T`` checks the budget on the
 calibrated posterior while Thompson sampling explores at the temperature.
 
+**Win check** (``min_win_probability = q``, issue 44; default None: off). The budget check asks
+whether a deviation can be *afforded*; it does not ask whether it is *right*, so a policy whose
+margin is large spends it on Thompson draws that lose more often than the baseline. With ``q``
+set, a proposal ``a`` other than the baseline ``b`` is also required to win under the calibrated
+posterior (the covariance times ``variance_scale``, not the tempered one the draw came from):
+``P(r_a(x) > r_b(x)) >= q``, i.e. ``<x_a - x_b, m> >= Phi^-1(q) sqrt((x_a - x_b)^T Sigma (x_a -
+x_b))`` (per-arm models: the two arms' variances add). The posterior learns from every play,
+deviations included, so where deviations have lost the two means move apart and the check turns
+those proposals down: the check learns where deviations lose. It only ever replaces a proposal by
+the baseline, which adds ``alpha x_b`` to ``c``, so the budget's guarantee is untouched.
+Turned-down proposals are counted in ``vetoes``.
+
 A proposal equal to the baseline action is always played (it is the baseline). ``Q`` only
 grows when the baseline is played or when a proposal is judged safe, so the policy keeps a
 margin it has earned and spends it on exploration: it falls back to the baseline only when a
@@ -127,6 +139,7 @@ class ConservativeTS(Policy):
         budget: ``"expected"`` (constraint (3) on expected rewards, the default) or ``"realised"``
             (on the observed rewards; module docstring).
         variance_scale: multiplies the covariance (and noise variance) the check uses (> 0; default 1).
+        min_win_probability: None (default), or ``q`` in ``(0, 1)``: the win check (module docstring).
 
     Attributes:
         budget: ``c`` of the module docstring, the shape of the model's posterior mean
@@ -142,7 +155,7 @@ class ConservativeTS(Policy):
     """
 
     def __init__(self, model, alpha: float = 0.1, confidence: float = 0.95, *, budget: str = "expected",
-                 variance_scale: float = 1.0):
+                 variance_scale: float = 1.0, min_win_probability: float | None = None):
         check_model(model, "model", "sample_at")
         self.alpha = float(check_in_range(alpha, "alpha", 0.0, 1.0))
         if isinstance(confidence, bool) or not isinstance(confidence, (int, float)) or not 0.5 < confidence < 1:
@@ -156,6 +169,11 @@ class ConservativeTS(Policy):
             raise ValueError(f"variance_scale: expected a positive number, got {variance_scale!r}")
         self.variance_scale = float(variance_scale)
         self._z = _normal_quantile(self.confidence)
+        if min_win_probability is not None and (isinstance(min_win_probability, bool) or not isinstance(
+                min_win_probability, (int, float)) or not 0 < min_win_probability < 1):
+            raise ValueError(f"min_win_probability: expected None or a probability in (0, 1), got {min_win_probability!r}")
+        self.min_win_probability = None if min_win_probability is None else float(min_win_probability)
+        self._win_z = None if min_win_probability is None else _normal_quantile(self.min_win_probability)
         self.model = model
         self._core = getattr(model, "arms", model)  # PerArmLinear: its BayesianLinear over [*batch, K]
         self._per_arm = self._core is not model
@@ -173,6 +191,7 @@ class ConservativeTS(Policy):
         R = self._batch[0] if self._batch else 1
         self.explored = torch.zeros(R, dtype=torch.long)
         self.fallbacks = torch.zeros(R, dtype=torch.long)
+        self.vetoes = torch.zeros(R, dtype=torch.long)  # proposals the win check turned down
         # realised mode: the known part K_t [R], the deviations' count [R] and the decisions whose reward is pending
         self.known = torch.zeros(R, dtype=torch.float64)
         self.deviations = torch.zeros(R, dtype=torch.long)
@@ -192,8 +211,11 @@ class ConservativeTS(Policy):
         return {"reward": self.model}
 
     def _settings(self) -> dict[str, object]:
-        return {"alpha": self.alpha, "confidence": self.confidence, "budget": self.budget_kind,
-                "variance_scale": self.variance_scale}
+        out = {"alpha": self.alpha, "confidence": self.confidence, "budget": self.budget_kind,
+               "variance_scale": self.variance_scale}
+        if self.min_win_probability is not None:
+            out["min_win_probability"] = self.min_win_probability
+        return out
 
     def _moments(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The posterior mean ``[R, (K,) d]`` and covariance ``[R, (K,) d, d]`` (a leading 1 when unbatched)."""
@@ -203,20 +225,23 @@ class ConservativeTS(Policy):
             mean, cov = mean[None], cov[None]
         return mean, cov
 
-    def _delta(self, features: torch.Tensor, actions: torch.Tensor, baseline: torch.Tensor) -> torch.Tensor:
+    def _delta(self, features: torch.Tensor, actions: torch.Tensor, baseline: torch.Tensor,
+               keep: float | None = None) -> torch.Tensor:
         """What playing ``actions [*S, R]`` adds to ``c``: ``x_a - (1 - alpha) x_b`` (``alpha x_b``
-        where ``a = b``), ``[*S, R, (K,) d]``."""
+        where ``a = b``), ``[*S, R, (K,) d]``; ``keep`` in place of ``1 - alpha`` (1: the win check's
+        ``x_a - x_b``)."""
+        keep = 1 - self.alpha if keep is None else keep
         R, K, d = features.shape
         rows = torch.arange(R)
         xa = features[rows, actions]                        # [*S, R, d]
         xb = features[rows, baseline]                       # [R, d]
         if not self._per_arm:
-            return xa - (1 - self.alpha) * xb
+            return xa - keep * xb
         lead = actions.shape
         out = torch.zeros(*lead, K, d, dtype=torch.float64)
         out.scatter_add_(-2, actions[..., None, None].expand(*lead, 1, d), xa[..., None, :])
         out.scatter_add_(-2, baseline.expand(lead)[..., None, None].expand(*lead, 1, d),
-                         -(1 - self.alpha) * xb.expand(*lead, d)[..., None, :])
+                         -keep * xb.expand(*lead, d)[..., None, :])
         return out
 
     def _block(self, features: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
@@ -278,12 +303,19 @@ class ConservativeTS(Policy):
         proposed = self._ts.select(features, baseline, generator=generator, valid=valid)   # [R] or [S, R]
         mean, cov = self._moments()
         delta = self._delta(features, proposed, baseline)
-        safe = (proposed == baseline) | (self._lower(self._budget() + delta, mean, cov) >= 0)
+        affordable = self._lower(self._budget() + delta, mean, cov) >= 0
+        vetoed = torch.zeros_like(affordable)
+        if self._win_z is not None:  # the win check on the calibrated posterior (module docstring)
+            m, v = self._moment(self._delta(features, proposed, baseline, keep=1.0), mean, cov)
+            vetoed = affordable & (proposed != baseline) & (
+                m < self._win_z * (self.variance_scale * v).clamp_min(0).sqrt())
+        safe = (proposed == baseline) | (affordable & ~vetoed)
         actions = torch.where(safe, proposed, baseline)
         query = isinstance(generator, DrawBatch) and not generator.played
         if not query:
             played = actions if actions.dim() == 1 else actions[0]
-            ok = safe if safe.dim() == 1 else safe[0]
+            ok = (safe | vetoed) if safe.dim() == 1 else (safe | vetoed)[0]
+            self.vetoes += (vetoed if vetoed.dim() == 1 else vetoed[0]).long()
             step = self._delta(features, played, baseline)   # alpha x_b where the baseline is played
             budget = self._budget() + step
             self.budget = budget if self._batch else budget[0]
@@ -349,7 +381,13 @@ class ConservativeTS(Policy):
                 m, v = _moment_one(c, cov, mean)
             else:  # the step alone (no decision pending): its two blocks' moments are the draw's
                 m, v = float(mu[p] + keep * mu[b]), float(var[p] + keep * keep * var[b])
+            mean_rows = (float(mu[p]), float(mu[b]), float(var[p]), float(var[b]))
             ok = self._lower_one(m, v, cov, mean) >= 0
+            if ok and self._win_z is not None:  # the win check: the two arms' moments at their rows (the draw's)
+                mp, mb, vp, vb = mean_rows
+                if mp - mb < self._win_z * math.sqrt(max(self.variance_scale * (vp + vb), 0.0)):
+                    self._view("vetoes")[0] += 1
+                    p = b  # played as the baseline; not a fallback of the budget
         if ok and p != b:
             played, new, steps = p, c, ((p, F[p].copy()), (b, xb_term))
             self._view("explored")[0] += 1

@@ -28,8 +28,11 @@ object after it skips that product.
 
 ``StreamingConservativeTS`` is the same fast path for ``ConservativeTS(budget="realised")``.
 
-What it does not do: batches of replications, candidates with different features per arm, the
-``Decider``'s propensities, saving. For those use ``ThompsonSampling`` over ``PerArmLinear``
+Per-arm rows: ``select``, ``scores`` and ``update`` also take ``x [K, d]``, row ``k`` the features arm
+``k`` is scored on (``bayes_safe.models.baseline_residual``: the context and the baseline's
+probability of arm ``k``); the update learns the played arm's row.
+
+What it does not do: batches of replications, the ``Decider``'s propensities, saving. For those use ``ThompsonSampling`` over ``PerArmLinear``
 (``to_model`` hands over this posterior).
 """
 
@@ -47,7 +50,7 @@ class StreamingPerArmTS:
 
     Args:
         prior_mean: ``[d]`` (shared by the arms).
-        prior_scale: the prior sd of every weight (> 0).
+        prior_scale: the prior sd of every weight (> 0), or a numpy array of one sd per weight ``[d]``.
         num_arms: ``K >= 2``.
         noise_std: the observation noise sd (> 0).
         temperature: multiplies the posterior covariance of the draws (> 0; 1: the posterior).
@@ -59,7 +62,15 @@ class StreamingPerArmTS:
         mu = np.asarray(prior_mean, dtype=np.float64)
         if mu.ndim != 1 or not np.isfinite(mu).all():
             raise ValueError(f"prior_mean: expected a finite vector [d], got shape {list(mu.shape)}")
-        for name, v in (("prior_scale", prior_scale), ("noise_std", noise_std), ("temperature", temperature)):
+        if isinstance(prior_scale, np.ndarray):  # one sd per weight
+            if prior_scale.shape != mu.shape or not (np.isfinite(prior_scale) & (prior_scale > 0)).all():
+                raise ValueError(f"prior_scale: expected a positive number or positive sds [{mu.shape[0]}]")
+            prior_scale = prior_scale.astype(np.float64)
+            scale_sq = prior_scale**2
+        else:
+            scale_sq = None
+        for name, v in (("prior_scale", 1.0 if scale_sq is not None else prior_scale), ("noise_std", noise_std),
+                        ("temperature", temperature)):
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < math.inf:
                 raise ValueError(f"{name}: expected a positive number, got {v!r}")
         if isinstance(num_arms, bool) or not isinstance(num_arms, int) or num_arms < 2:
@@ -68,10 +79,12 @@ class StreamingPerArmTS:
         self.dim, self.num_arms = d, K
         self.noise_var = float(noise_std) ** 2
         self.temperature = float(temperature)
-        self.prior_mean, self.prior_scale = mu.copy(), float(prior_scale)
+        self.prior_mean = mu.copy()
+        self.prior_scale = prior_scale.copy() if scale_sq is not None else float(prior_scale)
+        sq = scale_sq if scale_sq is not None else np.full(d, float(prior_scale) ** 2)
         self.mean = np.tile(mu, (K, 1))                                     # m_k [K, d]
-        self.covariance = np.repeat(np.eye(d)[None] * prior_scale**2, K, axis=0)  # S_k [K, d, d]
-        self.precision = np.repeat(np.eye(d)[None] / prior_scale**2, K, axis=0)   # S_k^-1, sufficient statistics
+        self.covariance = np.repeat(np.diag(sq)[None], K, axis=0)          # S_k [K, d, d]
+        self.precision = np.repeat(np.diag(1.0 / sq)[None], K, axis=0)     # S_k^-1, sufficient statistics
         self.counts = np.zeros(K, dtype=np.int64)
         self.rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
         self._scale = math.sqrt(self.temperature)
@@ -84,12 +97,55 @@ class StreamingPerArmTS:
         return cls(calibrated.prior_mean.numpy(), calibrated.prior_scale, calibrated.model.num_arms,
                    calibrated.noise_std, temperature=calibrated.temperature, seed=seed)
 
+    @classmethod
+    def from_residual(cls, residual, seed=None) -> StreamingPerArmTS:
+        """From a ``BaselineResidual`` (``bayes_safe.models.baseline_residual``): the numpy one-stream fast
+        path over its per-arm features with its posterior, drawing at its temperature (the same law of
+        decisions as ``ThompsonSampling(residual.model())``)."""
+        ts = cls(residual.prior_mean, residual.prior_scale, residual.num_arms, residual.noise_std,
+                 temperature=residual.temperature, seed=seed)
+        ts.set_posterior(residual.precision, residual.eta)
+        return ts
+
     def scores(self, x) -> np.ndarray:
-        """One Thompson draw of every arm's reward at context ``x [d]``: ``[K]``."""
-        Sx = self.covariance @ x                                             # [K, d]
+        """One Thompson draw of every arm's reward at context ``x [d]`` (shared), or at per-arm rows
+        ``x [K, d]`` (row ``k`` the features arm ``k`` is scored on): ``[K]``."""
+        if x.ndim == 2:
+            Sx = np.einsum("kij,kj->ki", self.covariance, x)                # S_k x_k [K, d]
+            var, mean = (Sx * x).sum(-1), (self.mean * x).sum(-1)
+        else:
+            Sx = self.covariance @ x                                         # [K, d]
+            var, mean = Sx @ x, self.mean @ x
         self._last = (x, Sx)                                                 # reused by the update at this x
-        var = Sx @ x
-        return self.mean @ x + self._scale * np.sqrt(np.maximum(var, 0.0)) * self.rng.standard_normal(self.num_arms)
+        return mean + self._scale * np.sqrt(np.maximum(var, 0.0)) * self.rng.standard_normal(self.num_arms)
+
+    def set_posterior(self, precision, eta) -> None:
+        """Set every arm's posterior from its natural parameters: ``precision [K, d, d]`` and ``eta [K, d]``
+        (precision times mean), e.g. a warm start's (``bayes_safe.models.baseline_residual``)."""
+        P = np.array(precision, dtype=np.float64)
+        e = np.array(eta, dtype=np.float64)
+        if P.shape != self.precision.shape or e.shape != self.mean.shape:
+            raise ValueError(f"precision, eta: expected shapes {list(self.precision.shape)} and {list(self.mean.shape)}")
+        self.precision = P
+        self.mean = np.linalg.solve(P, e[:, :, None])[:, :, 0]
+        self.refresh()
+
+    def learn_batch(self, X, rewards, actions) -> None:
+        """Learn many rows at once: ``X [N, d]`` (or per-arm rows ``[N, K, d]``), ``rewards [N]``, ``actions [N]``
+        (the played arms), by the natural parameters and one refresh (the same posterior as ``N`` updates)."""
+        X = np.asarray(X, dtype=np.float64)
+        r = np.asarray(rewards, dtype=np.float64)
+        a = np.asarray(actions, dtype=np.int64)
+        if X.ndim == 3:
+            X = X[np.arange(len(a)), a]
+        eta = np.einsum("kij,kj->ki", self.precision, self.mean)
+        for k in np.unique(a):
+            rows = a == k
+            self.precision[k] += X[rows].T @ X[rows] / self.noise_var
+            eta[k] += X[rows].T @ r[rows] / self.noise_var
+            self.counts[k] += int(rows.sum())
+        self.mean = np.linalg.solve(self.precision, eta[:, :, None])[:, :, 0]
+        self.refresh()
 
     def select(self, x) -> int:
         """The arm with the highest draw at context ``x [d]`` (numpy float64)."""
@@ -103,8 +159,12 @@ class StreamingPerArmTS:
         last = self._last
         if last is not None and last[0] is x:
             Sx = last[1][a]
+            if x.ndim == 2:
+                x = x[a]
         else:
             x = np.asarray(x, dtype=np.float64)
+            if x.ndim == 2:  # per-arm rows: the played arm's
+                x = x[a]
             Sx = self.covariance[a] @ x
         self._last = None
         S = self.covariance[a]
@@ -129,7 +189,8 @@ class StreamingPerArmTS:
 
         from ..models import PerArmLinear
 
-        m = PerArmLinear(dist.Normal(torch.as_tensor(self.prior_mean), self.prior_scale).to_event(1), self.num_arms,
+        scale = torch.as_tensor(self.prior_scale, dtype=torch.float64)  # a number, or one sd per weight
+        m = PerArmLinear(dist.Normal(torch.as_tensor(self.prior_mean), scale).to_event(1), self.num_arms,
                          noise_std=math.sqrt(self.noise_var))
         arms = m.arms
         arms.precision.copy_(torch.as_tensor(self.precision))
@@ -149,12 +210,18 @@ class StreamingConservativeTS:
     draws), so no ``variance_scale`` is needed. Rewards settle decisions first in, first out:
     call ``update`` after each ``select``, in order.
 
+    ``min_win_probability`` ``q`` (default None: off) adds ``ConservativeTS``'s second check: a proposal
+    ``a`` other than the baseline ``b`` is played only if the calibrated posterior gives ``P(r_a(x) >
+    r_b(x)) >= q`` (``ConservativeTS``'s docstring).
+
     Args:
         ts: a ``StreamingPerArmTS`` (it learns from every play, the baseline's included).
         alpha: the budget, in ``[0, 1)``; confidence: in ``(0.5, 1)`` (default 0.95).
+        min_win_probability: None, or ``q`` in ``(0, 1)``.
     """
 
-    def __init__(self, ts: StreamingPerArmTS, alpha: float = 0.1, confidence: float = 0.95):
+    def __init__(self, ts: StreamingPerArmTS, alpha: float = 0.1, confidence: float = 0.95,
+                 min_win_probability: float | None = None):
         if not isinstance(ts, StreamingPerArmTS):
             raise TypeError(f"ts: expected a StreamingPerArmTS, got {type(ts).__name__}")
         if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 <= alpha < 1:
@@ -165,6 +232,12 @@ class StreamingConservativeTS:
 
         self.ts, self.alpha, self.confidence = ts, float(alpha), float(confidence)
         self._z = NormalDist().inv_cdf(self.confidence)
+        if min_win_probability is not None and (isinstance(min_win_probability, bool) or not isinstance(
+                min_win_probability, (int, float)) or not 0 < min_win_probability < 1):
+            raise ValueError(f"min_win_probability: expected None or a probability in (0, 1), got {min_win_probability!r}")
+        self.min_win_probability = min_win_probability
+        self._win_z = None if min_win_probability is None else NormalDist().inv_cdf(float(min_win_probability))
+        self.vetoes = 0                         # proposals the win check turned down
         K, d = ts.num_arms, ts.dim
         self.known = 0.0                       # K_t: the rewards settled, less (1 - alpha) of the baseline's plays'
         self.counterfactual = np.zeros((K, d))  # c_dev: -(1 - alpha) x_b at the deviations
@@ -198,15 +271,18 @@ class StreamingConservativeTS:
             raise ValueError(f"baseline: expected an arm in [0, {ts.num_arms}), got {baseline!r}")
         scores = ts.scores(x)
         a = int(np.argmax(scores))
+        per_arm = x.ndim == 2
+        xa, xb = (x[a], x[b]) if per_arm else (x, x)
         if a != b:
             keep = 1 - self.alpha
             Sx = ts._last[1]
-            mean = ts.mean[a] @ x - keep * (ts.mean[b] @ x)
-            var = Sx[a] @ x + keep * keep * (Sx[b] @ x)
+            ma, mb, va, vb = ts.mean[a] @ xa, ts.mean[b] @ xb, Sx[a] @ xa, Sx[b] @ xb
+            mean = ma - keep * mb
+            var = va + keep * keep * vb
             if self._pending:  # decisions without their reward yet: their expected terms, jointly
                 c = self.pending_terms.copy()
-                c[a] += x
-                c[b] -= keep * x
+                c[a] += xa
+                c[b] -= keep * xb
                 mean = float((c * ts.mean).sum())
                 var = float((c * (ts.covariance @ c[:, :, None])[:, :, 0]).sum())
             noise = ts.noise_var * ((len(self._pending) + 1) * (1 + keep * keep))
@@ -214,16 +290,19 @@ class StreamingConservativeTS:
             if lower < 0:
                 a = b
                 self.fallbacks += 1
+            elif self._win_z is not None and ma - mb < self._win_z * math.sqrt(max(va + vb, 0.0)):
+                a = b
+                self.vetoes += 1
         moved = a != b
         term = np.zeros_like(self.pending_terms)
         if moved:
-            term[a] += x
-            term[b] -= (1 - self.alpha) * x
+            term[a] += xa
+            term[b] -= (1 - self.alpha) * xb
             self.explored += 1
         else:
-            term[b] += self.alpha * x
+            term[b] += self.alpha * xb
         self.pending_terms += term
-        self._pending.append((moved, b, term, x))
+        self._pending.append((moved, b, term, xb))
         return a
 
     def update(self, x, reward: float, action: int) -> None:
