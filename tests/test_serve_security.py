@@ -307,10 +307,12 @@ def test_bayes_safe_feedback_url_sends_the_token(secured, tmp_path, capsys, monk
 
 # ---------------------------------------------------------------------------------- honest health
 def test_a_log_that_cannot_be_written_is_503_and_health_says_degraded(tmp_path):
-    """The server's files may not grow past 96 KiB (``RLIMIT_FSIZE``): the log's WAL soon cannot,
-    and every write fails with EFBIG as on a full disk. The token file is readable by others: a warning."""
+    """The server's files may not grow past 160 KiB (``RLIMIT_FSIZE``): the log's WAL soon cannot,
+    and every write fails with EFBIG as on a full disk (the limit leaves room for a few decisions and
+    their feedback after the log's own tables: schema 2 has one more). The token file is readable by
+    others: a warning."""
     server = Served(_state(tmp_path / "state"), tmp_path / "log.sqlite", "--token-file",
-                    str(_token_file(tmp_path / "tokens", 0o644)), file_size_limit=96 << 10)
+                    str(_token_file(tmp_path / "tokens", 0o644)), file_size_limit=160 << 10)
     try:
         ok, answer = [], None
         rows = (np.eye(3)[np.arange(300) % 3] + 0.123456789).tolist()  # about 17 kB of context per decision row
