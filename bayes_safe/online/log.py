@@ -673,21 +673,27 @@ class DecisionLog:
         the reward for ``decision_ids`` (``write_outcomes``), in the order they were logged (only rows
         with ``seq <= through`` when given; ``with_seq``: each row led by its ``seq``, PostgreSQL's,
         shared with feedback, or SQLite's rowid)."""
-        ids = [str(i) for i in decision_ids]
-        if not ids or not self._has_outcomes():
+        if not self._has_outcomes():
             return []
-        rows = []
+        rows = self._rows_for("outcomes", "decision_id, metric, value, time, origin", decision_ids, through)
+        if with_seq:
+            return [(int(s), k, int(j), float(v), float(t), o) for s, k, j, v, t, o in rows]
+        return [(k, int(j), float(v), float(t), o) for _, k, j, v, t, o in rows]
+
+    def _rows_for(self, table: str, columns: str, decision_ids, through: int | None = None) -> list[tuple]:
+        """``(rowid or seq, *columns)`` of ``table``'s rows of ``decision_ids`` (with ``seq <= through`` when
+        given), in the order they were logged; the ids asked 500 at a time."""
+        ids = [str(i) for i in decision_ids]
+        rows: list[tuple] = []
         r = self._b.rowid
         bound = "" if through is None else f" AND {r} <= {int(through)}"
         with self._lock, self._b.guard():
             for i in range(0, len(ids), 500):
                 chunk = ids[i:i + 500]
-                rows += self._b.rows(f"SELECT {r}, decision_id, metric, value, time, origin FROM outcomes "
-                                     f"WHERE decision_id IN ({','.join('?' * len(chunk))}){bound}", chunk)
+                rows += self._b.rows(f"SELECT {r}, {columns} FROM {table} WHERE decision_id IN "
+                                     f"({','.join('?' * len(chunk))}){bound}", chunk)
         rows.sort()
-        if with_seq:
-            return [(int(s), k, int(j), float(v), float(t), o) for s, k, j, v, t, o in rows]
-        return [(k, int(j), float(v), float(t), o) for _, k, j, v, t, o in rows]
+        return rows
 
     def _has_outcomes(self) -> bool:
         """Whether the log has the table ``outcomes`` (a version-1 log opened read-only has not)."""
@@ -813,17 +819,7 @@ class DecisionLog:
         order it was logged (only rows with ``seq <= through`` when given); ``with_time``:
         ``(decision_id, time, reward, constraints)``. A constraint not known when the row was written
         is None (outcomes metric by metric: ``outcomes_for`` has those reported later)."""
-        ids = [str(i) for i in decision_ids]
-        rows = []
-        r = self._b.rowid
-        bound = "" if through is None else f" AND {r} <= {int(through)}"
-        with self._lock, self._b.guard():
-            for i in range(0, len(ids), 500):
-                chunk = ids[i:i + 500]
-                marks = ",".join("?" * len(chunk))
-                rows += self._b.rows(f"SELECT {r}, decision_id, reward, constraints, time FROM feedback "
-                                     f"WHERE decision_id IN ({marks}){bound}", chunk)
-        rows.sort()
+        rows = self._rows_for("feedback", "decision_id, reward, constraints, time", decision_ids, through)
         try:
             if with_seq:
                 return [(int(s), k, float(r), _constraint_list(c)) for s, k, r, c, _ in rows]
