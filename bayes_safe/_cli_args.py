@@ -167,6 +167,21 @@ def key_value(text: str) -> tuple[str, object]:
     return key, _literal(value.strip())
 
 
+def metric_lag(text: str) -> tuple[str, int]:
+    """``METRIC=STEPS`` (``--delay refund=2000``): a metric's name and its lag, an int >= 0 (steps)."""
+    key, sep, value = str(text).partition("=")
+    key, value = key.strip(), value.strip()
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected METRIC=STEPS (e.g. refund=2000), got {text!r}")
+    try:
+        lag = int(value)
+    except ValueError:
+        lag = -1
+    if lag < 0 or not value.lstrip("+").isdigit():
+        raise argparse.ArgumentTypeError(f"expected METRIC=STEPS with STEPS an int >= 0 (e.g. refund=2000), got {text!r}")
+    return key, lag
+
+
 def split_import_path(text: str) -> tuple[str, str]:
     """``"pkg.module:Class"`` -> ``("pkg.module", "Class")``; ``ValueError`` for any other form."""
     module, sep, attr = str(text).partition(":")

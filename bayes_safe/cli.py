@@ -42,6 +42,7 @@ from ._cli_args import (
     forgetting_arg,
     import_path,
     key_value,
+    metric_lag,
     output_dir,
     positive_float,
     positive_int,
@@ -113,6 +114,9 @@ def _build_parser() -> argparse.ArgumentParser:
                      help="forgetting of the ridge models (ts, greedy, ts-asc): a factor in (0, 1] per update "
                           "(stabilised rule), or 'adaptive' (restart from the prior when a change is detected); "
                           "default none. A problem that declares its own models sets theirs")
+    sim.add_argument("--delay", action="append", type=metric_lag, default=None, metavar="METRIC=STEPS",
+                     help="learn a metric's outcomes STEPS steps after their decision (repeat per metric; 'reward' "
+                          "names the reward): what a late harm signal costs (simulate(..., delays=...))")
     sim.add_argument("--out", required=True, type=output_dir, help="output directory")
     sim.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     _add_debug(sim)
@@ -407,6 +411,17 @@ def _simulate(args) -> int:
         num_metrics = env.num_metrics
         metric_names = [str(n) for n in env.metric_names]
         source = "ridge" if policy.models() else "none"
+    delays = None
+    if args.delay:
+        from .simulation import _check_delays
+
+        delays = dict(args.delay)
+        if len(delays) != len(args.delay):
+            raise UsageError(f"--delay: a metric given twice ({[k for k, _ in args.delay]}); give each once")
+        try:  # before any work: an unknown name or a policy that cannot take it is named now
+            _check_delays(delays, metric_names, str(getattr(env, "name", None) or args.problem), args.horizon)
+        except (TypeError, ValueError) as err:
+            raise UsageError("--delay" + str(err).removeprefix("delays")) from None
     models = _model_descriptions(policy, metric_names)
     trace_bytes = _trace_bytes(args.horizon, args.replications, num_metrics, len(getattr(env, "constraints", ()) or ()))
     _clear_leftovers(args.out)  # a killed run's scratch directories, before this run's work
@@ -415,7 +430,12 @@ def _simulate(args) -> int:
         check_free_space(args.out, trace_bytes + steps_bytes + 1_000_000, what="run",
                          largest=max(trace_bytes, steps_bytes))
     start = time.perf_counter()
-    trace = simulate(policy, env, args.horizon, seed=args.seed + 1, progress=not args.no_progress)
+    try:
+        trace = simulate(policy, env, args.horizon, seed=args.seed + 1, progress=not args.no_progress, delays=delays)
+    except ValueError as err:
+        if delays is None or not str(err).startswith("delays"):
+            raise
+        raise UsageError("--delay" + str(err).removeprefix("delays")) from None
     with _writing(args.out), atomic_output_dir(args.out, replace=True) as tmp:
         trace.to_netcdf(tmp / "trace.nc")
         regret_mean, regret_sem = mean_and_sem(trace.regret)
@@ -436,6 +456,8 @@ def _simulate(args) -> int:
         info.update({"problem": args.problem, "policy": args.policy, "seed": args.seed,
                      "models_source": source, "models": models, "wall_seconds": time.perf_counter() - start})
         info.update(_chance_summary(trace))  # issue 39: chance constraints' calibration, when there are any
+        if delays is not None:  # issue 45: the lags, and the outcomes still pending at the end per metric
+            info.update(delays=delays, pending_at_end=trace.attrs.get("pending_at_end"))
         atomic_write_json(tmp / "summary.json", info)
         plots.plot_simulation({args.policy: trace}, tmp / "regret.png", title=f"{args.policy} on {args.problem}")
         save_models(policy, tmp / "models")

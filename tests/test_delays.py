@@ -306,3 +306,27 @@ def test_the_ab_tuner_measures_what_a_late_refund_costs():
         ABTest(_Pricing(), n_users=2000, batches=8, compare=(), delays={"refunds": 3})
     with pytest.raises(ValueError, match=r"delays\['refund'\]: expected a lag >= 0 in batches"):
         ABTest(_Pricing(), n_users=2000, batches=8, compare=(), delays={"refund": -1})
+
+
+def test_the_command_line_simulates_a_late_metric_and_names_bad_delays(tmp_path):
+    """``bayes-safe simulate --delay constraint=20``: the lags and the outcomes still pending in summary.json;
+    a bad --delay is one line naming the option, before any work, no traceback."""
+    import json
+    import subprocess
+    import sys
+
+    def cli(*extra):
+        return subprocess.run([sys.executable, "-m", "bayes_safe.cli", "simulate", "--problem", "daulton2019",
+                               "--policy", "ts-asc", "--replications", "4", "--horizon", "40", "--no-progress",
+                               "--out", str(tmp_path / "run"), *extra], capture_output=True, text=True, check=False)
+
+    ok = cli("--delay", "constraint=15")
+    assert ok.returncode == 0, ok.stderr
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["delays"] == {"constraint": 15} and summary["pending_at_end"] == {"reward": 0, "constraint": 60}
+    for bad, message in ((("--delay", "refunds=3"), "--delay: unknown metric name(s) ['refunds']"),
+                         (("--delay", "constraint=-1"), "expected METRIC=STEPS with STEPS an int >= 0"),
+                         (("--delay", "constraint=2", "--delay", "constraint=3"), "--delay: a metric given twice")):
+        r = cli(*bad)
+        assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, r.stderr
+        assert r.stderr.count("\n") == 1
