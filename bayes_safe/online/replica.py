@@ -446,9 +446,13 @@ class ReplicaDecider(Decider):
         # counts) and the base's watermark and counts (its files are in BASE)
         check = {"learned": _learned(self.policy)}
         if self._base is not None:
-            check["base"] = {k: self._base[k] for k in ("log_seq", "applied", "learned", "apart") if k in self._base}
-        return {"replica": {"log_seq": self.log_seq, "applied": self.applied,
-                            "apart": {k: list(v) for k, v in self._apart.items()}}, CHECK: check,
+            # (the half-known decisions only when there are some: a state without them reads as before issue 45)
+            check["base"] = {k: self._base[k] for k in ("log_seq", "applied", "learned", "apart") if self._base.get(k)
+                             or k != "apart"}
+        replica = {"log_seq": self.log_seq, "applied": self.applied}
+        if self._apart:
+            replica["apart"] = {k: list(v) for k, v in self._apart.items()}
+        return {"replica": replica, CHECK: check,
                 "next_id": max(self.next_id, self._block_end)}
 
     def _save_extra(self, out: Path) -> None:
