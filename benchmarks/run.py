@@ -66,7 +66,7 @@ def main(argv=None) -> int:
 def print_table(rows: list[dict], headers=HEADERS) -> None:
     """Print benchmark rows as an aligned text table."""
     table = [[_fmt(r.get(h)) for h in headers] for r in rows]
-    widths = [max(len(h), *(len(row[i]) for row in table)) for i, h in enumerate(headers)]
+    widths = [max([len(h), *(len(row[i]) for row in table)]) for i, h in enumerate(headers)]
     print(" | ".join(h.ljust(w) for h, w in zip(headers, widths)))
     print("-|-".join("-" * w for w in widths))
     for row in table:

@@ -51,3 +51,11 @@ def test_small_values_keep_their_digits(registry):
     assert registry._fmt(0.0035) == "0.0035"
     assert registry._fmt(2.5) == "2.50"
     assert registry._fmt(12345.0) == "12,345"
+
+
+def test_a_group_without_rows_prints_its_header(registry, capsys):
+    """``run.py --issue 46`` on a machine without CUDA: the module says so and returns no row; the table is
+    its header alone, not a traceback."""
+    registry.print_table([])
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split(" | ")[0].strip() == "benchmark" and len(out) == 2
