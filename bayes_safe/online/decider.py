@@ -227,6 +227,11 @@ def _unknown_id(decision_id) -> ValueError:
                       "(expected the decision_id a decision returned, '<number>-<32 hex digits>')")
 
 
+def _partial(reward, constraints) -> bool:
+    """Whether an outcome ``(reward, constraints)`` reports only some metrics (a None among them; issue 45)."""
+    return reward is None or (constraints is not None and None in constraints)
+
+
 def _index(i: int) -> torch.Tensor:
     """``torch.tensor([i])`` (long), one shared tensor per small ``i`` (the baseline and the played
     action as the policies take them: read as indices, never written)."""
@@ -733,7 +738,7 @@ class Decider:
 
         Raises ``ValueError`` for an id this Decider never issued (module docstring: decision ids)."""
         reward, constraints = self._outcome(reward, constraints)
-        if reward is None or (constraints is not None and None in constraints):
+        if _partial(reward, constraints):
             return self._feedback_apart(decision_id, reward, constraints)
         with self._lock:
             decision_id = self._resolve(decision_id)
@@ -853,8 +858,8 @@ class Decider:
     def _apart_locked(self, key: str, entry: dict, reward, constraints, write: bool = True) -> bool:
         """The metrics of ``(reward, constraints)`` (None: not in this report) that ``entry`` does not
         know yet: checked by the outlier guard, logged, queued for their models; the entry leaves
-        ``pending`` once every metric is known. The caller holds the lock and checked the policy."""
-        self._check_apart()
+        ``pending`` once every metric is known. The caller holds the lock and checked the policy (a decision
+        some of whose metrics are known passed ``_check_apart`` when the first arrived)."""
         values = [reward, *(constraints or [None] * int(self.policy.num_constraints))]
         known = entry.get("known") or [False] * len(values)
         new = [None if k or v is None else v for k, v in zip(known, values)]
@@ -1052,8 +1057,8 @@ class Decider:
                     problems.append((i, str(decision_id)[:80], str(exc)))
                     continue
                 if key in self.pending and key not in seen and (
-                        reward is None or (constraints is not None and None in constraints)
-                        or self.pending[key].get("known") is not None or key in apart_keys):
+                        _partial(reward, constraints) or self.pending[key].get("known") is not None
+                        or key in apart_keys):
                     # some metrics of the decision (module docstring: outcomes apart): the ones not known yet
                     try:
                         self._check_apart()
@@ -1139,7 +1144,7 @@ class Decider:
             # floats) and tensors on numpy's views of it: no tensor operation for the slicing (1.2 us
             # for the array against 3 for torch.tensor, 0.6 a view against 1 to 1.5)
             f, cs = q["features"], q["constraints"]
-            if q["reward"] is None or (cs is not None and None in cs):
+            if _partial(q["reward"], cs):
                 self._learn_apart(q)
                 if watch is not None:
                     self._watch_drift(watch, q.get("decision_id"))
@@ -1225,7 +1230,7 @@ class Decider:
                 entry = self.pending.get(decision_id)
                 if entry is None:
                     continue
-                if entry.get("known") is not None or reward is None or (constraints is not None and None in constraints):
+                if entry.get("known") is not None or _partial(reward, constraints):
                     # (outcomes metric by metric) the log has them already: applied without writing them again
                     applied += self._apart_locked(decision_id, entry, reward, constraints, write=False)
                     continue

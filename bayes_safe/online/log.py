@@ -898,21 +898,24 @@ class DecisionLog:
         """``{decision_id: metrics}`` of the metrics the log knows for ``decision_ids`` (0 the reward, ``j + 1``
         constraint ``j``): from their feedback rows and the outcomes reported apart; decisions without any are
         left out."""
-        ids = [str(i) for i in decision_ids]
-        out: dict[str, set[int]] = {}
         late = self._has_outcomes()
         with self._lock, self._b.guard():
-            for i in range(0, len(ids), 500):
-                chunk = ids[i:i + 500]
-                marks = ",".join("?" * len(chunk))
-                for k, c in self._b.rows(f"SELECT decision_id, constraints FROM feedback WHERE decision_id IN ({marks})",
+            return self._known_locked([str(i) for i in decision_ids], late)
+
+    def _known_locked(self, ids: list[str], late: bool) -> dict[str, set[int]]:
+        """``known_metrics`` on the caller's connection (it holds the lock; ``late``: the log has ``outcomes``)."""
+        out: dict[str, set[int]] = {}
+        for i in range(0, len(ids), 500):
+            chunk = ids[i:i + 500]
+            marks = ",".join("?" * len(chunk))
+            for k, c in self._b.rows(f"SELECT decision_id, constraints FROM feedback WHERE decision_id IN ({marks})",
+                                     chunk):
+                out.setdefault(k, set()).update(
+                    [0, *(j + 1 for j, v in enumerate(_constraint_list(c) or ()) if v is not None)])
+            if late:
+                for k, j in self._b.rows(f"SELECT decision_id, metric FROM outcomes WHERE decision_id IN ({marks})",
                                          chunk):
-                    out.setdefault(k, set()).update(
-                        [0, *(j + 1 for j, v in enumerate(_constraint_list(c) or ()) if v is not None)])
-                if late:
-                    for k, j in self._b.rows(f"SELECT decision_id, metric FROM outcomes WHERE decision_id IN ({marks})",
-                                             chunk):
-                        out.setdefault(k, set()).add(int(j) + 1)
+                    out.setdefault(k, set()).add(int(j) + 1)
         return out
 
     def write_apart_shared(self, rows) -> list[bool | None]:
@@ -933,10 +936,7 @@ class DecisionLog:
                 if not b.rows("SELECT 1 FROM decisions WHERE decision_id = ?", (key,)):
                     out.append(None)
                     continue
-                known = set()
-                for (c,) in b.rows("SELECT constraints FROM feedback WHERE decision_id = ?", (key,)):
-                    known.update([0, *(j + 1 for j, v in enumerate(_constraint_list(c) or ()) if v is not None)])
-                known.update(int(j) + 1 for (j,) in b.rows("SELECT metric FROM outcomes WHERE decision_id = ?", (key,)))
+                known = self._known_locked([key], True).get(key, set())
                 values = [reward, *(constraints or ())]
                 new = [None if m in known else v for m, v in enumerate(values)]
                 if all(v is None for v in new):

@@ -87,6 +87,7 @@ from .decider import (
     Decider,
     FeedbackRowsError,
     _log_mismatch,
+    _partial,
     _per_arm,
     _played_features,
     _unknown_id,
@@ -199,7 +200,7 @@ class ReplicaDecider(Decider):
         duplicate. Learned at the next ``sync``, by every replica. Outcomes may arrive metric by
         metric (``Decider.feedback``): the log keeps each metric of a decision once."""
         key, reward, constraints = self.feedback_row(decision_id, reward, constraints)
-        if reward is None or (constraints is not None and None in constraints):
+        if _partial(reward, constraints):
             return self.feedback_written(decision_id, self.log.write_apart_shared([(key, reward, constraints)])[0])
         new = self.log.write_feedback_shared([(key, reward, constraints)])[0]
         if new is False:  # the decision has a report: the metrics of this one it lacks, if any
@@ -211,7 +212,7 @@ class ReplicaDecider(Decider):
         this state's key did not make raises), for the caller to write (``GroupCommit``), then
         hand its answer to ``feedback_written``."""
         reward, constraints = self._outcome(reward, constraints)
-        if reward is None or (constraints is not None and None in constraints):
+        if _partial(reward, constraints):
             self._check_apart()
         key = self._resolve(decision_id)
         if self.outlier_sd is not None:
@@ -265,7 +266,7 @@ class ReplicaDecider(Decider):
         checked = []
         for i, decision_id, reward, constraints in rows_checked:
             try:
-                if reward is None or (constraints is not None and None in constraints):
+                if _partial(reward, constraints):
                     self._check_apart()
                 key = self._resolve(decision_id)
             except ValueError as exc:
@@ -291,7 +292,7 @@ class ReplicaDecider(Decider):
         if not checked:
             return []
         rows = [(key, r, c) for _, _, key, r, c in checked]
-        if any(r is None or (c is not None and None in c) for r, c in ((r, c) for _, r, c in rows)):
+        if any(_partial(r, c) for _, r, c in rows):
             out = self.log.write_apart_shared(rows)  # some metric by metric: each row's new metrics, one transaction
         else:
             out = self.log.write_feedback_shared(rows)
@@ -334,8 +335,7 @@ class ReplicaDecider(Decider):
                        for _, k, y, c, a, K, ctx in rows]
             with self._quiet():
                 for entry, row in zip(entries, rows):
-                    if entry["reward"] is None or self._apart or (entry["constraints"] is not None
-                                                                   and None in entry["constraints"]):
+                    if self._apart or _partial(entry["reward"], entry["constraints"]):
                         new = self._new_metrics(entry["decision_id"], entry["reward"], entry["constraints"])
                         entry["reward"], entry["constraints"] = new[0], new[1:] or None
                     if entry["reward"] is not None or any(v is not None for v in entry["constraints"] or ()):
