@@ -117,6 +117,13 @@ def _build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--delay", action="append", type=metric_lag, default=None, metavar="METRIC=STEPS",
                      help="learn a metric's outcomes STEPS steps after their decision (repeat per metric; 'reward' "
                           "names the reward): what a late harm signal costs (simulate(..., delays=...))")
+    sim.add_argument("--device", default=None, metavar="DEVICE",
+                     help="where a built-in problem, its models and the run live: 'cpu' (default), 'cuda', 'cuda:1' "
+                          "(issue 46; off the CPU the run's random streams are computed on the device)")
+    sim.add_argument("--instances", choices=["generator", "counter"], default=None,
+                     help="how a built-in linear problem draws its replications' instances: 'generator' (default: "
+                          "each replication's own generator, the numbers of earlier releases) or 'counter' (all at "
+                          "once on --device: a million replications in about a second on a GPU)")
     sim.add_argument("--out", required=True, type=output_dir, help="output directory")
     sim.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     _add_debug(sim)
@@ -388,7 +395,12 @@ def _simulate(args) -> int:
     from .metrics import mean_and_sem, summary
     from .simulation import simulate
 
+    device = _device_arg(args.device)
     if ":" in args.problem:  # the user's own problem class
+        for flag in ("device", "instances"):
+            if getattr(args, flag) is not None:
+                raise UsageError(f"--{flag}: only for a built-in problem; your problem class makes its own tensors "
+                                 f"(give it a constructor argument with --param)")
         env, policy, source = _own_problem(args)
         num_metrics = len(env.metric_names)
         metric_names = [str(n) for n in env.metric_names]
@@ -398,6 +410,12 @@ def _simulate(args) -> int:
         kwargs = {"replications": args.replications, "seed": args.seed}
         if args.alpha is not None and args.problem.startswith("daulton2019"):
             kwargs["alpha"] = args.alpha
+        for flag, value in (("device", device), ("instances", args.instances)):
+            if value is not None:
+                if args.problem not in _DEVICE_PROBLEMS:
+                    raise UsageError(f"--{flag}: problem {args.problem!r} is built on the CPU only; --{flag} is for "
+                                     f"the linear problems ({', '.join(_DEVICE_PROBLEMS)})")
+                kwargs[flag] = value
         # the sizes from a one-replication copy: the real problem allocates [R, ...] tensors as it is built
         probe = make_problem(args.problem, **{**kwargs, "replications": 1})
         _check_memory(args, probe.num_arms, probe.dim, probe.num_metrics, len(getattr(probe, "constraints", ()) or ()))
@@ -484,6 +502,35 @@ def _clear_leftovers(out) -> None:
 
 def _gigabytes(n: int) -> str:
     return f"{n / 1e9:,.1f} GB" if n >= 1e8 else f"{n / 1e6:,.0f} MB"
+
+
+#: the built-in problems that take device= and instances= (the linear bandits and their drifting forms)
+_DEVICE_PROBLEMS = ("kazerouni2017", "kazerouni2017-neurips", "daulton2019", "kazerouni2017-neurips-abrupt",
+                    "kazerouni2017-neurips-rotating", "daulton2019-abrupt", "daulton2019-rotating")
+
+
+def _device_arg(value):
+    """``--device`` as a ``torch.device`` (None when not given), refused before any work when it is not a
+    device name or names a CUDA device this machine does not have."""
+    if value is None:
+        return None
+    import torch
+
+    try:
+        device = torch.device(value)
+    except (RuntimeError, TypeError):
+        raise UsageError(f"--device: expected a torch device name ('cpu', 'cuda', 'cuda:1'), got {value!r}") from None
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise UsageError(f"--device: {value!r} asked for, but this machine has no CUDA device (torch "
+                             f"{torch.__version__} sees none); leave --device out to run on the CPU")
+        if device.index is not None and device.index >= count:
+            raise UsageError(f"--device: {value!r} asked for, but this machine has {count} CUDA device(s) "
+                             f"(cuda:0..cuda:{count - 1})")
+    elif device.type != "cpu":
+        raise UsageError(f"--device: expected 'cpu' or a CUDA device ('cuda', 'cuda:1'), got {value!r}")
+    return device
 
 
 def _check_memory(args, num_arms: int, dim: int, num_metrics: int, num_constraints: int) -> None:

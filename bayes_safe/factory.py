@@ -38,7 +38,13 @@ def ridge_model(env, metric: int = 0, ridge: float | None = None, forgetting=Non
     else:
         scale = sigma / float(ridge) ** 0.5
     # float64 parameters: Normal(0.0, 0.1) from Python floats would round the scale to float32
-    prior = dist.Normal(torch.zeros((), dtype=torch.float64), torch.tensor(scale, dtype=torch.float64))
+    # on the problem's device (issue 46): the model follows its prior, and simulate runs where the problem lives
+    device = getattr(env, "device", None)
+    if device is None and isinstance(getattr(env, "arm_features", None), torch.Tensor):
+        device = env.arm_features.device
+    device = torch.device("cpu") if device is None else torch.device(device)
+    prior = dist.Normal(torch.zeros((), dtype=torch.float64, device=device),
+                        torch.tensor(scale, dtype=torch.float64, device=device))
     names = getattr(env, "feature_names", None)  # a problem that names its features: saved with the model
     if names is not None and len(names) != env.dim:
         names = None

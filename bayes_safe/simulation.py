@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from ._validation import check_positive_int, trusted_inputs
-from .random import ReplicationRNG, replication_seeds
+from .random import CounterRNG, ReplicationRNG, replication_seeds
 from .threads import single_thread
 from .trace import FIELDS, Trace
 
@@ -134,8 +134,13 @@ def simulate(policy, env, horizon: int, seed: int | Sequence[int] = 0, *, progre
     indexes) live on ``device``, by default the problem's (its ``device`` attribute, else its
     ``arm_features``' device, else the CPU); the models must be on it too (a model follows its
     prior's device). The returned ``Trace`` is on the CPU (moved once, at the end; on the CPU
-    nothing moves). The problems' and the models' random numbers are drawn as on the CPU and
-    moved, so a run gives the same numbers on every device where the maths does.
+    nothing moves). Random numbers: on the CPU the run's streams are a ``ReplicationRNG`` (numpy's
+    numbers); off the CPU they are a ``bayes_safe.random.CounterRNG`` computed on the device (a
+    ``ReplicationRNG`` refills its blocks with a Python loop over replications, about 1 s per step
+    at a million replications). Both keep replication ``r`` equal to its run alone; the same seed
+    gives the same numbers on the same device, and CPU and GPU runs of one seed agree in law. For
+    the same numbers on every device pass the same ``generator`` (either kind, made on the run's
+    device) to both runs.
 
     Recording: each field is written into one preallocated ``[T, R, ...]`` tensor, a chunk of
     steps at a time (the steps' tensors are kept by reference until their chunk is written, so
@@ -642,7 +647,7 @@ def _run(policy, problem, T: int, seed, *, progress: bool | str, callback, gener
     index = {n: m for m, n in enumerate(names)}
     if generator is None:
         seeds = replication_seeds(seed, R)
-        rng = ReplicationRNG(seeds, device=None if device.type == "cpu" else device)
+        rng = ReplicationRNG(seeds) if device.type == "cpu" else CounterRNG(seeds, device=device)
     else:  # the seed of each row (shared streams map rows to replications)
         rng = generator
         rows_of = getattr(generator, "rows", None)
@@ -731,6 +736,10 @@ def _run(policy, problem, T: int, seed, *, progress: bool | str, callback, gener
             bar.update(1)
         rec.flush(T)
     bar.close()
+    if device.type != "cpu":  # a posterior factor that failed on the device, even with jitter: raised now
+        from .models._gaussian import check_device_factors
+
+        check_device_factors(device)
     elapsed = time.perf_counter() - start
     fields = rec.finish(available)
     alpha = getattr(problem, "alpha", None)

@@ -535,3 +535,48 @@ def test_simulate_names_the_device_of_every_tensor_it_makes(policy_kind):
     assert trace.actions.device.type == "cpu"
     with pytest.raises(ValueError, match=r"device: expected a torch device or its name"):
         run(device="gpu please")
+
+
+# ------------------------------------------------------------------------------ counter streams and instances
+def test_counter_streams_and_instances_name_their_devices():
+    """What a GPU run uses by default (``CounterRNG`` streams, ``instances="counter"`` problems, the
+    device's Cholesky path): no tensor made without ``device=``, and under a default device off the CPU
+    every output stays on the inputs' device."""
+    from bayes_safe.models._gaussian import _device_cholesky
+    from bayes_safe.random import CounterRNG
+
+    rec = FactoryRecorder()
+    with rec:
+        for build in (kazerouni2017_neurips, daulton2019, kazerouni2017):
+            env = build(replications=3, seed=0, instances="counter", device=CPU)
+            _loop(ThompsonSampling(_model("conjugate", env.dim, [3])), env, CounterRNG(env.seeds, device=CPU))
+        _device_cholesky(torch.eye(3, dtype=F64, device=CPU).expand(2, 3, 3))
+    _check_recorded("counter", rec)
+    with DefaultDevice("meta"):
+        env = daulton2019(replications=2, seed=1, instances="counter", device=CPU)
+        out = _loop(ThompsonSampling(_model("conjugate", env.dim, [2])), env, CounterRNG(env.seeds, device=CPU))
+        out.append(_device_cholesky(torch.eye(3, dtype=F64, device=CPU).expand(2, 3, 3)))
+    assert all(t.device == CPU for t in [env.arm_features, env.baseline_action, *out])
+
+
+def test_command_line_device_is_checked_before_any_work(tmp_path, capsys):
+    """``bayes-safe simulate --device``: a CUDA device this machine lacks, a name that is not a device, and
+    ``--device`` with a user's own problem class are refused with a usage error naming the flag (exit
+    2, no traceback, no output directory); ``--device cpu --instances counter`` runs."""
+    from bayes_safe.cli import main
+
+    base = ["simulate", "--problem", "kazerouni2017-neurips", "--policy", "ts", "--replications", "3",
+            "--horizon", "4", "--no-progress"]
+    cases = [(["--device", "tpu"], "--device: expected a torch device name"),
+             (["--device", "cuda:7"], "--device: 'cuda:7' asked for, but this machine has"),
+             (["--problem", "mymod:MyProblem", "--device", "cpu"], "--device: only for a built-in problem")]
+    for extra, message in cases:
+        out = tmp_path / f"run{len(extra)}"
+        with pytest.raises(SystemExit) as exc:
+            main([*base, *extra, "--out", str(out)])
+        assert exc.value.code == 2
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err, err
+        assert not out.exists()
+    assert main([*base, "--device", "cpu", "--instances", "counter", "--out", str(tmp_path / "ok")]) == 0
+    assert (tmp_path / "ok" / "trace.nc").exists()

@@ -260,7 +260,7 @@ class Constraint:
         rows = torch.arange(values.shape[0], device=values.device)
         broken = ~self.as_declared().satisfied(values, values[rows, baseline])
         if self.versus_baseline:
-            broken[rows, baseline] = False
+            broken[rows, baseline] = broken.new_zeros(())  # a device scalar (no copy from the host)
         return broken
 
     def margin(self, values: torch.Tensor, baseline_value: torch.Tensor) -> torch.Tensor:

@@ -538,7 +538,7 @@ class CLUCB2ASC(Policy):
                 budget = torch.maximum(extra_lower[:, 1], n * self.baseline_lower_bound[j])
                 lower = lower + alpha * budget[:, None]
             ok &= lower >= (1 - alpha) * extra_upper[:, :1]
-        ok[rows, baseline] = True
+        ok[rows, baseline] = ok.new_ones(())  # a device scalar: a Python one is copied from the host
         return ok
 
     def select(self, features, baseline=None, generator: Generator = None, valid=None) -> torch.Tensor:
@@ -549,7 +549,7 @@ class CLUCB2ASC(Policy):
         ok = self._feasible(features, baseline)
         if valid is not None:
             ok &= valid
-            ok[rows, baseline] = True
+            ok[rows, baseline] = ok.new_ones(())  # a device scalar: a Python one is copied from the host
         _, upper = self._reward_arms.bounds(features)
         actions = masked_argmax(upper, ok)
         self.last_feasible = ok

@@ -425,12 +425,22 @@ class TSASC(Policy):
             return self._feasible(features, baseline, generator)
         return self._judge(features, baseline, generator)[1]
 
+    def _alpha_factors(self, cached: bool = False):
+        """``1 - alpha_j`` as Python floats, read from the tensor once per value of alpha (an assignment or
+        an in-place change makes a new key): no read of a device's memory per decision (issue 46).
+        ``cached``: the cache entry ``(key, factors, alpha)`` itself."""
+        key = (id(self.alpha), self.alpha._version)
+        entry = self.__dict__.get("_factors")
+        if entry is None or entry[0] != key:
+            entry = self._factors = (key, [1 - a for a in self.alpha.tolist()], self.alpha)
+        return entry if cached else entry[1]
+
     def _feasible(self, features, baseline, generator: Generator = None) -> torch.Tensor:
         # the paper's rule; shapes broadcast over leading sample dimensions (``[S, R, K]`` under a DrawBatch)
         R = features.shape[0]
         ok = None
         # 1 - alpha_j as Python floats: the same float64 numbers as the 0-d tensors, without two ops per constraint
-        factors = None if self.constraints is not None else [1 - a for a in self.alpha.tolist()]
+        factors = None if self.constraints is not None else self._alpha_factors()
         if R == 1 and factors is not None:
             # one stream: the baseline's column as a view and one fill instead of two gathers by index
             # (the same comparisons)
@@ -451,7 +461,7 @@ class TSASC(Policy):
             else:
                 ok = (torch.ones(features.shape[:2], dtype=torch.bool, device=features.device) if ok is None else ok) \
                     & self.constraints[j].satisfied(fc, base)
-        ok[..., rows, baseline] = True
+        ok[..., rows, baseline] = ok.new_ones(())  # a device scalar: a Python one is copied from the host
         return ok
 
     def _check(self, features, baseline, valid):
@@ -475,7 +485,7 @@ class TSASC(Policy):
         ok = self._feasible(features, baseline, generator)
         if valid is not None:
             ok = ok & valid
-            ok[..., torch.arange(features.shape[0], device=features.device), baseline] = True
+            ok[..., torch.arange(features.shape[0], device=features.device), baseline] = ok.new_ones(())
         # masked_argmax's numbers and first maximal index, in two ops instead of four on small tables
         scores = torch.where(ok, fr, float("-inf"))
         return scores.argmax(-1) if scores.numel() <= 1024 else scores.max(-1).indices
@@ -519,10 +529,7 @@ class TSASC(Policy):
         b = int(baseline)
         # 1 - alpha_j as Python floats, read once per value of alpha (an assignment or an in-place change
         # of the tensor makes a new key)
-        key = (id(self.alpha), self.alpha._version)
-        cached = self.__dict__.get("_factors")
-        if cached is None or cached[0] != key:
-            cached = self._factors = (key, [1 - a for a in self.alpha.tolist()], self.alpha)
+        cached = self._alpha_factors(cached=True)
         # Algorithm 1's test and argmax in numpy on the [S, K] tables: the same comparisons, products
         # and first maximal index as torch's, at about half the call cost on tables this small
         # (9 us against 15 at S = 200, K = 5, one constraint)
@@ -694,7 +701,7 @@ class TSASC(Policy):
         met = c.satisfied(values, values[..., rows, baseline]).to(values.dtype)  # [S, *lead, R, K]
         se = _batch_means_se(met)
         if c.versus_baseline:
-            se[..., rows, baseline] = 0.0
+            se[..., rows, baseline] = se.new_zeros(())
         return p - _normal_quantile(q) * se >= q
 
     def _judge(self, features, baseline, generator):
@@ -718,7 +725,7 @@ class TSASC(Policy):
                 base = values[..., rows, baseline]
                 ok = c.satisfied(values, base)
                 if c.versus_baseline:
-                    ok[..., rows, baseline] = True
+                    ok[..., rows, baseline] = ok.new_ones(())  # a device scalar: a Python one is copied from the host
                 singles.append((c, values, base))
             verdicts.append(ok)
             allowed = ok if allowed is None else allowed & ok
@@ -746,7 +753,7 @@ class TSASC(Policy):
             candidates = None
             if valid is not None:
                 candidates = valid.clone()
-                candidates[rows, baseline] = True
+                candidates[rows, baseline] = candidates.new_ones(())
             other = _safest(singles, prob, candidates, baseline, rows)
         return self._record_fallback(empty, torch.where(empty, other, actions), True)
 
@@ -1053,7 +1060,7 @@ def _shortfall(c, values: torch.Tensor, base: torch.Tensor, rows, baseline) -> t
     if c.versus_baseline:
         scale = base.abs()[..., None]
         short = short / torch.where(scale > 0, scale, torch.ones_like(scale))
-        short[..., rows, baseline] = 0.0
+        short[..., rows, baseline] = short.new_zeros(())
     elif c.bound != 0:
         short = short / abs(c.bound)
     return short
