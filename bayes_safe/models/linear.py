@@ -146,6 +146,10 @@ class _TransposedCache:
         self.entries: dict[int, tuple[weakref.ref, torch.Tensor, int]] = {}
 
     def __call__(self, features: torch.Tensor) -> torch.Tensor:
+        if features.device.type != "cpu":
+            # off the CPU a batched product reads the transposed view as it is (cuBLAS takes the layout as
+            # a flag): no copy, which at R = 1,000,000, K = 100, d = 4 is 3 GiB of device memory (issue 46)
+            return features.mT
         if features.is_inference():
             return features.mT.contiguous()
         key = id(features)
