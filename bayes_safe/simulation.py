@@ -122,7 +122,11 @@ def simulate(policy, env, horizon: int, seed: int | Sequence[int] = 0, *, progre
             subset of replications at a step (the conjugate ``BayesianLinear`` without
             forgetting, decay or change detection). A combination that cannot be delivered,
             an unknown name or a bad lag raises ``ValueError`` / ``TypeError`` before the run.
-            None (default) or all lags 0: the run without delays, bit for bit.
+            None (default) or all lags 0: the run without delays, bit for bit. A TS-ASC built
+            with ``pending="margin"`` holds each decision's late constraint metrics as pending
+            (``hold_pending``) from its step until they are delivered (``release_pending``), so its
+            constraint checks keep a margin for them (``bayes_safe.policies.ts_asc``, "Pending
+            outcomes").
 
     Fallbacks: for a policy that can play a fallback when no action is allowed
     (``policy.fallback_constraints`` not None: TS-ASC under an absolute or chance constraint), the
@@ -437,6 +441,15 @@ class _Delivery:
             u = torch.stack([rng.uniform((), key=f"delay/{names[m]}") for _ in range(T)])  # [T, R]
             self.random[m] = lags[m](u).clamp_(max=T)
         self.lean, self.policy, self.columns = lean, policy, columns
+        # pending="margin" (TS-ASC, issue 45): the constraint models whose metric arrives late hold each decision
+        # as pending until its outcome is delivered ({constraint model j: metric m})
+        self.held: dict[int, int] = {}
+        if getattr(policy, "pending", "ignore") != "ignore" and self.mode != "step":
+            for j, model in enumerate(policy.constraint_models):
+                m = self._metric_of(policy, j, learned)
+                if m is not None and (m in self.random or self.fixed[m] > 0):
+                    self.held[j] = m
+        self.held_cols = sorted(self.held)
         from .policies._fast import update_model
 
         self.update_model = update_model  # a model's update of rows checked here (TS-ASC's own path)
@@ -463,14 +476,23 @@ class _Delivery:
                 # per due row: its replication, and its row in the buffers' flat [W * R] view
                 self.schedule[m] = (r, (s % self.W) * R + r, bounds.tolist())
 
+    @staticmethod
+    def _metric_of(policy, j: int, learned: list[int]) -> int | None:
+        """The metric (column of the outcomes) constraint model ``j`` learns, if it learns one."""
+        return learned[j + 1] if j + 1 < len(learned) else None
+
     def step(self, t: int, chosen: torch.Tensor, obs: torch.Tensor, a: torch.Tensor) -> None:
         """After step ``t``'s decision: keep its rows, deliver what is due at ``t``."""
         ring, n = self.ring, self.ring_size
         ring[t % n] = (chosen, obs, a)
+        if self.held:  # pending="margin": the decision's late constraint metrics held as pending
+            self.policy.hold_pending(chosen, self.held_cols)
         if self.mode == "whole":
             s = t - self.whole_lag
             if s >= 0:
                 x, o, act = ring[s % n]
+                if self.held:
+                    self.policy.release_pending(x, self.held_cols)
                 if self.lean is not None:
                     self.lean.update(x, o[:, 0])
                 else:
@@ -492,12 +514,27 @@ class _Delivery:
                 lo, hi = bounds[t], bounds[t + 1]
                 if hi > lo:  # the rows due now, of any earlier step, learned in one call
                     rows = flat.index_select(0, at[lo:hi])
+                    j = self._held_column(model)
+                    if j is not None:
+                        self.policy.release_pending(rows[:, :d], [j], index=r[lo:hi])
                     model._update_elements(r[lo:hi], rows[:, :d], rows[:, d + m])
                 continue
             s = t - self.fixed[m]
             if s >= 0:
                 x, o, act = ring[s % n]
+                j = self._held_column(model)
+                if j is not None:
+                    self.policy.release_pending(x, [j])
                 self.update_model(model, x, o[:, m], act)
+
+    def _held_column(self, model) -> int | None:
+        """The constraint model index ``j`` of ``model`` when it holds pending rows (``pending="margin"``), else None."""
+        if not self.held:
+            return None
+        for j in self.held_cols:
+            if self.policy.constraint_models[j] is model:
+                return j
+        return None
 
     def learned_at(self) -> torch.Tensor:
         """``[T, R, M]`` int32: the step each outcome was delivered at, -1 when never (pending at the end)."""

@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/delays.py           # R = 1,000, T = 400, 5 repeats
     .venv/bin/python benchmarks/delays.py --quick   # R = 1,000, T = 120, 3 repeats
+    .venv/bin/python benchmarks/delays.py --harm    # only the harm rows (R = 128; about 2 min of CPU)
 
 The paper's problem (``daulton2019``: K = 100 arms, d = 4, a reward and one constraint metric)
 at R = 1,000 replications, TS-ASC and Thompson sampling (ridge conjugate models, the
@@ -25,13 +26,23 @@ row was printed. The settings are interleaved within each repeat, in alternating
 change of load falls on all of them. Target (issue 45): ``simulate`` with delays at R = 1,000 costs
 at most 1.5x ``simulate`` without. One torch thread (as ``simulate`` runs).
 
-**The harm target** (the last rows): TS-ASC on ``_pricing.Pricing`` (a 0/1 conversion, a 0/1 refund
-capped at 2 %; conjugate Gaussian models, noise sd 0.5 and 0.15) with the refund 2,000 decisions late
-against at once, the same seeds: the share of decisions whose price breaks the cap in expectation
-over the last 2,000 steps of 8,000 (the window long passed), and over the first 2,000 (what a late
-harm signal costs while it is late). Target: the late-stream shares within 2 points. Full: R = 128
-(the paired gap's standard error about 1.3 points; at R = 32 it is 2.6); ``--quick``: R = 16, 6,000
-steps.
+**The harm target** (the last rows; ``--harm`` runs only them): TS-ASC with the guarded metric long late
+against told at once, the same seeds, the share of decisions whose action breaks the bound in expectation
+over the last window of the run (the window long passed) and over the first (while the outcomes are out),
+per problem, plain and with ``pending="margin"`` (TS-ASC's margin for outcomes still pending):
+
+* ``_pricing.Pricing`` (a 0/1 conversion, a 0/1 refund capped at 2 %; conjugate Gaussian models, noise sd
+  0.5 and 0.15): the refund 2,000 decisions late, 8,000 decisions, windows of 2,000;
+* ``SparseDosing(covariates=11)`` (d = 15, the AE risk capped at 5 %, its conjugate models): the AE 750
+  late, 3,000 patients, windows of 750;
+* ``daulton2019`` (a constraint metric at least 0.99 times the baseline's, ``make_policy``'s models):
+  the constraint 500 late, 1,500 decisions, windows of 500.
+
+Columns: the late-window share, the first-window share, the paired gap to the policy told at once (points,
+with its standard error over replications), the regret per decision in the late window and its ratio to
+the policy told at once, the total regret and its ratio, the CPU seconds of the run. Target (issue 45): the
+late stream within 2 points of the policy told at once (not worse by more). Full: R = 128; ``--quick``:
+R = 16, three quarters of each horizon.
 """
 
 from __future__ import annotations
@@ -104,48 +115,91 @@ def run(quick: bool = False) -> list[dict]:
     return rows + harm_rows(quick)
 
 
-def harm_rows(quick: bool = False) -> list[dict]:
-    """The harm target: a 2,000-decision refund delay against none, late-stream violations (module docstring)."""
+def _harm_setup(problem_name: str, R: int, pending: dict):
+    """``(problem, TS-ASC, the late metric's name, seed)`` of one harm problem (module docstring)."""
     import pyro.distributions as dist
-    from _pricing import Pricing
 
     from bayes_safe import TSASC, BayesianLinear
 
-    R_h, T_h, lag = (16, 6000, 2000) if quick else (128, 8000, 2000)
-    problem = Pricing()
-    problem.replications = R_h
-    shares, per_rep = {}, {}
-    for name, delays in (("at once", None), ("2,000 late", {"refund": lag})):
+    if problem_name == "pricing":
+        from _pricing import Pricing
+
+        problem = Pricing()
+        problem.replications = R
+
         def model(noise):
             prior = dist.Normal(torch.zeros(4, dtype=torch.float64), 1.0).to_event(1)
-            return BayesianLinear(prior, noise_std=noise, batch_shape=[R_h])
+            return BayesianLinear(prior, noise_std=noise, batch_shape=[R])
 
-        policy = TSASC(model(0.5), [model(0.15)], constraints=list(problem.constraints))
-        trace = simulate(policy, problem, T_h, seed=0, delays=delays, progress=False)
-        v = trace.violation.double()
-        shares[name] = (float(v[-2000:].mean()), float(v[:2000].mean()))
-        per_rep[name] = v[-2000:].mean(0)
-    paired = 100 * (per_rep["2,000 late"] - per_rep["at once"])  # the same units and seeds: paired by replication
-    gap, gap_se = float(paired.mean().abs()), float(paired.std() / R_h ** 0.5)
-    load = os.getloadavg()[0]
-    rows = [{"benchmark": f"TS-ASC pricing R={R_h} T={T_h}, refund {name}: share over the 2 % cap, last 2,000 steps",
-             "value": 100 * late, "unit": "%", "first_2000": 100 * early, "load": load} for name, (late, early)
-            in shares.items()]
-    rows.append({"benchmark": "  late-stream gap, refund 2,000 late against at once", "value": gap, "unit": "points",
-                 "se": gap_se, "target": "<= 2 points", "ratio": 2.0 / max(gap, 1e-9), "load": load})
-    for r in rows:
-        print(f"{r['benchmark']}: {r['value']:.2f} {r['unit']}" + (f" (first 2,000: {r['first_2000']:.2f} %)"
-                                                                    if "first_2000" in r else ""), flush=True)
+        return problem, TSASC(model(0.5), [model(0.15)], constraints=list(problem.constraints), **pending), "refund", 0
+    if problem_name == "dosing":
+        from bayes_safe.envs import SparseDosing
+
+        problem = SparseDosing(replications=R, covariates=11)
+        reward, ae = problem.models(R, engine="conjugate")
+        return problem, TSASC(reward, [ae], constraints=list(problem.constraints), **pending), "adverse_event", 0
+    problem = daulton2019(replications=R, seed=0, alpha=0.01)
+    plain = make_policy("ts-asc", problem)
+    return (problem, TSASC(plain.reward_model, plain.constraint_models, alpha=plain.alpha.tolist(), **pending),
+            "constraint", 1)
+
+
+#: the harm problems: (name, lag, horizon, what the rows call it)
+HARM = (("pricing", 2000, 8000, "pricing, refund <= 2 %"), ("dosing", 750, 3000, "SparseDosing d=15, AE <= 5 %"),
+        ("daulton2019", 500, 1500, "daulton2019, constraint >= 0.99 baseline"))
+#: the settings of the harm rows: (label, delayed, TS-ASC's pending options)
+HARM_SETTINGS = (("at once", False, {}), ("late", True, {}), ("late, pending='margin'", True, {"pending": "margin"}))
+
+
+def harm_rows(quick: bool = False) -> list[dict]:
+    """The harm target: a long delay of the guarded metric against none, late-stream violations, with and
+    without ``pending="margin"`` (module docstring)."""
+    R_h = 16 if quick else 128
+    rows = []
+    for problem_name, lag, T_h, label in HARM:
+        if quick:
+            T_h = T_h * 3 // 4
+        late, first, regret, total = {}, {}, {}, {}
+        for name, delayed, pending in HARM_SETTINGS:
+            problem, policy, metric, seed = _harm_setup(problem_name, R_h, pending)
+            cpu = time.process_time()
+            trace = simulate(policy, problem, T_h, seed=seed, delays={metric: lag} if delayed else None,
+                             progress=False)
+            cpu = time.process_time() - cpu
+            v = trace.violation.double()
+            late[name], first[name] = v[-lag:].mean(0), v[:lag].mean(0)  # per replication
+            regret[name], total[name] = trace.regret[-lag:].mean(0), trace.regret.sum(0)
+            paired = 100 * (late[name] - late["at once"])  # the same units and seeds: paired by replication
+            gap, gap_se = float(paired.mean()), float(paired.std() / R_h ** 0.5)
+            ref_regret, ref_total = float(regret["at once"].mean()), float(total["at once"].mean())
+            row = {"benchmark": f"TS-ASC {label} R={R_h} T={T_h}, {metric} {lag} late: {name}",
+                   "value": 100 * float(late[name].mean()), "unit": "% over the bound, last window",
+                   "first_window": 100 * float(first[name].mean()), "gap": gap, "gap_se": gap_se,
+                   "regret_late": float(regret[name].mean()), "regret_late_x": float(regret[name].mean()) / ref_regret,
+                   "regret_total": float(total[name].mean()), "regret_total_x": float(total[name].mean()) / ref_total,
+                   "cpu_s": cpu, "load": os.getloadavg()[0]}
+            if delayed:  # the target: the late stream within 2 points of the policy told at once (not worse)
+                row.update(target="late - at once <= 2 points", ratio=2.0 / max(gap, 0.01))
+            rows.append(row)
+            print(f"{label:42} {name:24} late {row['value']:6.2f} %  first {row['first_window']:6.2f} %  "
+                  f"gap {gap:+6.2f} +- {gap_se:4.2f}  regret/decision late {row['regret_late']:+.4f} "
+                  f"(x{row['regret_late_x']:.2f})  total {row['regret_total']:8.1f} (x{row['regret_total_x']:.2f})  "
+                  f"cpu {cpu:5.1f} s  load {row['load']:.2f}", flush=True)
     return rows
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="shorter runs, fewer repeats")
+    parser.add_argument("--harm", action="store_true", help="only the harm rows (the late-stream target)")
     args = parser.parse_args(argv)
     print(f"load average at start: {os.getloadavg()[0]:.2f} (1 min), {os.cpu_count()} cores; torch {torch.__version__}",
           flush=True)
-    run(quick=args.quick)
+    if args.harm:
+        torch.set_num_threads(1)
+        harm_rows(quick=args.quick)
+    else:
+        run(quick=args.quick)
     print(f"load average at end: {os.getloadavg()[0]:.2f}", flush=True)
     return 0
 

@@ -496,6 +496,13 @@ class Decider:
         self.provenance: dict | None = None
         self._count_fallbacks()
         self.outcome_windows = self._windows(outcome_windows)
+        #: TS-ASC with ``pending="margin"`` (issue 45): the constraint checks keep a margin for the decisions whose
+        #: constraint outcomes the models have not learned yet; ``{decision key: [constraint indices held]}``
+        self._held_pending: dict[str, list[int]] = {}
+        self._margin = getattr(policy, "pending", "ignore") != "ignore"
+        if self._margin and getattr(self, "_replica", False):
+            raise ValueError(f"pending={policy.pending!r}: replicas do not hold pending outcomes yet (their decisions "
+                             "wait in the log); serve one process, or build the policy with pending='ignore'")
         self._swept = 0.0  # time.monotonic() of the last close_windows the loop ran
         self._generator = torch.Generator().manual_seed(seed)
         self._lock = threading.RLock()
@@ -632,6 +639,8 @@ class Decider:
                 self.log.write_decision(*row)
             self.next_id += 1
             self.pending[row[0]] = entry
+            if self._margin:  # every constraint metric of the decision is pending (TS-ASC pending="margin")
+                self._hold(row[0], entry["features"], range(int(self.policy.num_constraints)))
             if self.outcome_windows:
                 entry["time"] = time.time()
                 self._sweep()
@@ -1140,6 +1149,8 @@ class Decider:
         watch = self._drift_watched() if self._drifting else None  # the alarms before these rows (issue 43)
         learn_row = getattr(self.policy, "_learn_row", None)
         for q in queued:
+            if self._held_pending:  # the constraint metrics learned now leave the margin (pending="margin")
+                self._release(q)
             # one float64 array [[features, reward, constraints]] (the same numbers as torch.tensor of the
             # floats) and tensors on numpy's views of it: no tensor operation for the slicing (1.2 us
             # for the array against 3 for torch.tensor, 0.6 a view against 1 to 1.5)
@@ -1170,6 +1181,45 @@ class Decider:
         for model, value in zip((policy.reward_model, *policy.constraint_models), values):
             if value is not None:
                 model.update(x, torch.tensor([float(value)], dtype=torch.float64), actions=actions)
+
+    # ------------------------------------------------------------------ pending outcomes (issue 45)
+    def _hold(self, key: str, features, constraints) -> None:
+        """Hold decision ``key``'s constraint metrics ``constraints`` as pending (TS-ASC ``pending="margin"``)."""
+        cols = [int(j) for j in constraints]
+        if not cols:
+            return
+        self.policy.hold_pending(torch.tensor([features], dtype=torch.float64), cols)
+        self._held_pending[key] = sorted(set(self._held_pending.get(key, [])) | set(cols))
+
+    def _release(self, q: dict) -> None:
+        """Release the held constraint metrics that the queued outcome ``q`` reports: its models learn them now."""
+        key = q.get("decision_id")
+        held = self._held_pending.get(key)
+        if not held:
+            return
+        values = q.get("constraints") or ()
+        now = [j for j in held if j < len(values) and values[j] is not None]
+        if not now:
+            return
+        self.policy.release_pending(torch.tensor([q["features"]], dtype=torch.float64), now)
+        rest = [j for j in held if j not in now]
+        if rest:
+            self._held_pending[key] = rest
+        else:
+            del self._held_pending[key]
+
+    def _hold_all(self) -> None:
+        """Hold every constraint metric the models have not learned yet (after ``load``): the pending decisions'
+        unknown metrics and the queued outcomes' constraint metrics, not applied yet."""
+        self.policy.clear_pending()
+        self._held_pending = {}
+        C = int(self.policy.num_constraints)
+        for key, entry in self.pending.items():
+            known = entry.get("known") or [False] * (1 + C)
+            self._hold(key, entry["features"], [j for j in range(C) if not known[j + 1]])
+        for q in self.queued:
+            values = q.get("constraints") or ()
+            self._hold(q["decision_id"], q["features"], [j for j, v in enumerate(values) if v is not None])
 
     # ------------------------------------------------------------------ the log
     def check_log(self, log: DecisionLog | str | Path | None = None) -> None:
@@ -1223,6 +1273,9 @@ class Decider:
                 self.log = log
             if later:
                 self.pending.update(added)
+                if self._margin:  # decisions made after the snapshot: every constraint metric pending
+                    for key, entry in added.items():
+                        self._hold(key, entry["features"], range(int(self.policy.num_constraints)))
                 self.next_id = int(later[-1][0]) + 1
                 self._generator.manual_seed(int(np.random.SeedSequence([self.seed % 2**64, self.next_id]).generate_state(1)[0]))
             applied = 0
@@ -1272,6 +1325,8 @@ class Decider:
             if self.outcome_windows:
                 names = metric_names(self.policy)
                 meta["outcome_windows"] = {names[j + 1]: list(w) for j, w in self.outcome_windows.items()}
+            if self._margin:  # TS-ASC's pending option (the policy's saved state does not carry it)
+                meta["pending_outcomes"] = {"pending": self.policy.pending, "pending_z": self.policy.pending_z}
             with atomic_output_dir(directory, replace=True) as out:
                 save_state(self.policy, out / "policy")
                 self._save_extra(out)
@@ -1376,6 +1431,9 @@ class Decider:
             if policy_error is not None:  # raised after the log's check, as when the policy was read here
                 raise policy_error
             try:
+                option = meta.get("pending_outcomes")
+                if option is not None:  # TS-ASC's pending option, saved by the Decider
+                    policy._set_pending(str(option["pending"]), float(option["pending_z"]))
                 out = cls._restored(policy, feature_names=meta["feature_names"], num_draws=meta["num_draws"],
                                     update_every=meta["update_every"], featurize=featurize, seed=meta["seed"],
                                     **limits)
@@ -1385,6 +1443,8 @@ class Decider:
                         raise ValueError(f"decision {key!r} holds {len(entry['features'])} features; the policy's "
                                          f"models take {sorted(dims)}")
                 out.model_version, out.next_id, out.pending, out.queued = model_version, next_id, pending, queued
+                if out._margin:
+                    out._hold_all()
                 out._legacy_below = legacy_below
                 if id_key is not None:
                     out._id_key = id_key
