@@ -327,3 +327,27 @@ def test_a_rare_harm_estimated_from_the_known_rows_keeps_its_coverage():
     assert 0.90 <= covered["bootstrap"] / logs <= 0.99
     assert abs(np.mean(known_values) / truth - 1) < 0.03  # unbiased (the mean of 200: 1.6 % se)
     assert np.mean(zero_values) / truth < 0.75  # pending read as 0: 30 % low
+
+
+def test_a_saved_policy_keeps_its_pending_option(tmp_path):
+    """The option travels with the policy's own saved state (a study's policy loaded by the service), and a
+    file with a bad value is refused naming the field."""
+    import json
+
+    from bayes_safe.state import load_state, save_state
+
+    reward, refund = _two_models()
+    policy = TSASC(reward, [refund], constraints=[Constraint("constraint0", at_most=True, bound=0.02)],
+                   pending="margin", pending_z=0.75)
+    path = save_state(policy, tmp_path / "policy")
+    loaded = load_state(path)
+    assert (loaded.pending, loaded.pending_z) == ("margin", 0.75)
+    plain = load_state(save_state(TSASC(*_two_models()[:1], [_two_models()[1]], alpha=0.1), tmp_path / "plain"))
+    assert plain.pending == "ignore"
+    config = Path(path)  # the JSON half of the saved pair (tensors beside it)
+    text = config.read_text()
+    assert '"pending": "margin"' in text
+    config.write_text(text.replace('"pending": "margin"', '"pending": "sometimes"'))
+    with pytest.raises(Exception, match="pending"):
+        load_state(path)
+    json.loads(config.read_text())  # still a readable file: the refusal is the library's, not the parser's

@@ -84,6 +84,8 @@ def encode_policy(policy, enc: Encoder, what: str, model_node) -> dict:
             node["metric_names"] = list(names)
         node.update(fallback=policy.fallback, confidence_draws=int(policy.confidence_draws))
         node["chance_refresh"] = getattr(policy, "chance_refresh", None)
+        if getattr(policy, "pending", "ignore") != "ignore":  # issue 45's option (files without it: "ignore")
+            node.update(pending=policy.pending, pending_z=float(policy.pending_z))
         # the cached banks of chance draws (chance_refresh): a loaded copy makes the same decisions
         node["chance_bank"] = [{"model": int(m), "rows": int(rows), "weights": t(w, f"{what}.chance_bank{m}")}
                                for m, (_, w, rows) in sorted(getattr(policy, "_bank", {}).items())]
@@ -177,6 +179,10 @@ def decode_policy(node, dec: Decoder, where: str):
             if refresh is not None and (isinstance(refresh, bool) or not isinstance(refresh, int) or refresh < 1):
                 dec.fail(f"{where}: field 'chance_refresh' must be null or an int >= 1, got {refresh!r}")
             options["chance_refresh"] = refresh
+        if "pending" in node:  # TS-ASC's margin for pending outcomes (issue 45); the held rows are not state:
+            # a Decider holds again what its models have not learned when it loads
+            options["pending"] = dec.field(node, "pending", str, where)
+            options["pending_z"] = dec.float_field(node, "pending_z", where)
         if "constraints" in node:
             declared = _declarations(node, None if names is not None else len(cons), dec, where)
             return _restore_bank(build(dec, where, lambda: cls(reward, cons, constraints=declared, **options)),
