@@ -330,3 +330,36 @@ def test_the_command_line_simulates_a_late_metric_and_names_bad_delays(tmp_path)
         r = cli(*bad)
         assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, r.stderr
         assert r.stderr.count("\n") == 1
+
+
+def test_the_ab_tuner_holds_late_refunds_for_a_pending_margin():
+    """A TS-ASC arm with ``pending="margin"`` (built by a ``policy_factory``) holds each batch's late refunds
+    until the batch they are learned after, in both delivery modes (one lag for every metric, a lag per
+    metric), and the margin makes the late arm break the cap less than the plain late arm."""
+    from bayes_safe import TSASC
+    from bayes_safe.tuning import ABTest
+
+    built = []
+
+    def factory(pending):
+        def make(kind, parameters, env, *, seed, refit_every):
+            plain = ab.problem.make_policy(kind, parameters, env, seed=seed, refit_every=refit_every)
+            policy = TSASC(plain.reward_model, plain.constraint_models, constraints=plain.constraints,
+                           metric_names=plain.metric_names, pending=pending)
+            built.append(policy)
+            return policy
+        return make
+
+    results = {}
+    for pending in ("ignore", "margin"):
+        ab = ABTest(_Pricing(), n_users=2000, batches=8, compare=(), replicates=1, delays={"refund": 3},
+                    policy_factory=factory(pending))
+        results[pending] = ab.evaluate({"tolerance_refund": 0.0}, seed=0)
+    margin = built[-1]
+    # batches 4, 5 and 6 are never learned (due after the last decision): 3 batches of 250 units held
+    assert int(margin.pending_held[0].sum()) == 3 * 250
+    assert results["margin"]["refund"][0] < results["ignore"]["refund"][0]
+    ab = ABTest(_Pricing(), n_users=2000, batches=8, compare=(), replicates=1, delays={"reward": 3, "refund": 3},
+                policy_factory=factory("margin"))
+    ab.evaluate({"tolerance_refund": 0.0}, seed=0)
+    assert int(built[-1].pending_held[0].sum()) == 3 * 250

@@ -202,10 +202,19 @@ def _mean_se(values: torch.Tensor) -> tuple[float, float]:
 
 def _learn_due(policy, queue: list, b: int, lags: tuple[int, ...], kind: str) -> None:
     """After batch ``b``: the outcomes of ``queue`` (``(batch, features, reward, constraints, actions)``) whose
-    lag has passed, learned once each (``ABTest.delays``); entries fully learned leave the queue."""
+    lag has passed, learned once each (``ABTest.delays``); entries fully learned leave the queue.
+
+    A TS-ASC built with ``pending="margin"`` holds the late constraint metrics of batch ``b``'s units as
+    pending from now until they are learned (``hold_pending`` / ``release_pending``: its constraint checks
+    keep a margin for them; ``bayes_safe.policies.ts_asc``, "Pending outcomes")."""
+    late = _held_columns(policy, lags)
+    if late and queue and queue[-1][0] == b:  # the batch just played: its late constraint metrics are pending
+        policy.hold_pending(queue[-1][1], late, index=_stream_index(policy, queue[-1][1]))
     if len(set(lags)) == 1:  # one lag for every metric: whole batches late, any policy
         while queue and queue[0][0] + lags[0] == b:
             _, x, reward, constraints, a = queue.pop(0)
+            if late:
+                policy.release_pending(x, late, index=_stream_index(policy, x))
             policy.update(x, reward, constraints, actions=a)
         return
     models = (getattr(policy, "reward_model", None), *getattr(policy, "constraint_models", ()))
@@ -217,8 +226,25 @@ def _learn_due(policy, queue: list, b: int, lags: tuple[int, ...], kind: str) ->
         b0, x, reward, constraints, a = entry
         for m, (model, lag) in enumerate(zip(models, lags)):
             if b0 + lag == b:
+                if m - 1 in late:
+                    policy.release_pending(x, [m - 1], index=_stream_index(policy, x))
                 model.update(x, reward if m == 0 else constraints[:, m - 1], actions=a)
     queue[:] = [e for e in queue if e[0] + max(lags) > b]
+
+
+def _held_columns(policy, lags: tuple[int, ...]) -> list[int]:
+    """The constraint models (indices) whose metric arrives late, when ``policy`` keeps a margin for pending
+    outcomes (TS-ASC ``pending="margin"``); empty otherwise."""
+    if getattr(policy, "pending", "ignore") == "ignore" or not callable(getattr(policy, "hold_pending", None)):
+        return []
+    return [j for j in range(len(lags) - 1) if lags[j + 1] > 0]
+
+
+def _stream_index(policy, x: torch.Tensor) -> torch.Tensor | None:
+    """The flat batch index of each unit's row: 0 for a policy of one stream (the A/B test's arms), None for
+    models with a batch of one row per unit."""
+    shape = tuple(getattr(policy.constraint_models[0], "batch_shape", ()) or ())
+    return None if shape else torch.zeros(x.shape[0], dtype=torch.long, device=x.device)
 
 
 @dataclass
@@ -248,7 +274,9 @@ class ABTest:
             ``"reward"`` and the metrics the constraint models learn (``delay_names()``). When every
             learned metric has the same lag the arms' ``update`` takes whole batches late (any
             policy); otherwise each model learns its own metric when it arrives (TS-ASC; other
-            arms are refused by name at the trial). What the arms play is scored as it happened.
+            arms are refused by name at the trial). What the arms play is scored as it happened. A
+            TS-ASC arm built with ``pending="margin"`` (a ``policy_factory``'s) holds the late
+            constraint metrics as pending until they are learned, as ``simulate`` does.
         replicates: independent A/B tests per trial (other units, other Thompson draws, other
             refits; each paired with its own baseline). The trial reports their mean and an SEM
             that covers the run-to-run variability of the learning policy (``combine_replicates``);
