@@ -580,3 +580,20 @@ def test_command_line_device_is_checked_before_any_work(tmp_path, capsys):
         assert not out.exists()
     assert main([*base, "--device", "cpu", "--instances", "counter", "--out", str(tmp_path / "ok")]) == 0
     assert (tmp_path / "ok" / "trace.nc").exists()
+
+
+def test_the_decider_refuses_a_model_off_the_cpu_by_name():
+    """The service's entry point: a ``Decider`` serves one decision at a time on the CPU, and a policy whose
+    model lives on a GPU is refused at construction, naming the model and the device (not a device error
+    at the first request)."""
+    from bayes_safe.online import Decider
+
+    class OnAccelerator(BayesianLinear):  # a model that says it lives on a GPU (this machine has none)
+        @property
+        def device(self):
+            return torch.device("cuda")
+
+    with pytest.raises(ValueError, match=r"policy: its \w+ model lives on cuda; a Decider serves one decision at a "
+                                         r"time on the CPU"):
+        Decider(ThompsonSampling(OnAccelerator(_normal(3), 1.0)))
+    Decider(ThompsonSampling(BayesianLinear(_normal(3), 1.0)))  # on the CPU: served

@@ -435,6 +435,13 @@ class Decider:
             if shape is not None and tuple(shape) not in ((), (1,)):
                 raise ValueError(f"policy: its {role} model has batch_shape {list(shape)}; a Decider serves one "
                                  "stream of decisions: build the models without a batch shape (or batch_shape=[1])")
+            device = getattr(m, "device", None)
+            if isinstance(device, torch.device) and device.type != "cpu":
+                # one decision at a time: kernel launches and copies cost more than the 4 x 4 arithmetic, and the
+                # log, the propensities and the requests live on the host (issue 46)
+                raise ValueError(f"policy: its {role} model lives on {device}; a Decider serves one decision at a "
+                                 "time on the CPU: build the serving models with their prior on the CPU (a GPU "
+                                 "pays off for batched simulation and studies: bayes_safe.simulate)")
         if isinstance(num_draws, bool) or not isinstance(num_draws, int) or not 2 <= num_draws <= MAX_DRAWS:
             raise ValueError(f"num_draws: expected an int in [2, {MAX_DRAWS}] (the played draw and at least one more), "
                              f"got {num_draws!r}")
