@@ -597,3 +597,14 @@ def test_the_decider_refuses_a_model_off_the_cpu_by_name():
                                          r"time on the CPU"):
         Decider(ThompsonSampling(OnAccelerator(_normal(3), 1.0)))
     Decider(ThompsonSampling(BayesianLinear(_normal(3), 1.0)))  # on the CPU: served
+
+
+def test_the_ab_tuner_refuses_a_problem_off_the_cpu_by_name():
+    """The tuner's entry point: a user's problem that lives on a GPU is refused when the A/B test is made,
+    naming the device (its trials draw units with CPU generators and refit between batches)."""
+    from bayes_safe.tuning import ABTest
+
+    env = kazerouni2017_neurips(replications=1, seed=0, num_arms=5, baseline_rank=2)
+    env.device = torch.device("cuda")  # what a problem built with device="cuda" says (this machine has none)
+    with pytest.raises(ValueError, match=r"problem: it lives on cuda; the A/B tuner runs its trials on the CPU"):
+        ABTest(env)

@@ -232,6 +232,23 @@ def _learn_due(policy, queue: list, b: int, lags: tuple[int, ...], kind: str) ->
     queue[:] = [e for e in queue if e[0] + max(lags) > b]
 
 
+def _check_on_cpu(problem) -> None:
+    """``ValueError`` naming the device when a user's problem lives off the CPU: an A/B trial draws its units
+    in batches of thousands with CPU generators and refits the arms between them (issue 46: the trial's
+    cost is its refits, not its arithmetic; ``bayes_safe.simulate`` is what runs on a GPU)."""
+    device = getattr(problem, "device", None)
+    if device is None and isinstance(getattr(problem, "arm_features", None), torch.Tensor):
+        device = problem.arm_features.device
+    try:
+        device = torch.device(device) if device is not None else None
+    except (TypeError, RuntimeError):
+        return
+    if device is not None and device.type != "cpu":
+        raise ValueError(f"problem: it lives on {device}; the A/B tuner runs its trials on the CPU (batches of units "
+                         "with CPU generators, refits between them): build the problem on the CPU for tuning, and "
+                         "use bayes_safe.simulate for runs on the GPU")
+
+
 def _held_columns(policy, lags: tuple[int, ...]) -> list[int]:
     """The constraint models (indices) whose metric arrives late, when ``policy`` keeps a margin for pending
     outcomes (TS-ASC ``pending="margin"``); empty otherwise."""
@@ -324,6 +341,7 @@ class ABTest:
             if isinstance(self.problem, Problem) or hasattr(self.problem, "draw") or hasattr(self.problem, "outcomes"):
                 from .own_problem import SimulatedProblem
 
+                _check_on_cpu(self.problem)
                 self.problem = SimulatedProblem(self.problem)
             else:
                 raise TypeError(f"problem: expected a bayes_safe.envs.Problem (draw, outcomes, metric_names) or an "
