@@ -165,6 +165,9 @@ def _build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out", required=True, type=output_dir, help="output directory")
     run.add_argument("--quick", action="store_true", help="a small version for smoke tests (< 2 minutes)")
     run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--device", default=None, metavar="DEVICE",
+                     help="run the study's simulations on this device ('cuda', 'cuda:1'; studies that support it: "
+                          "ts-asc-synthetic); default the CPU")
     _add_debug(run)
 
     srv = sub.add_parser("serve", help="serve a saved Decider over HTTP (needs pip install 'bayes-safe[serve]')")
@@ -692,9 +695,18 @@ def _study(args) -> int:
     from .io import atomic_output_dir
 
     module = get_study(args.name)
+    options = {}
+    device = _device_arg(getattr(args, "device", None))
+    if device is not None:  # checked before any work: a study that cannot take it is named now
+        import inspect
+
+        if "device" in inspect.signature(module.run).parameters:
+            options["device"] = device
+        elif device.type != "cpu":
+            raise UsageError(f"--device: study {args.name!r} runs on the CPU only; ts-asc-synthetic takes --device")
     # the study writes into a scratch directory that then replaces --out as a whole
     with _writing(args.out, errnos=_DISK_ERRNOS), atomic_output_dir(args.out, replace=True) as tmp:
-        results = module.run(tmp, quick=args.quick, seed=args.seed)
+        results = module.run(tmp, quick=args.quick, seed=args.seed, **options)
     print(f"study {args.name}: wrote {args.out} ({len(results)} result entries)")
     return 0
 

@@ -111,9 +111,12 @@ POLICIES = ("TS-ASC", "CLUCB2-ASC-C", "CLUCB2-ASC-I")
 
 
 def _ts_model(env, metric: int, ridge: float, noise_std: float | None = None) -> BayesianLinear:
-    """Conjugate Gaussian model with prior ``N(0, I / ridge)`` and known noise (TS-ASC's models)."""
+    """Conjugate Gaussian model with prior ``N(0, I / ridge)`` and known noise (TS-ASC's models), on the
+    problem's device (the prior's parameters are the float32 numbers of ``Normal(0.0, ridge**-0.5)``)."""
     sigma = float(env.noise_std[metric]) if noise_std is None else noise_std
-    prior = dist.Normal(0.0, ridge**-0.5).expand([env.dim]).to_event(1)
+    device = env.arm_features.device
+    prior = dist.Normal(torch.tensor(0.0, device=device), torch.tensor(ridge**-0.5, device=device))
+    prior = prior.expand([env.dim]).to_event(1)
     return BayesianLinear(prior, noise_std=sigma, batch_shape=[env.replications])
 
 
@@ -140,7 +143,7 @@ def make_study_policy(name: str, env, alpha: float, ridge: float = 1.0, delta: f
 
 def _oracle(env) -> tuple[float, float]:
     """Mean and SEM over realisations of the best feasible arm's normalised expected constraint."""
-    rows = torch.arange(env.replications)
+    rows = torch.arange(env.replications, device=env.arm_features.device)
     ratio = env.expected[rows, env.optimal_action, 1] / env.baseline_expected[:, 1]
     m, s = mean_and_sem(ratio)
     return float(m), float(s)
@@ -218,9 +221,14 @@ def _figure2a(series, alpha, path, seed):
     save_figure(fig, path)
 
 
-def run(out, quick: bool = False, seed: int = 0) -> dict:
-    """Run the study and write results.json, CSVs, figures, report.md and models/ into ``out``."""
+def run(out, quick: bool = False, seed: int = 0, device: str | torch.device | None = None) -> dict:
+    """Run the study and write results.json, CSVs, figures, report.md and models/ into ``out``.
+
+    ``device``: where the problems, the models and the runs live (default the CPU; ``"cuda"``: the same
+    problems, drawn per replication as on the CPU and moved, simulated on the GPU with its own random
+    streams, so the figures agree with a CPU run in law, not number for number; issue 46)."""
     cfg = QUICK if quick else FULL
+    device = torch.device("cpu") if device is None else torch.device(device)
     out = Path(out)
     timer = Timer()
     alphas, R, T, W = cfg["alphas"], cfg["replications"], cfg["horizon"], cfg["window"]
@@ -232,7 +240,7 @@ def run(out, quick: bool = False, seed: int = 0) -> dict:
     fitted: dict = {}  # (alpha, policy) -> {role: model} at the end of the main runs
     for alpha in alphas:
         with timer("build problems"):
-            env = daulton2019(replications=R, seed=seed, alpha=alpha)
+            env = daulton2019(replications=R, seed=seed, alpha=alpha, device=device)
         oracle[alpha] = _oracle(env)
         gaps[alpha] = float((env.optimal_reward - env.baseline_expected[:, 0]).mean())
         results[alpha] = {}
@@ -259,7 +267,7 @@ def run(out, quick: bool = False, seed: int = 0) -> dict:
     # TS-ASC's prior: sensitivity at one alpha
     sens_cfg = cfg["sensitivity"]
     sensitivity = {}
-    env = daulton2019(replications=sens_cfg["replications"], seed=seed, alpha=sens_cfg["alpha"])
+    env = daulton2019(replications=sens_cfg["replications"], seed=seed, alpha=sens_cfg["alpha"], device=device)
     for prior in ("weights", "ridge", "ridge-ts"):
         policy = make_study_policy("TS-ASC", env, sens_cfg["alpha"], cfg["ridge"], prior=prior)
         with timer("simulate sensitivity"):
@@ -271,7 +279,8 @@ def run(out, quick: bool = False, seed: int = 0) -> dict:
     var_cfg = cfg["variant"]
     variant = {}
     for alpha in alphas:
-        env = daulton2019(replications=var_cfg["replications"], seed=seed, alpha=alpha, baseline_rank=var_cfg["baseline_rank"])
+        env = daulton2019(replications=var_cfg["replications"], seed=seed, alpha=alpha,
+                          baseline_rank=var_cfg["baseline_rank"], device=device)
         policy = make_study_policy("TS-ASC", env, alpha, cfg["ridge"])
         with timer("simulate variant"):
             trace = simulate(policy, env, var_cfg["horizon"], seed=seed + 1)
@@ -319,7 +328,7 @@ def run(out, quick: bool = False, seed: int = 0) -> dict:
             if fig2a:
                 _figure2a(fig2a, cfg["figure2a_alpha"], tmp / "figure2a_constraint.png", seed)
         info = {
-            "study": NAME, "quick": quick, "seed": seed, "config": cfg,
+            "study": NAME, "quick": quick, "seed": seed, "config": cfg, "device": str(device),
             "paper_table_2b": {str(a): {"mean": m, "sem": s} for a, (m, s) in PAPER_TABLE_2B.items()},
             "table_2b": table_2b,
             "figure2a": {"alpha": cfg["figure2a_alpha"], "replication": cfg["figure2a_replication"],
@@ -358,7 +367,9 @@ def _report(info: dict, cfg: dict) -> str:
         "",
         f"{'QUICK smoke run (numbers not meaningful)' if info['quick'] else 'Full run'}: {R:,} realisations of the "
         f"`daulton2019` problem per alpha, horizon T = {T:,}, seed {info['seed']}; wall time "
-        f"{info['seconds']['total'] / 60:.1f} min ({info['seconds']['total_cpu'] / 60:.1f} min of CPU). Regret is measured against the best *feasible* arm.",
+        f"{info['seconds']['total'] / 60:.1f} min ({info['seconds']['total_cpu'] / 60:.1f} min of CPU)"
+        f"{'' if info.get('device', 'cpu') == 'cpu' else ', run on ' + info['device']}. Regret is measured against the "
+        "best *feasible* arm.",
         "",
         "## Choices where the paper is silent",
         "",

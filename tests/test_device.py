@@ -608,3 +608,37 @@ def test_the_ab_tuner_refuses_a_problem_off_the_cpu_by_name():
     env.device = torch.device("cuda")  # what a problem built with device="cuda" says (this machine has none)
     with pytest.raises(ValueError, match=r"problem: it lives on cuda; the A/B tuner runs its trials on the CPU"):
         ABTest(env)
+
+
+def test_a_reproduction_study_takes_a_device(tmp_path, capsys):
+    """``bayes-safe study run ts-asc-synthetic --device``: the study's models and oracle follow the problem's
+    device (no tensor made without one), ``--device cpu`` is the default run number for number, and a study
+    that runs on the CPU only refuses a GPU by name before any work."""
+    from bayes_safe.cli import main
+    from bayes_safe.studies import ts_asc_synthetic as study
+
+    env = daulton2019(replications=3, seed=0, alpha=0.1, device=CPU)
+    rec = FactoryRecorder(roots=(Path(study.__file__).resolve(),))
+    with rec:
+        for name in study.POLICIES:
+            _loop(study.make_study_policy(name, env, 0.1), env, ReplicationRNG.from_seed(1, 3))
+        study._oracle(env)
+    assert not rec.factories, dict(rec.factories)
+    import json
+
+    runs = {}
+    for flag in ([], ["--device", "cpu"]):
+        out = tmp_path / f"run{len(flag)}"
+        assert main(["study", "run", "ts-asc-synthetic", "--quick", "--out", str(out), *flag]) == 0
+        runs[len(flag)] = json.loads((out / "results.json").read_text())
+    def untimed(node):  # the runs' own timings differ
+        if isinstance(node, dict):
+            return {k: untimed(v) for k, v in node.items() if k != "elapsed_seconds"}
+        return node
+
+    for key in ("table_2b", "summary", "sensitivity_ts_asc_prior", "variant_baseline_rank"):
+        assert untimed(runs[0][key]) == untimed(runs[2][key]), key
+    with pytest.raises(SystemExit) as exc:
+        main(["study", "run", "clucb-synthetic", "--quick", "--out", str(tmp_path / "no"), "--device", "cuda:0"])
+    assert exc.value.code == 2
+    assert "--device" in capsys.readouterr().err and not (tmp_path / "no").exists()
