@@ -384,12 +384,16 @@ def daulton2019(replications: int = 1, seed: int | list[int] = 0, alpha: float =
 # --- instances="counter": every replication at once (module docstring) ----------------------------------------
 
 
-def _kazerouni2017_neurips_counter(seeds, K, d, noise_std, baseline_rank, device) -> LinearBandit:
+def _counter_buffers(seeds, K: int, d: int, M: int, device):
+    """What a counter build fills: ``(R, the seeds' words [R], features [R, K, d], parameters [R, M, d],
+    baseline arms [R])``, the tensors empty, on ``device``."""
     R = len(seeds)
-    words = _seed_tensor(seeds, device)
-    feats = torch.empty(R, K, d, dtype=torch.float64, device=device)
-    thetas = torch.empty(R, 1, d, dtype=torch.float64, device=device)
-    base = torch.empty(R, dtype=torch.long, device=device)
+    return (R, _seed_tensor(seeds, device), torch.empty(R, K, d, dtype=torch.float64, device=device),
+            torch.empty(R, M, d, dtype=torch.float64, device=device), torch.empty(R, dtype=torch.long, device=device))
+
+
+def _kazerouni2017_neurips_counter(seeds, K, d, noise_std, baseline_rank, device) -> LinearBandit:
+    R, words, feats, thetas, base = _counter_buffers(seeds, K, d, 1, device)
     for lo, hi in _chunks(R, 2 * K * d, device):
         w = words[lo:hi]
         theta = counter_normal(w, "kazerouni2017-neurips/theta", 0, d)
@@ -460,11 +464,7 @@ def _daulton_baseline(mean: torch.Tensor, top_reward: int, baseline_rank: int, a
 
 
 def _daulton2019_counter(seeds, alpha, K, d, noise_std, top_reward, baseline_rank, device) -> LinearBandit:
-    R = len(seeds)
-    words = _seed_tensor(seeds, device)
-    feats = torch.empty(R, K, d, dtype=torch.float64, device=device)
-    thetas = torch.empty(R, 2, d, dtype=torch.float64, device=device)
-    base = torch.empty(R, dtype=torch.long, device=device)
+    R, words, feats, thetas, base = _counter_buffers(seeds, K, d, 2, device)
     for lo, hi in _chunks(R, 4 * K * d, device):
         todo = torch.arange(lo, hi, device=device)  # the replications still without an instance
         for attempt in range(10_000):
