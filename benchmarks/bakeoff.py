@@ -548,11 +548,12 @@ class BayesSafeResidual(_Torch):
     uses_baseline_probs = True
 
     def __init__(self, dim, num_actions, seed, warm, policy="ts", engine="torch", temperature=0.25,
-                 score_scale=0.25, min_win=None, **options):
+                 score_scale=0.25, min_win=None, exclusive=False, **options):
         super().__init__(dim, num_actions, seed)
         self.kind, self.engine, self.seed = policy, engine, seed
         self.options = {"temperature": temperature, "score_scale": score_scale, **options}
         self.min_win = min_win
+        self.exclusive = exclusive  # the conservative check's exclusive-rewards bound (a class label: one action pays)
         self._build(*warm)
 
     def _build(self, X, y, P, **override) -> None:
@@ -560,6 +561,8 @@ class BayesSafeResidual(_Torch):
 
         self.res = res = baseline_residual(X, P, labels=y, **{**self.options, **override})
         extra = {} if self.min_win is None else {"min_win_probability": self.min_win}
+        if self.exclusive:
+            extra["exclusive_rewards"] = True
         if self.engine == "numpy":
             from bayes_safe.policies import StreamingConservativeTS, StreamingPerArmTS
 
@@ -691,9 +694,13 @@ register(LearnerSpec("bayes_safe TS streaming", BayesSafeStreamingTS,
 register(LearnerSpec("bayes_safe conservative TS streaming", BayesSafeStreamingConservativeTS,
                      "bayes_safe StreamingConservativeTS (numpy one-stream fast path of conservative TS, realised budget)",
                      requires=("torch", "pyro"), safe=True, warm=True))
-for _t in (1.0, 0.1):  # the temperature's two sides, on request (--learners "bayes_safe TS T=1")
+for _t in (1.0, 0.1, 0.03, 0.01):  # other temperatures, on request (--learners "bayes_safe TS T=1")
     register(LearnerSpec(f"bayes_safe TS T={_t:g}", lambda d, k, s, warm, t=_t: BayesSafeTS(d, k, s, warm, t),
                          f"bayes_safe ThompsonSampling, calibrated_per_arm, temperature {_t:g}",
+                         requires=("torch", "pyro"), warm=True, default=False))
+    register(LearnerSpec(f"bayes_safe TS streaming T={_t:g}",
+                         lambda d, k, s, warm, t=_t: BayesSafeStreamingTS(d, k, s, warm, t),
+                         f"bayes_safe StreamingPerArmTS, calibrated_per_arm, temperature {_t:g}",
                          requires=("torch", "pyro"), warm=True, default=False))
 register(LearnerSpec("bayes_safe TS-ASC", BayesSafeTSASC,
                      "bayes_safe TSASC alpha=0.1, guard = per-arm reward model vs the baseline action",
@@ -705,26 +712,39 @@ register(LearnerSpec("bayes_safe conservative TS expected", lambda d, k, s, warm
                      "bayes_safe ConservativeTS alpha=0.1, budget on expected rewards, calibrated_per_arm",
                      requires=("torch", "pyro"), safe=True, warm=True, default=False))
 RESIDUAL_MIN_WIN = 0.5  # the win check of the residual conservative learners (a priori: no worse than even odds)
+# the bake-off's reward is a class label (one action pays 1): the conservative check's exclusive-rewards bound
+RESIDUAL_EXCLUSIVE = True
 for _kind, _engine, _label in (("ts", "torch", "residual TS"), ("ts", "numpy", "residual TS streaming"),
                                 ("conservative", "torch", "residual conservative TS"),
                                 ("conservative", "numpy", "residual conservative TS streaming")):
     _win = RESIDUAL_MIN_WIN if _kind == "conservative" else None
+    _exc = RESIDUAL_EXCLUSIVE and _kind == "conservative"
     register(LearnerSpec(f"bayes_safe {_label}",
-                         lambda d, k, s, warm, p=_kind, e=_engine, q=_win: BayesSafeResidual(d, k, s, warm, p, e, min_win=q),
-                         f"bayes_safe {'ConservativeTS alpha=0.1 realised, win check 0.5' if _kind == 'conservative' else 'ThompsonSampling'}"
+                         lambda d, k, s, warm, p=_kind, e=_engine, q=_win, x=_exc: BayesSafeResidual(
+                             d, k, s, warm, p, e, min_win=q, exclusive=x),
+                         f"bayes_safe {'ConservativeTS alpha=0.1 realised, exclusive rewards, win check 0.5' if _kind == 'conservative' else 'ThompsonSampling'}"
                          f" ({_engine}) on baseline_residual: per-arm features [x, p_k(x)], prior mean the baseline",
                          requires=("torch", "pyro"), safe=_kind == "conservative", warm=True, probs=True))
+for _t in (0.1, 0.03, 0.01):  # residual TS at other temperatures, both forms, on request
+    for _engine, _suffix in (("torch", ""), ("numpy", " streaming")):
+        register(LearnerSpec(f"bayes_safe residual TS{_suffix} T={_t:g}",
+                             lambda d, k, s, warm, t=_t, e=_engine: BayesSafeResidual(d, k, s, warm, "ts", e, temperature=t),
+                             f"bayes_safe ThompsonSampling ({_engine}) on baseline_residual, temperature {_t:g}",
+                             requires=("torch", "pyro"), warm=True, probs=True, default=False))
 _RESIDUAL_VARIANTS = {  # the measured alternatives (issue 44), on request
     "no win check": {"min_win": None},
     "warm posterior": {"warm_posterior": True},
     "residual scale": {"scale_from": "residuals"},
+    "model bound": {"exclusive": False},   # the deviations' term by the model and the success rate (before issue 44's fix)
 }
 for _variant, _opts in _RESIDUAL_VARIANTS.items():
-    register(LearnerSpec(f"bayes_safe residual conservative TS streaming {_variant}",
-                         lambda d, k, s, warm, o=_opts: BayesSafeResidual(
-                             d, k, s, warm, "conservative", "numpy", **{"min_win": RESIDUAL_MIN_WIN, **o}),
-                         f"bayes_safe residual conservative TS streaming, {_variant}", requires=("torch", "pyro"),
-                         safe=True, warm=True, probs=True, default=False))
+    for _engine, _suffix in (("numpy", " streaming"), ("torch", "")) if _variant == "model bound" else (("numpy", " streaming"),):
+        register(LearnerSpec(f"bayes_safe residual conservative TS{_suffix} {_variant}",
+                             lambda d, k, s, warm, o=_opts, e=_engine: BayesSafeResidual(
+                                 d, k, s, warm, "conservative", e,
+                                 **{"min_win": RESIDUAL_MIN_WIN, "exclusive": RESIDUAL_EXCLUSIVE, **o}),
+                             f"bayes_safe residual conservative TS{_suffix}, {_variant}", requires=("torch", "pyro"),
+                             safe=True, warm=True, probs=True, default=False))
 register(LearnerSpec("bayes_safe CLUCB", BayesSafeCLUCB,
                      "bayes_safe CLUCB alpha=0.1, block-per-arm BayesianLinear, known baseline reward = its probability",
                      requires=("torch", "pyro"), safe=True))

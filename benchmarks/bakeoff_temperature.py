@@ -18,6 +18,15 @@ law of decisions as ``ThompsonSampling`` / ``ConservativeTS`` over ``calibrated_
 
     .venv/bin/python benchmarks/bakeoff_temperature.py           # 10 shuffles: about 2 minutes
     .venv/bin/python benchmarks/bakeoff_temperature.py --quick   # 2 shuffles, streams cut to 400 rows
+
+Issue 44 (the warm protocol, strong baselines): ``--protocol warm --warm-fraction 0.2`` hands every learner
+the warm slice with full information first (as ``bakeoff.py --protocol warm``), ``--kinds`` adds the
+baseline-residual learners (``residual TS``, ``residual conservative TS``: ``StreamingPerArmTS.from_residual``,
+the numpy forms of the bake-off's rows), ``--grid`` sets the temperatures, and greedy (the bake-off's
+per-arm ridge) is run on the same streams for reference:
+
+    .venv/bin/python benchmarks/bakeoff_temperature.py --protocol warm --warm-fraction 0.2 \
+        --kinds "TS,residual TS" --grid 0.01,0.03,0.1,0.25,1
 """
 
 from __future__ import annotations
@@ -38,26 +47,51 @@ GRID = (0.1, 0.25, 0.5, 1.0)
 DEFAULT = 0.25
 
 
-_LEARNERS = {"TS": bakeoff.BayesSafeStreamingTS, "conservative TS": bakeoff.BayesSafeStreamingConservativeTS}
+def _residual(policy: str):
+    def make(dim, K, seed, warm, temperature):
+        return bakeoff.BayesSafeResidual(dim, K, seed, warm, policy, "numpy", temperature=temperature,
+                                         min_win=bakeoff.RESIDUAL_MIN_WIN if policy == "conservative" else None,
+                                         exclusive=bakeoff.RESIDUAL_EXCLUSIVE and policy == "conservative")
+    return make
 
 
-def run(datasets: Sequence[str], shuffles: int, seed: int, max_rows: int | None) -> dict:
-    """``{kind: {dataset: {T: [(PV loss, baseline's PV loss, violation rate) per shuffle]}}}``."""
-    out: dict = {"TS": {}, "conservative TS": {}}
+_LEARNERS = {"TS": bakeoff.BayesSafeStreamingTS, "conservative TS": bakeoff.BayesSafeStreamingConservativeTS,
+             "residual TS": _residual("ts"), "residual conservative TS": _residual("conservative")}
+_PROBS = {"residual TS", "residual conservative TS"}   # handed the baseline's probabilities (the warm slice's too)
+
+
+def _score(learner, stream, protocol: str) -> tuple[float, float, float]:
+    """(PV loss, the baseline's, violation rate) of one learner on one stream (the warm slice first in the warm
+    protocol)."""
+    if protocol == "warm":
+        learner.warm_start(stream.warm_X, stream.warm_y, stream.warm_probs)
+    rewards, _ = bakeoff.run_stream(learner, stream)
+    base = stream.baseline_rewards
+    return bakeoff.pv_loss(rewards), bakeoff.pv_loss(base), bakeoff.violation_rate(rewards, base)
+
+
+def run(datasets: Sequence[str], shuffles: int, seed: int, max_rows: int | None, *, protocol: str = "cold",
+        warm_fraction: float = bakeoff.WARM_FRACTION, kinds: Sequence[str] = ("TS", "conservative TS"),
+        grid: Sequence[float] = GRID) -> dict:
+    """``{kind: {dataset: {T: [(PV loss, baseline's PV loss, violation rate) per shuffle]}}}``, and under
+    ``"greedy"`` ``{dataset: [(...) per shuffle]}`` (the bake-off's greedy ridge on the same streams)."""
+    out: dict = {kind: {} for kind in kinds}
+    greedy: dict = {}
     for name in datasets:
         ds = bakeoff.DATASETS[name]()
         for s in range(shuffles):
-            stream = bakeoff.make_stream(ds, s, seed, max_rows)
-            base = stream.baseline_rewards
+            stream = bakeoff.make_stream(ds, s, seed, max_rows, warm_fraction)
+            greedy.setdefault(name, []).append(
+                _score(bakeoff.GreedyRidge(stream.X.shape[1], stream.num_actions, 0), stream, protocol))
             for kind, per_kind in out.items():
-                for T in GRID:
+                warm = (stream.warm_X, stream.warm_y) + ((stream.warm_probs,) if kind in _PROBS else ())
+                for T in grid:
                     # the bake-off's own learner classes (the safe one checks its budget on the untempered
                     # posterior) and its own loop
                     learner = _LEARNERS[kind](stream.X.shape[1], stream.num_actions, 1000 * s + int(100 * T),
-                                              (stream.warm_X, stream.warm_y), temperature=T)
-                    rewards, _ = bakeoff.run_stream(learner, stream)
-                    per_kind.setdefault(name, {}).setdefault(T, []).append(
-                        (bakeoff.pv_loss(rewards), bakeoff.pv_loss(base), bakeoff.violation_rate(rewards, base)))
+                                              warm, temperature=T)
+                    per_kind.setdefault(name, {}).setdefault(T, []).append(_score(learner, stream, protocol))
+    out["greedy"] = greedy
     return out
 
 
@@ -73,25 +107,36 @@ def held_out(table: dict) -> list[tuple[str, float, float, float, float, float]]
     in-sample best T, its ratio)."""
     mean = {d: {T: ratio(v) for T, v in per.items()} for d, per in table.items()}
     rows = []
-    for d in mean:
-        others = [o for o in mean if o != d]
-        pick = min(GRID, key=lambda T: np.mean([mean[o][T] for o in others]))
-        best = min(GRID, key=lambda T: mean[d][T])
-        rows.append((d, pick, mean[d][pick], mean[d][DEFAULT], best, mean[d][best]))
+    for d, own in mean.items():
+        others = [o for o in mean if o != d] or [d]   # one data set alone: its own pick (in sample)
+        pick = min(own, key=lambda T: np.mean([mean[o][T] for o in others]))
+        best = min(own, key=lambda T: own[T])
+        rows.append((d, pick, own[pick], own.get(DEFAULT, float("nan")), best, own[best]))
     return rows
 
 
 def render(table: dict, seconds: float, args) -> str:
+    grid = tuple(getattr(args, "grid", GRID))
+    table = dict(table)
+    greedy = table.pop("greedy", {})
+    protocol = getattr(args, "protocol", "cold")
     lines = [f"# Temperature, held out (seed {args.seed}: orders not used to choose {DEFAULT})", "",
-             (f"{args.shuffles} shuffles per data set{'' if args.max_rows is None else f', streams cut to {args.max_rows} rows'}; "
-              f"grid {list(GRID)}; wall time {seconds / 60:.1f} min; load average {bakeoff.load_average()}."), ""]
+             (f"{protocol} protocol, warm slice {getattr(args, 'warm_fraction', bakeoff.WARM_FRACTION):g}; "
+              f"{args.shuffles} shuffles per data set{'' if args.max_rows is None else f', streams cut to {args.max_rows} rows'}; "
+              f"grid {list(grid)}; wall time {seconds / 60:.1f} min; load average {bakeoff.load_average()}."), ""]
+    if greedy:
+        lines += ["Greedy (per-arm ridge, the same streams): PV loss / baseline's per data set: "
+                  + ", ".join(f"{d} {ratio(v):.2f}" for d, v in greedy.items())
+                  + f"; mean PV loss {np.mean([np.mean([c[0] for c in v]) for v in greedy.values()]):.4f}.", ""]
     for kind, per in table.items():
         lines += [f"## {kind}: PV loss / baseline's (means over shuffles; violation rate in brackets)", "",
-                  "| data set | " + " | ".join(f"T = {T:g}" for T in GRID) + " |",
-                  "|---|" + "---|" * len(GRID)]
+                  "| data set | " + " | ".join(f"T = {T:g}" for T in grid) + " |",
+                  "|---|" + "---|" * len(grid)]
         for d, by_t in per.items():
-            cells = [f"{ratio(by_t[T]):.2f} ({np.mean([c[2] for c in by_t[T]]):.3f})" for T in GRID]
+            cells = [f"{ratio(by_t[T]):.2f} ({np.mean([c[2] for c in by_t[T]]):.3f})" for T in grid]
             lines.append(f"| {d} | " + " | ".join(cells) + " |")
+        mean_pv = {T: np.mean([np.mean([c[0] for c in by_t[T]]) for by_t in per.values()]) for T in grid}
+        lines.append("| **mean PV loss** | " + " | ".join(f"{mean_pv[T]:.4f}" for T in grid) + " |")
         rows = held_out(per)
         lines += ["", "| data set | T picked on the other data sets | held-out ratio | default (0.25) | in-sample best T | its ratio |",
                   "|---|---|---|---|---|---|"]
@@ -108,7 +153,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--shuffles", type=int, default=None)
     parser.add_argument("--max-rows", type=int, default=None)
     parser.add_argument("--datasets", default=",".join(bakeoff.DATASETS))
+    parser.add_argument("--protocol", choices=bakeoff.PROTOCOLS, default="cold",
+                        help="cold (default) or warm: every learner first learns the warm slice (issue 44)")
+    parser.add_argument("--warm-fraction", type=float, default=bakeoff.WARM_FRACTION)
+    parser.add_argument("--kinds", default="TS,conservative TS", help="comma-separated, from: " + ", ".join(_LEARNERS))
+    parser.add_argument("--grid", default=",".join(f"{T:g}" for T in GRID), help="temperatures, comma-separated")
     args = parser.parse_args(argv)
+    kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
+    if [k for k in kinds if k not in _LEARNERS]:
+        parser.error(f"--kinds: choose from {list(_LEARNERS)}")
+    args.grid = tuple(float(T) for T in args.grid.split(","))
     args.shuffles = args.shuffles or (bakeoff.QUICK_SHUFFLES if args.quick else bakeoff.FULL_SHUFFLES)
     args.max_rows = args.max_rows or (bakeoff.QUICK_MAX_ROWS if args.quick else None)
     names = [n.strip() for n in args.datasets.split(",") if n.strip()]
@@ -116,7 +170,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if bad:
         parser.error(f"--datasets: unknown {bad}; choose from {list(bakeoff.DATASETS)}")
     t0 = time.perf_counter()
-    table = run(names, args.shuffles, args.seed, args.max_rows)
+    table = run(names, args.shuffles, args.seed, args.max_rows, protocol=args.protocol,
+                warm_fraction=args.warm_fraction, kinds=kinds, grid=args.grid)
     print(render(table, time.perf_counter() - t0, args))
     return 0
 

@@ -86,26 +86,62 @@ def test_conservative_torch_and_numpy_make_the_same_decisions():
     P = 0.6 * P + 0.4 / 3   # a weak baseline: proposals differ from it
     w = 60
     res = baseline_residual(X[:w], P[:w], labels=y[:w], temperature=1e-8)
-    for q in (None, 0.6):
+    for q, exclusive in ((None, False), (0.6, False), (None, True), (0.6, True)):
+        kw = {"min_win_probability": q, "exclusive_rewards": exclusive}
         torch_policy = ConservativeTS(res.model(), alpha=0.1, budget="realised",
-                                      variance_scale=1.0 / res.temperature, min_win_probability=q)
-        numpy_policy = StreamingConservativeTS(StreamingPerArmTS.from_residual(res, seed=0), alpha=0.1, min_win_probability=q)
-        g = torch.Generator().manual_seed(0)
+                                      variance_scale=1.0 / res.temperature, **kw)
+        general = ConservativeTS(res.model(), alpha=0.1, budget="realised", variance_scale=1.0 / res.temperature, **kw)
+        general.fast_path = False
+        numpy_policy = StreamingConservativeTS(StreamingPerArmTS.from_residual(res, seed=0), alpha=0.1, **kw)
+        g, g2 = torch.Generator().manual_seed(0), torch.Generator().manual_seed(0)
         moved = 0
         for t in range(w, len(y)):
             F = residual_features(X[t], P[t])
             b = int(P[t].argmax())
             a_t = int(torch_policy.select(torch.from_numpy(F), b, generator=g))
+            a_g = int(general.select(torch.from_numpy(F), b, generator=g2))
             a_n = numpy_policy.select(F, b)
-            assert a_t == a_n, t
+            assert a_t == a_n == a_g, t
             r = float(y[t] == a_t)
-            torch_policy.update(torch.from_numpy(F[a_t]), torch.tensor(r, dtype=torch.float64), actions=a_t)
+            for pol in (torch_policy, general):
+                pol.update(torch.from_numpy(F[a_t]), torch.tensor(r, dtype=torch.float64), actions=a_t)
             numpy_policy.update(F, r, a_n)
             moved += a_t != b
         assert moved > 5
-        assert int(torch_policy.explored) == numpy_policy.explored
-        assert int(torch_policy.vetoes) == numpy_policy.vetoes
-    assert numpy_policy.vetoes > 0   # q = 0.6 turned some proposals down
+        assert int(torch_policy.explored) == numpy_policy.explored == int(general.explored)
+        assert int(torch_policy.vetoes) == numpy_policy.vetoes == int(general.vetoes)
+        assert float(torch_policy.deviation_rewards) == numpy_policy.deviation_rewards == float(general.deviation_rewards)
+        if q is not None:
+            assert numpy_policy.vetoes > 0   # q = 0.6 turned some proposals down
+
+
+def test_exclusive_rewards_charge_every_lost_deviation_as_a_baseline_win():
+    """Exclusive rewards (one action pays): the deviations' term is (1 - alpha) x (deviations - their rewards),
+    in the torch general path, its fast path and the numpy form alike, whatever the model says."""
+    X, y, P = _data(n=40, K=2, seed=1)
+    res = baseline_residual(X[:20], P[:20], labels=y[:20], temperature=1e-8)
+    pols = [ConservativeTS(res.model(), alpha=0.1, budget="realised", variance_scale=1e8, exclusive_rewards=True)
+            for _ in range(2)]
+    pols[1].fast_path = False
+    stream = StreamingConservativeTS(StreamingPerArmTS.from_residual(res, seed=0), alpha=0.1, exclusive_rewards=True)
+    F = residual_features(X[20], P[20])
+    # settle two deviations by hand (one lost, one won) and three baseline plays (two won)
+    for moved, r in ((True, 0.0), (True, 1.0), (False, 1.0), (False, 1.0), (False, 0.0)):
+        for pol in pols:
+            pol._pending.append(pol._pending_tensors((((0, F[0]),), moved, 1, F[1].copy())))
+            pol.update(torch.from_numpy(F[0]), torch.tensor(r, dtype=torch.float64), actions=0)
+        stream._pending.append((moved, 1, np.zeros((2, F.shape[1])), F[1].copy()))
+        stream.update(F, r, 0)
+    for pol in pols:
+        assert int(pol.deviations) == 2 and float(pol.deviation_rewards) == 1.0
+        mean, cov = pol._moments()
+        np.testing.assert_allclose(pol._counterfactual_cost(mean, cov).numpy(), [0.9])
+    assert stream.deviations == 2 and stream.deviation_rewards == 1.0
+    assert stream._counterfactual_cost() == pytest.approx(0.9)
+    with pytest.raises(ValueError):
+        ConservativeTS(res.model(), budget="expected", exclusive_rewards=True)
+    with pytest.raises(TypeError):
+        StreamingConservativeTS(StreamingPerArmTS.from_residual(res), exclusive_rewards=1)
 
 
 def test_the_win_check_turns_down_a_proposal_the_posterior_does_not_favour():

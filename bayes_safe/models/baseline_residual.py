@@ -5,8 +5,9 @@ from bayes_safe.models.baseline_residual import baseline_residual
 
 # warm rows X_warm [N, d] with their labels, and the baseline's probabilities there P_warm [N, K]
 res = baseline_residual(X_warm, P_warm, labels=y_warm)
+plain = ThompsonSampling(res.model())          # the recommended plain learner for a 0/1 reward with a baseline
 policy = ConservativeTS(res.model(), alpha=0.1, budget="realised", variance_scale=1 / res.temperature,
-                        min_win_probability=0.5)
+                        min_win_probability=0.5, exclusive_rewards=True)   # exclusive: one action pays (a class)
 features = res.features(x, p)        # x [d] a context, p [K] the baseline's probabilities at x -> [K, d + 1]
 a = policy.select(torch.from_numpy(features), baseline=int(p.argmax()))
 policy.update(torch.from_numpy(features[a]), reward, actions=a)

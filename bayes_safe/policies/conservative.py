@@ -64,6 +64,20 @@ those proposals down: the check learns where deviations lose. It only ever repla
 the baseline, which adds ``alpha x_b`` to ``c``, so the budget's guarantee is untouched.
 Turned-down proposals are counted in ``vetoes``.
 
+**Exclusive rewards** (``exclusive_rewards=True``, realised budget only; issue 44). The deviations'
+term above bounds the baseline's unknown rewards by the model and by the baseline's success rate
+on its own plays; both assume the deviations are not chosen where the baseline is unusually right,
+and a learner whose proposals are wrong where the baseline is right breaks that (the quick bake-off:
+a two-action stream whose 25 deviations were right 8 times, the baseline right at all 17 others,
+27.6 % of the steps in violation). When rewards are in ``[0, 1]`` and at most one action earns at
+each step (a 0/1 reward for the right class, one action per class), the baseline's reward at a
+deviation is at most ``1 - r_a``: 0 where the deviation earned 1, at most 1 where it earned 0 (exactly
+1 with two actions). The deviations' term is then the known ``(1 - alpha) sum_{i in S_t} (1 - r_i)``,
+whatever the deviations' selection, and the check reads ``K_t - (1 - alpha) sum_{i in S_t} (1 - r_i)
++ (the pending and next steps' terms, by the posterior) >= 0``: the budget of the settled steps holds
+for certain, and only the next step's (and pending decisions') rewards are bounded by the posterior.
+``deviation_rewards`` sums the rewards earned at deviations.
+
 A proposal equal to the baseline action is always played (it is the baseline). ``Q`` only
 grows when the baseline is played or when a proposal is judged safe, so the policy keeps a
 margin it has earned and spends it on exploration: it falls back to the baseline only when a
@@ -140,6 +154,9 @@ class ConservativeTS(Policy):
             (on the observed rewards; module docstring).
         variance_scale: multiplies the covariance (and noise variance) the check uses (> 0; default 1).
         min_win_probability: None (default), or ``q`` in ``(0, 1)``: the win check (module docstring).
+        exclusive_rewards: False (default); True: rewards in ``[0, 1]`` of which at most one action earns
+            at each step (a class label), so the baseline's reward at a deviation is at most ``1 - r``
+            (module docstring; ``budget="realised"`` only).
 
     Attributes:
         budget: ``c`` of the module docstring, the shape of the model's posterior mean
@@ -155,7 +172,8 @@ class ConservativeTS(Policy):
     """
 
     def __init__(self, model, alpha: float = 0.1, confidence: float = 0.95, *, budget: str = "expected",
-                 variance_scale: float = 1.0, min_win_probability: float | None = None):
+                 variance_scale: float = 1.0, min_win_probability: float | None = None,
+                 exclusive_rewards: bool = False):
         check_model(model, "model", "sample_at")
         self.alpha = float(check_in_range(alpha, "alpha", 0.0, 1.0))
         if isinstance(confidence, bool) or not isinstance(confidence, (int, float)) or not 0.5 < confidence < 1:
@@ -164,6 +182,11 @@ class ConservativeTS(Policy):
         if budget not in ("expected", "realised"):
             raise ValueError(f"budget: expected 'expected' or 'realised', got {budget!r}")
         self.budget_kind = budget
+        if not isinstance(exclusive_rewards, bool):
+            raise TypeError(f"exclusive_rewards: expected True or False, got {exclusive_rewards!r}")
+        if exclusive_rewards and budget != "realised":
+            raise ValueError("exclusive_rewards: the bound is on realised rewards; pass budget='realised'")
+        self.exclusive_rewards = exclusive_rewards
         if isinstance(variance_scale, bool) or not isinstance(variance_scale, (int, float)) or not (
                 0 < variance_scale < math.inf):
             raise ValueError(f"variance_scale: expected a positive number, got {variance_scale!r}")
@@ -197,6 +220,7 @@ class ConservativeTS(Policy):
         self.deviations = torch.zeros(R, dtype=torch.long)
         self.baseline_plays = torch.zeros(R, dtype=torch.long)
         self.baseline_successes = torch.zeros(R, dtype=torch.float64)
+        self.deviation_rewards = torch.zeros(R, dtype=torch.float64)  # the rewards earned at the deviations
         self.counterfactual = torch.zeros(shape, dtype=torch.float64)  # c_dev: -(1 - alpha) x_b at the deviations
         self._pending: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
         noise = getattr(self._core, "noise_std", None)
@@ -215,6 +239,8 @@ class ConservativeTS(Policy):
                "variance_scale": self.variance_scale}
         if self.min_win_probability is not None:
             out["min_win_probability"] = self.min_win_probability
+        if self.exclusive_rewards:
+            out["exclusive_rewards"] = True
         return out
 
     def _moments(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -275,7 +301,10 @@ class ConservativeTS(Policy):
     def _counterfactual_cost(self, mean: torch.Tensor, cov: torch.Tensor) -> torch.Tensor:
         """An upper ``confidence`` bound on ``(1 - alpha)`` times the baseline's rewards at the
         deviations ``[R]``: the larger of the model's (``<-c_dev, theta>`` and the rewards' noise)
-        and the baseline's own success rate's (a Beta(1, 1) posterior on its plays, times the deviations)."""
+        and the baseline's own success rate's (a Beta(1, 1) posterior on its plays, times the deviations);
+        with exclusive rewards the known ``(1 - alpha) sum (1 - r)`` over the deviations."""
+        if self.exclusive_rewards:
+            return (1 - self.alpha) * (self.deviations.to(torch.float64) - self.deviation_rewards)
         m, v = self._moment(self.counterfactual if self._batch else self.counterfactual[None], mean, cov)
         b = (1 - self.alpha) ** 2
         model = -m + self._z * (self.variance_scale * (v + self._noise_var * b * self.deviations)).clamp_min(0).sqrt()
@@ -360,6 +389,9 @@ class ConservativeTS(Policy):
     def __setstate__(self, state) -> None:
         self.__dict__.update(state)
         self._views = {}
+        self.__dict__.setdefault("exclusive_rewards", False)  # saved before issue 44's exclusive rewards
+        if "deviation_rewards" not in self.__dict__:
+            self.deviation_rewards = torch.zeros_like(self.known)
 
     def _select_one(self, features: torch.Tensor, b: int, generator) -> torch.Tensor:
         """``select`` for one stream: ``features [K, d]`` (checked), the baseline ``b``; ``[1]`` as the general path."""
@@ -415,6 +447,8 @@ class ConservativeTS(Policy):
         cf = self._view("counterfactual")
         if dev == 0 and not cf.any():
             return lower  # no deviation yet: nothing to pay for (the general path subtracts max(0, 0))
+        if self.exclusive_rewards:
+            return lower - (1 - self.alpha) * (dev - float(self._view("deviation_rewards")[0]))
         m, v = _moment_one(cf, cov, mean)
         model_cost = -m + self._z * math.sqrt(max(self.variance_scale * (v + self._noise_var * b * dev), 0.0))
         n = float(self._view("baseline_plays")[0])
@@ -428,6 +462,7 @@ class ConservativeTS(Policy):
         if moved:
             self._view("known")[0] += r
             self._view("deviations")[0] += 1
+            self._view("deviation_rewards")[0] += r
             cf = self._view("counterfactual").copy()
             cf[b] += -(1 - self.alpha) * xb
             self._set("counterfactual", cf)
@@ -473,6 +508,7 @@ class ConservativeTS(Policy):
             self.deviations += moved.long()
             self.baseline_plays += (~moved).long()
             self.baseline_successes += torch.where(moved, torch.zeros_like(r), r)
+            self.deviation_rewards += torch.where(moved, r, torch.zeros_like(r))
             shape = (-1,) + (1,) * (step.dim() - 1)
             cf = torch.where(moved.reshape(shape), -(1 - self.alpha) * base_x, torch.zeros_like(step))
             self.counterfactual = self.counterfactual + (cf if self._batch else cf[0])

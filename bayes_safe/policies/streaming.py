@@ -214,14 +214,20 @@ class StreamingConservativeTS:
     ``a`` other than the baseline ``b`` is played only if the calibrated posterior gives ``P(r_a(x) >
     r_b(x)) >= q`` (``ConservativeTS``'s docstring).
 
+    ``exclusive_rewards=True``: rewards in ``[0, 1]`` of which at most one action earns at each step (a class
+    label): the baseline's reward at a deviation is at most ``1 - r``, and the deviations' term is the known
+    ``(1 - alpha) sum (1 - r)`` over them in place of the model's and the success rate's bound
+    (``ConservativeTS``'s docstring, "Exclusive rewards").
+
     Args:
         ts: a ``StreamingPerArmTS`` (it learns from every play, the baseline's included).
         alpha: the budget, in ``[0, 1)``; confidence: in ``(0.5, 1)`` (default 0.95).
         min_win_probability: None, or ``q`` in ``(0, 1)``.
+        exclusive_rewards: False (default) or True (above).
     """
 
     def __init__(self, ts: StreamingPerArmTS, alpha: float = 0.1, confidence: float = 0.95,
-                 min_win_probability: float | None = None):
+                 min_win_probability: float | None = None, exclusive_rewards: bool = False):
         if not isinstance(ts, StreamingPerArmTS):
             raise TypeError(f"ts: expected a StreamingPerArmTS, got {type(ts).__name__}")
         if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 <= alpha < 1:
@@ -236,6 +242,10 @@ class StreamingConservativeTS:
                 min_win_probability, (int, float)) or not 0 < min_win_probability < 1):
             raise ValueError(f"min_win_probability: expected None or a probability in (0, 1), got {min_win_probability!r}")
         self.min_win_probability = min_win_probability
+        if not isinstance(exclusive_rewards, bool):
+            raise TypeError(f"exclusive_rewards: expected True or False, got {exclusive_rewards!r}")
+        self.exclusive_rewards = exclusive_rewards
+        self.deviation_rewards = 0.0            # the rewards earned at the deviations
         self._win_z = None if min_win_probability is None else NormalDist().inv_cdf(float(min_win_probability))
         self.vetoes = 0                         # proposals the win check turned down
         K, d = ts.num_arms, ts.dim
@@ -251,6 +261,8 @@ class StreamingConservativeTS:
         ts, b = self.ts, (1 - self.alpha) ** 2
         if self.deviations == 0:
             return 0.0
+        if self.exclusive_rewards:  # the baseline earned at most 1 - r where the learner deviated and earned r
+            return (1 - self.alpha) * (self.deviations - self.deviation_rewards)
         cf = self.counterfactual
         m = float((cf * ts.mean).sum())
         v = float((cf * (ts.covariance @ cf[:, :, None])[:, :, 0]).sum()) + ts.noise_var * b * self.deviations
@@ -316,6 +328,7 @@ class StreamingConservativeTS:
         if moved:
             self.known += r
             self.deviations += 1
+            self.deviation_rewards += r
             self.counterfactual[b] -= (1 - self.alpha) * x_decided
         else:
             self.known += self.alpha * r
