@@ -5,6 +5,7 @@ from __future__ import annotations
 import pyro.distributions as dist
 import torch
 
+from .envs.problem import problem_device
 from .models import BayesianLinear
 from .policies import CLUCB, CLUCB2ASC, LUCB, TSASC, Greedy, LinUCB, Random, ThompsonSampling
 
@@ -39,9 +40,7 @@ def ridge_model(env, metric: int = 0, ridge: float | None = None, forgetting=Non
         scale = sigma / float(ridge) ** 0.5
     # float64 parameters: Normal(0.0, 0.1) from Python floats would round the scale to float32
     # on the problem's device (issue 46): the model follows its prior, and simulate runs where the problem lives
-    device = getattr(env, "device", None)
-    if device is None and isinstance(getattr(env, "arm_features", None), torch.Tensor):
-        device = env.arm_features.device
+    device = problem_device(env)
     device = torch.device("cpu") if device is None else torch.device(device)
     prior = dist.Normal(torch.zeros((), dtype=torch.float64, device=device),
                         torch.tensor(scale, dtype=torch.float64, device=device))

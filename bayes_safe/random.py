@@ -401,22 +401,25 @@ def _seed_tensor(seeds: Sequence[int], device) -> torch.Tensor:
     return torch.tensor([_signed(int(s)) for s in seeds], dtype=torch.int64, device=device)
 
 
+def _counter_numbers(seeds, name: str, start: int, n: int, device, kind: str) -> torch.Tensor:
+    """``counter_uniform`` / ``counter_normal`` (``kind``): seeds as ints or their int64 words."""
+    seeds = seeds if isinstance(seeds, torch.Tensor) else _seed_tensor(seeds, device)
+    return _counter_block(_stream_keys(seeds.to(device) if device is not None else seeds, name), int(start), int(n),
+                          kind)
+
+
 def counter_uniform(seeds: Sequence[int] | torch.Tensor, name: str, start: int, n: int,
                     device: torch.device | str | None = None) -> torch.Tensor:
     """``U[0, 1)`` numbers ``start .. start + n`` of the counter stream ``name`` of each seed: ``[R, n]``
     float64 on ``device`` (see ``CounterRNG``; a seed's numbers do not depend on the other seeds)."""
-    seeds = seeds if isinstance(seeds, torch.Tensor) else _seed_tensor(seeds, device)
-    return _counter_block(_stream_keys(seeds.to(device) if device is not None else seeds, name), int(start), int(n),
-                          "uniform")
+    return _counter_numbers(seeds, name, start, n, device, "uniform")
 
 
 def counter_normal(seeds: Sequence[int] | torch.Tensor, name: str, start: int, n: int,
                    device: torch.device | str | None = None) -> torch.Tensor:
     """``N(0, 1)`` numbers ``start .. start + n`` of the counter stream ``name`` of each seed: ``[R, n]``
     float64 on ``device`` (Box-Muller on two counter words each; see ``CounterRNG``)."""
-    seeds = seeds if isinstance(seeds, torch.Tensor) else _seed_tensor(seeds, device)
-    return _counter_block(_stream_keys(seeds.to(device) if device is not None else seeds, name), int(start), int(n),
-                          "normal")
+    return _counter_numbers(seeds, name, start, n, device, "normal")
 
 
 class CounterRNG(ReplicationRNG):

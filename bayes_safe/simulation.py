@@ -184,9 +184,9 @@ def simulate(policy, env, horizon: int, seed: int | Sequence[int] = 0, *, progre
 def _run_device(env, device) -> torch.device:
     """``simulate``'s device: the one given, else the problem's (``device``, else ``arm_features``'), else the CPU."""
     if device is None:
-        device = getattr(env, "device", None)
-        if device is None and isinstance(getattr(env, "arm_features", None), torch.Tensor):
-            device = env.arm_features.device
+        from .envs.problem import problem_device
+
+        device = problem_device(env)
     try:
         return torch.device("cpu" if device is None else device)
     except (TypeError, RuntimeError):
@@ -445,8 +445,8 @@ class _Delivery:
         # as pending until its outcome is delivered ({constraint model j: metric m})
         self.held: dict[int, int] = {}
         if getattr(policy, "pending", "ignore") != "ignore" and self.mode != "step":
-            for j, model in enumerate(policy.constraint_models):
-                m = self._metric_of(policy, j, learned)
+            for j in range(len(policy.constraint_models)):
+                m = learned[j + 1] if j + 1 < len(learned) else None  # the metric constraint model j learns
                 if m is not None and (m in self.random or self.fixed[m] > 0):
                     self.held[j] = m
         self.held_cols = sorted(self.held)
@@ -475,11 +475,6 @@ class _Delivery:
                 s, r = order // R, order % R
                 # per due row: its replication, and its row in the buffers' flat [W * R] view
                 self.schedule[m] = (r, (s % self.W) * R + r, bounds.tolist())
-
-    @staticmethod
-    def _metric_of(policy, j: int, learned: list[int]) -> int | None:
-        """The metric (column of the outcomes) constraint model ``j`` learns, if it learns one."""
-        return learned[j + 1] if j + 1 < len(learned) else None
 
     def step(self, t: int, chosen: torch.Tensor, obs: torch.Tensor, a: torch.Tensor) -> None:
         """After step ``t``'s decision: keep its rows, deliver what is due at ``t``."""

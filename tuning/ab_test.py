@@ -45,7 +45,7 @@ import torch
 
 from bayes_safe._validation import check_positive_int
 from bayes_safe.envs.ab_problem import ABProblem
-from bayes_safe.envs.problem import Problem
+from bayes_safe.envs.problem import Problem, problem_device
 from bayes_safe.envs.video_upload import VideoUploadProblem, percent_change
 from bayes_safe.simulation import _draw_takes_step
 from bayes_safe.threads import single_thread
@@ -236,9 +236,7 @@ def _check_on_cpu(problem) -> None:
     """``ValueError`` naming the device when a user's problem lives off the CPU: an A/B trial draws its units
     in batches of thousands with CPU generators and refits the arms between them (issue 46: the trial's
     cost is its refits, not its arithmetic; ``bayes_safe.simulate`` is what runs on a GPU)."""
-    device = getattr(problem, "device", None)
-    if device is None and isinstance(getattr(problem, "arm_features", None), torch.Tensor):
-        device = problem.arm_features.device
+    device = problem_device(problem)
     try:
         device = torch.device(device) if device is not None else None
     except (TypeError, RuntimeError):

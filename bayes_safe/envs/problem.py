@@ -394,6 +394,15 @@ def _expected_by_action(problem, units) -> torch.Tensor | None:
     return torch.stack(per_action, 1)
 
 
+def problem_device(problem):
+    """The device a problem says its tensors live on: its ``device`` attribute, else its ``arm_features``'
+    device (the linear bandits); None when it names none (as given: a ``torch.device`` or a name)."""
+    device = getattr(problem, "device", None)
+    if device is None and isinstance(getattr(problem, "arm_features", None), torch.Tensor):
+        device = problem.arm_features.device
+    return device
+
+
 def chosen_rows(table: torch.Tensor, rows: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
     """``table[rows, actions]``: the chosen candidates' rows ``[R, ...]`` of a ``[R, K, ...]`` table
     (features, means), by advanced indexing for small R and a flat ``index_select`` for large R

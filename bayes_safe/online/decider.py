@@ -1332,8 +1332,6 @@ class Decider:
             if self.outcome_windows:
                 names = metric_names(self.policy)
                 meta["outcome_windows"] = {names[j + 1]: list(w) for j, w in self.outcome_windows.items()}
-            if self._margin:  # TS-ASC's pending option (the policy's saved state does not carry it)
-                meta["pending_outcomes"] = {"pending": self.policy.pending, "pending_z": self.policy.pending_z}
             with atomic_output_dir(directory, replace=True) as out:
                 save_state(self.policy, out / "policy")
                 self._save_extra(out)
@@ -1438,9 +1436,6 @@ class Decider:
             if policy_error is not None:  # raised after the log's check, as when the policy was read here
                 raise policy_error
             try:
-                option = meta.get("pending_outcomes")
-                if option is not None:  # TS-ASC's pending option, saved by the Decider
-                    policy._set_pending(str(option["pending"]), float(option["pending_z"]))
                 out = cls._restored(policy, feature_names=meta["feature_names"], num_draws=meta["num_draws"],
                                     update_every=meta["update_every"], featurize=featurize, seed=meta["seed"],
                                     **limits)

@@ -579,12 +579,9 @@ class TSASC(Policy):
             bound = (1.0 - float(self.alpha[m - 1])) if c is None else float(c.bound)
             rows = torch.arange(features.shape[0], device=features.device)
             v = features - bound * features[rows, baseline][:, None, :]
-        known = model.precision + held[0]
-        after, info = torch.linalg.cholesky_ex(known)
-        if bool(info.any()):
-            from ..models._gaussian import cholesky
+        from ..models._gaussian import cholesky
 
-            after = cholesky(known)
+        after = cholesky(model.precision + held[0])  # (its jitter if needed; no read of device memory off the CPU)
         now = torch.linalg.solve_triangular(model.factor, v.mT, upper=False)
         later = torch.linalg.solve_triangular(after, v.mT, upper=False)
         sd = ((now * now).sum(-2) - (later * later).sum(-2)).clamp_min(0.0).sqrt()
