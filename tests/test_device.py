@@ -206,6 +206,7 @@ CPU_FAST_PATHS = {
     "models/per_arm.py:_draw_one": ("bayes_safe.models.per_arm:PerArmLinear._marginal_fast", "is_cpu"),
     "models/per_arm.py:__setstate__": ("bayes_safe.models.per_arm:PerArmLinear._marginal_fast", "is_cpu"),
     "policies/ts_asc.py:_stacked_actions": ("bayes_safe.policies.ts_asc:TSASC._stacked_actions", "features.is_cpu"),
+    "models/linear.py:_stacked_draws_at": ("bayes_safe.models.linear:BayesianLinear._stacked_draws_at", "C.is_cpu"),
     "models/linear.py:_residual_one": ("bayes_safe.models.linear:BayesianLinear._residual_one", "!= _CPU"),
     "models/linear.py:_invalidate_one": ("bayes_safe.models.linear:BayesianLinear._invalidate_one", "== _CPU"),
 }

@@ -276,3 +276,66 @@ def test_an_unbatched_models_one_row_updates_take_the_same_sums_as_the_general_p
         assert int(m.num_observations) == 20
         torch.testing.assert_close(m.posterior_mean, r.posterior_mean, rtol=1e-12, atol=1e-12)
         torch.testing.assert_close(m.precision, r.precision, rtol=1e-12, atol=1e-12)
+
+
+# --------------------------------------------------------------- the joint posterior (issue 42)
+def _stream(monkeypatch, joint: bool, tamper=None, steps: int = 40, seed: int = 3):
+    """A seeded Decider's actions and propensities over ``steps`` decisions with feedback, the
+    models held jointly or not (``_JointPosterior.eligible`` patched off); ``tamper(policy, i)``
+    runs before decision ``i`` (a user's own updates, a replaced tensor)."""
+    from bayes_safe.models.linear import _JointPosterior
+
+    if not joint:
+        monkeypatch.setattr(_JointPosterior, "eligible", staticmethod(lambda models: False))
+    rng = np.random.default_rng(seed)
+    decider = Decider(TSASC(_model(), [_model(noise=1.0)], alpha=0.2), num_draws=64, seed=seed)
+    out = []
+    for i in range(steps):
+        if tamper is not None:
+            tamper(decider.policy, i)
+        d = decider.decide(rng.normal(size=(5, 4)), baseline=0)
+        out.append((d.action, d.probabilities))
+        decider.feedback(d.decision_id, float(rng.normal()), [float(rng.normal())])
+    monkeypatch.undo()
+    return out, decider.policy
+
+
+def _tamper(policy, i):
+    if i == 10:  # a user's own rows, straight into one model (in place, on its view)
+        policy.constraint_models[0].update(torch.ones(1, 4, dtype=torch.float64), torch.full((1,), 3.0, dtype=torch.float64))
+    if i == 20:  # a replaced tensor (as a loaded state or a restart assigns): the joint buffers are rebuilt
+        policy.reward_model.precision = policy.reward_model.precision.clone() * 1.5
+        policy.reward_model._factor = None
+
+
+@pytest.mark.parametrize("tamper", [None, _tamper])
+def test_the_joint_posterior_decides_as_the_models_held_apart(monkeypatch, tamper):
+    """TS-ASC's models held jointly (``models.linear._JointPosterior``: views of one buffer) give
+    the same decisions, bit for bit, as the models joined anew at each decision, through a user's
+    own updates of one model and a replaced tensor."""
+    apart, _ = _stream(monkeypatch, False, tamper)
+    together, policy = _stream(monkeypatch, True, tamper)
+    assert together == apart
+    joint = policy.__dict__.get("_joint")
+    assert joint is not None and joint.holds(policy._stackable())
+    base = joint.precision.untyped_storage().data_ptr()
+    assert all(m.precision.untyped_storage().data_ptr() == base for m in policy.models().values())
+
+
+def test_the_joint_posterior_is_left_alone_where_it_cannot_hold():
+    """One model object in two roles is not held jointly (it would be one view, not two), and a copy
+    of a policy holds its own buffers."""
+    import copy
+
+    from bayes_safe.models.linear import _JointPosterior
+
+    m = _taught(_model())
+    assert not _JointPosterior.eligible((m, m))
+    policy = TSASC(_taught(_model()), [_taught(_model(), seed=1)], alpha=0.1)
+    X = torch.randn(1, 5, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    policy.select(X, torch.tensor([0]), generator=DrawBatch(32, 1, seed=1))
+    twin = copy.deepcopy(policy)
+    before = policy.reward_model.precision.clone()
+    twin.update(X[:, 0], torch.ones(1, dtype=torch.float64), torch.ones(1, 1, dtype=torch.float64))
+    assert torch.equal(policy.reward_model.precision, before)
+    assert not torch.equal(twin.reward_model.precision, before)

@@ -717,8 +717,8 @@ class Decider:
         if solve is None:
             self._last_guard_solve = None
         else:  # per model: x^T m = u . L^-1 x and x^T Sigma x = |L^-1 x|^2 at the played candidate, as floats
-            col = solve[0][:, :, action].numpy()  # [M, d]
-            u = solve[1].numpy().reshape(col.shape)
+            col = solve[0].numpy()[:, :, action]  # [M, d] (numpy's indexing: no tensor operation)
+            u = solve[1].numpy()[:, :, 0]
             self._last_guard_solve = (key, solve[2], solve[3], (u * col).sum(1).tolist(), (col * col).sum(1).tolist())
         return decision, row, {"features": cand.numpy()[0, action].tolist(), "action": action}
 

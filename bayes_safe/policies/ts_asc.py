@@ -247,6 +247,7 @@ import numpy as np
 import torch
 
 from .._validation import check_in_range
+from ..models.linear import _JointPosterior
 from ..random import DrawBatch, Generator, ReplicationRNG, check_generator
 from . import _fast
 from .base import (
@@ -703,7 +704,8 @@ class TSASC(Policy):
         models = self._stackable()
         if models is None or not features.is_cpu:  # numpy on torch's memory: the CPU's path
             return None
-        draws, solve, means = type(self.reward_model)._stacked_draws_at(models, features, batch, with_solve=True)
+        draws, solve, means = type(self.reward_model)._stacked_draws_at(models, features, batch, with_solve=True,
+                                                                        joint=self._joint_of(models))
         # the decision's L^-1 X^T, whitened means and the factors they came from: the Decider's outlier
         # guard reads the played column while those factors stand (``Decider._decision``)
         self._last_solve = (solve, means, tuple(m._factor for m in models), models)
@@ -722,7 +724,16 @@ class TSASC(Policy):
         if valid is not None:
             ok &= valid.numpy()  # [S, K] & [1, K]
         ok[:, b] = True  # the baseline stays a candidate
-        return np.where(ok, draws[0], -np.inf).argmax(-1)
+        return np.where(ok, draws[0], -np.inf).argmax(1)  # [S, K]: numpy's axis 1 (-1 costs a second look)
+
+    def _joint_of(self, models: tuple):
+        """The stackable ``models``' joint posterior (``models.linear._JointPosterior``: their
+        precisions and etas views of one buffer each), kept between calls; None when they cannot be
+        held jointly."""
+        joint = self.__dict__.get("_joint")
+        if joint is None or not joint.holds(models):
+            joint = self._joint = _JointPosterior.of(models, None)
+        return joint
 
     def _stackable(self) -> tuple | None:
         """``(reward_model, *constraint_models)`` when they all have the same ``_stack_key`` (conjugate,
