@@ -35,7 +35,10 @@ one whose best article's hide rate doubles (detected? after how many steps?).
 rewards, noise sd 0.35), 5 arms of click rates (0.35, 0.05, 0.25, 0.2, 0.1); at the change arm B
 (0.05) turns to 0.55 while the played arm A (0.35) is unchanged. Found: B played in the majority
 of the last 200 steps. With ``decay`` (unplayed arms forget toward the prior each step: 0.9998 to
-0.99) and without; the stationary twin gives decay's cost when nothing changes.
+0.99) and without; then the decay that waits and stops (``PerArmLinear``'s ``idle_after``: decay only
+after that many idle steps; ``max_sd``: a ceiling on an idle arm's sd; ``explore_rate``: decay only while
+an idle arm's chance to draw above the best is under it; ``recall``: a probe that finds nothing new
+undoes the decay). The stationary twin gives decay's cost when nothing changes.
 
 Sizes: full R = 8 / T = 2,000 / a log of 20,000 (a), R = 40 / T = 10,000 (b), R = 100 / T = 4,000
 (c): about 10 minutes on 2 shared cores at load 5; ``--quick``: R = 4 / T = 1,000 / 5,000, R = 10 /
@@ -346,6 +349,15 @@ def rare_table(sz: dict, seed: int, log) -> list[RareRow]:
 ARM_RATES = (0.35, 0.05, 0.25, 0.2, 0.1)  # A = 0 (played), B = 1 (abandoned)
 B_AFTER = 0.55
 DECAYS = (None, 0.9998, 0.9995, 0.999, 0.995, 0.99)
+# (label, PerArmLinear's decay options): the clock decay of every unplayed arm, then the decay that waits
+# (``idle_after``) and stops at a ceiling (``max_sd``)
+ARM_SETTINGS = [("none" if d is None else f"{d}", {"decay": d}) for d in DECAYS] + [
+    ("0.999 idle_after=300", {"decay": 0.999, "idle_after": 300}),
+    ("0.9995 max_sd=0.15", {"decay": 0.9995, "max_sd": 0.15}),
+    ("0.999 explore_rate=0.004", {"decay": 0.999, "explore_rate": 0.004}),
+    ("0.95 idle 300, rate 0.02, recall 2", {"decay": 0.95, "idle_after": 300, "explore_rate": 0.02, "recall": 2.0}),
+    ("0.95 idle 350, rate 0.02, recall 2", {"decay": 0.95, "idle_after": 350, "explore_rate": 0.02, "recall": 2.0}),
+]
 
 
 @dataclass
@@ -358,9 +370,11 @@ class ArmRow:
     stationary: float
     ratio_stationary: float | None
     seconds: float = 0.0
+    per_replication: torch.Tensor | None = None  # [R] stationary regret of each replication
+    se_stationary: float | None = None  # the stationary ratio's standard error (paired, delta method)
 
 
-def arm_table(sz: dict, seed: int, log) -> list[ArmRow]:
+def arm_table(sz: dict, seed: int, log, settings=None) -> list[ArmRow]:
     R, T, change = sz["Rc"], sz["Tc"], sz["change_c"]
     K = len(ARM_RATES)
     rates = torch.tensor(ARM_RATES, dtype=F64).expand(R, K)
@@ -371,11 +385,11 @@ def arm_table(sz: dict, seed: int, log) -> list[ArmRow]:
     F = torch.ones(R, K, 1, dtype=F64)
     rows_idx = torch.arange(R)
     out, ref = [], None
-    for decay in DECAYS:
+    for name, options in (settings or ARM_SETTINGS):
         t0 = time.perf_counter()
         res = {}
         for label, ch in (("change", change), ("stationary", None)):
-            model = PerArmLinear(_weak(1, 1.0), K, noise_std=CLICK_NOISE, batch_shape=[R], decay=decay)
+            model = PerArmLinear(_weak(1, 1.0), K, noise_std=CLICK_NOISE, batch_shape=[R], **options)
             policy = ThompsonSampling(model)
             gen = torch.Generator().manual_seed(seed + 400)
             regret = torch.zeros(T, R, dtype=F64)
@@ -390,17 +404,22 @@ def arm_table(sz: dict, seed: int, log) -> list[ArmRow]:
             res[label] = (regret, played)
         regret, played = res["change"]
         found = ((played[-200:] == 1).double().mean(0) > 0.5)
-        row = ArmRow("none" if decay is None else f"{decay}", float(found.double().mean()),
+        row = ArmRow(name, float(found.double().mean()),
                      f"{int(found.sum())}/{R}", float(regret[change:].sum(0).mean()), None,
                      float(res["stationary"][0].sum(0).mean()), None)
+        row.per_replication = res["stationary"][0].sum(0)
         if ref is None:
             ref = row
         else:
             row.ratio_after = _ratio(row.regret_after, ref.regret_after)
             row.ratio_stationary = _ratio(row.stationary, ref.stationary)
+            if row.ratio_stationary is not None:
+                # the ratio of two paired means: var(x - r y) / (n mean(y)^2) (the delta method)
+                x, y = row.per_replication, ref.per_replication
+                row.se_stationary = float((x - row.ratio_stationary * y).std() / (math.sqrt(R) * y.mean()))
         row.seconds = time.perf_counter() - t0
         out.append(row)
-        log(f"  ran abandoned arm decay={decay}: {row.seconds:.1f} s")
+        log(f"  ran abandoned arm decay={name}: {row.seconds:.1f} s")
     return out
 
 
@@ -432,7 +451,6 @@ def report(sz: dict, seed: int, log) -> None:
     R, T, change = sz["R"], sz["T"], sz["change"]
     news, world = news_table(sz, seed, log)
     rare = rare_table(sz, seed, log)
-    arms = arm_table(sz, seed, log)
 
     loss = world.stuck_loss
     print()
@@ -485,18 +503,6 @@ def report(sz: dict, seed: int, log) -> None:
               f"{r.detected:50} | {r.seconds:7.1f} |")
 
     print()
-    print(f"0/1 problem (c): an abandoned arm, PerArmLinear (intercept context, noise sd {CLICK_NOISE}), R = {sz['Rc']}, "
-          f"T = {sz['Tc']}, arm rates {ARM_RATES}; at step {sz['change_c']} arm B (0.05) turns to {B_AFTER}, the played "
-          "arm A (0.35) unchanged. Found: B played in the majority of the last 200 steps. Regret: mean over "
-          "replications (after: [change, T); stationary: the twin without a change, [0, T)).")
-    head = f"| {'decay':6} | {'found':>7} | {'after':>7} | {'ratio':>5} | {'stationary':>10} | {'ratio':>5} | {'seconds':>7} |"
-    print(head)
-    print("|" + "|".join("-" * len(c) for c in head.split("|")[1:-1]) + "|")
-    for r in arms:
-        print(f"| {r.decay:6} | {r.found_share:>7} | {r.regret_after:7.1f} | {_fmt(r.ratio_after):>5} | "
-              f"{r.stationary:10.1f} | {_fmt(r.ratio_stationary):>5} | {r.seconds:7.1f} |")
-
-    print()
     print("Targets (issue 43):")
 
     def verdict(ok: bool) -> str:
@@ -530,10 +536,38 @@ def report(sz: dict, seed: int, log) -> None:
         print(f"  rare metric false alarms ({r.engine}, {r.stream}): {r.alarms} in {r.observations:,} observations, "
               f"bound x obs {r.bound:.2f} (P(Poisson >= {r.alarms}) = {p:.2g}): {verdict(p >= 0.05)}"
               + (f"; detection: {r.detected} (no target)" if r.detected else ""))
+    print("  (met: ratios at or under the target; false alarms: met when a Poisson count at the documented rate")
+    print("   bound would reach the observed count with probability >= 0.05.)")
+    arm_report(sz, seed, log)
+
+
+def arm_report(sz: dict, seed: int, log, arms: list[ArmRow] | None = None) -> None:
+    """Problem (c)'s table and its targets (``drift.py --abandoned-only`` runs it alone)."""
+    arms = arm_table(sz, seed, log) if arms is None else arms
+    print()
+    print(f"0/1 problem (c): an abandoned arm, PerArmLinear (intercept context, noise sd {CLICK_NOISE}), R = {sz['Rc']}, "
+          f"T = {sz['Tc']}, arm rates {ARM_RATES}; at step {sz['change_c']} arm B (0.05) turns to {B_AFTER}, the played "
+          "arm A (0.35) unchanged. Found: B played in the majority of the last 200 steps. Regret: mean over "
+          "replications (after: [change, T); stationary: the twin without a change, [0, T)).")
+    print("Stationary ratio: +- its standard error over the replications (paired, the delta method).")
+    head = (f"| {'decay':34} | {'found':>7} | {'after':>7} | {'ratio':>5} | {'stationary':>10} | {'ratio':>12} | "
+            f"{'seconds':>7} |")
+    print(head)
+    print("|" + "|".join("-" * len(c) for c in head.split("|")[1:-1]) + "|")
+    for r in arms:
+        ratio = "" if r.ratio_stationary is None else f"{r.ratio_stationary:.2f} +- {r.se_stationary:.2f}"
+        print(f"| {r.decay:34} | {r.found_share:>7} | {r.regret_after:7.1f} | {_fmt(r.ratio_after):>5} | "
+              f"{r.stationary:10.1f} | {ratio:>12} | {r.seconds:7.1f} |")
+
+    print()
+    print("Targets (issue 43), abandoned arm:")
+
+    def verdict(ok: bool) -> str:
+        return "met" if ok else "NOT met"
+
     for r in arms:
         print(f"  abandoned arm found (decay {r.decay}): {r.found:.0%} >= 95 %: {verdict(r.found >= TARGET_FOUND)}"
               + ("" if r.ratio_stationary is None else
                  f"; stationary cost {r.ratio_stationary:.2f}x no decay <= {TARGET_BEFORE}: "
                  f"{verdict(r.ratio_stationary <= TARGET_BEFORE)}"))
-    print("  (met: ratios at or under the target; false alarms: met when a Poisson count at the documented rate")
-    print("   bound would reach the observed count with probability >= 0.05.)")
+

@@ -37,6 +37,7 @@ Gaussian one; ``--binary-only`` runs them alone):
 
     .venv/bin/python benchmarks/drift.py --binary-only           # news R = 8, T = 2,000; rare R = 40; arm R = 100
     .venv/bin/python benchmarks/drift.py --binary-only --quick   # smaller and shorter (a smoke run)
+    .venv/bin/python benchmarks/drift.py --abandoned-only        # the abandoned arm alone (R = 100, T = 4,000)
 
 (a) a news recommender (20 articles, 0/1 clicks, a change of preferences half-way that costs a
 stuck policy 0.11 clicks per decision, a stationary twin), cold and warm-started (the log's rows
@@ -146,8 +147,20 @@ def main(argv=None) -> int:
     parser.add_argument("--no-peer", action="store_true", help="leave bayesianbandits out")
     parser.add_argument("--binary-only", action="store_true",
                         help="run only the 0/1 problems of issue 43 (news recommender, rare metric, abandoned arm)")
+    parser.add_argument("--abandoned-only", action="store_true",
+                        help="run only the abandoned-arm problem of issue 43 (PerArmLinear's decay options)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
+    if args.abandoned_only:
+        print(f"drift benchmark, abandoned arm only{' (quick)' if args.quick else ''}: seed {args.seed}; "
+              f"torch {torch.__version__}, {os.cpu_count()} cores")
+        print(f"load average at start (1 / 5 / 15 min): {_load()}")
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from _drift_binary import arm_report, sizes
+
+        arm_report(sizes(args.quick), args.seed, lambda line: print(line, file=sys.stderr))
+        print(f"load average at end (1 / 5 / 15 min): {_load()}")
+        return 0
     if args.binary_only:
         print(f"drift benchmark, 0/1 problems only{' (quick)' if args.quick else ''}: seed {args.seed}; "
               f"torch {torch.__version__}, {os.cpu_count()} cores")

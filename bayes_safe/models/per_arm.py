@@ -92,6 +92,33 @@ class PerArmLinear:
             half-life of ``log(1/2) / log(decay)`` steps). As bayesianbandits' ``decay(...,
             steps=)``, under the stabilised rule (its variance never grows past the prior's).
             Composes with ``forgetting`` (which acts on the played arm).
+        idle_after: a whole number >= 0, or None (default): with ``decay``, an arm decays only once it
+            has gone ``idle_after`` steps unplayed (it waits for what matters: an arm the policy still
+            plays now and then, as it does the runners-up, keeps what it learned, and a play resets the
+            wait). None: every unplayed arm decays at every step (``decay`` alone, as before).
+        max_sd: a positive number, or None (default): with ``decay``, a ceiling on an idle arm's
+            uncertainty. Decay stops where one more step would take the sd of the arm's weights past
+            ``max_sd`` along any direction (the largest eigenvalue of its posterior covariance; for an
+            intercept-only arm, the sd of its mean outcome), so an abandoned arm's chance of being
+            drawn by Thompson sampling comes back to at most that of a posterior of sd ``max_sd``
+            (a Kalman random walk's process noise with a cap; with a ``noise_prior``, in units of the
+            noise sd). None: the base prior is the ceiling.
+        explore_rate: a number in (0, 0.5), or None (default): with ``decay``, an idle arm decays only
+            while its chance to draw above the arm of the highest mean at the step's context,
+            ``Phi((m_k - m_best) / sqrt(v_k + v_best))``, is under ``explore_rate`` (exploration of an
+            abandoned arm comes back at a bounded rate; a ceiling measured in the arm's own gap).
+        recall: a positive number (a z-score), or None (default): with ``decay``, an arm keeps what it
+            knew when it began to decay, and its next plays are probes: while the sum of their
+            standardised residuals under what it knew (a CUSUM, floored at 0) stays at or under
+            ``recall``, the arm takes back what it knew (the decay undone, the probe learned); above
+            it, the arm keeps the decayed posterior and re-learns fast (it looks improved). So a
+            stable arm pays about one play per idle spell, and a changed one is re-learned from a
+            wide posterior. Needs a known noise sd (``noise_std``).
+            ``idle_after``, ``max_sd``, ``explore_rate`` and ``recall`` are batched (one idle count, and
+            one kept posterior, per replication and arm) and saved with the model; without them,
+            ``decay`` is the same computation as before. Measured on the drift benchmark's abandoned
+            arm (``benchmarks/_drift_binary.py``; docs/reports/drift.md): ``decay=0.95, idle_after=300,
+            explore_rate=0.02, recall=2.0``.
         base_prior: the Gaussian that forgetting and decay return to (default: ``prior``); name the
             weak prior a ``power_prior`` warm start was built on (``BayesianLinear``'s argument).
 
@@ -102,7 +129,8 @@ class PerArmLinear:
 
     def __init__(self, prior, num_arms: int, noise_std=None, noise_prior=None, *, batch_shape: Sequence[int] = (),
                  feature_names: Sequence[str] | None = None, forgetting=None, forgetting_rule: str = "stabilized",
-                 decay: float | None = None, base_prior=None):
+                 decay: float | None = None, base_prior=None, idle_after: int | None = None,
+                 max_sd: float | None = None, explore_rate: float | None = None, recall: float | None = None):
         feature_names = check_feature_names(feature_names)
         self.num_arms = check_positive_int(num_arms, "num_arms")
         self.batch_shape = check_batch_shape(batch_shape, "batch_shape")
@@ -119,6 +147,12 @@ class PerArmLinear:
                 raise ValueError("forgetting_rule: decay pulls an unplayed arm toward its base prior (the stabilized "
                                  f"rule); expected 'stabilized', got {forgetting_rule!r}")
             self.arms.decay = float(decay)
+        # the waiting / capped decay (issue 43): None unless ``idle_after`` or ``max_sd`` is given
+        self._clock: _ClockDecay | None = None
+        if idle_after is not None or max_sd is not None or explore_rate is not None or recall is not None:
+            self._clock = _ClockDecay.make(decay, idle_after, max_sd, explore_rate, recall, self.arms,
+                                           (*self.batch_shape, self.num_arms))
+            self.arms.decay = None  # the arms' own (every-step) decay is replaced by the clock's
         self.dim = self.arms.dim
         # the one-stream fast path's covariances and means (see the module docstring), with what they describe
         self._marginal: _Kept | None = None
@@ -128,6 +162,7 @@ class PerArmLinear:
         # a copy (deepcopy, pickle) copies the kept moments' numpy views apart from the tensors they view:
         # view the copies' memory again (the same numbers; ``describes`` sees the copied tensors)
         self.__dict__.update(state)
+        self.__dict__.setdefault("_clock", None)  # (a copy made before issue 43's decay options)
         kept = state.get("_marginal")
         if kept is not None:
             a = self.arms
@@ -149,7 +184,33 @@ class PerArmLinear:
     @property
     def decay(self) -> float | None:
         """The unplayed arms' decay per step, or None (see the class docstring)."""
-        return self.arms.decay
+        return self.arms.decay if self._clock is None else self._clock.decay
+
+    @property
+    def idle_after(self) -> int | None:
+        """Steps an arm waits unplayed before it decays, or None (see the class docstring)."""
+        return None if self._clock is None else self._clock.idle_after
+
+    @property
+    def max_sd(self) -> float | None:
+        """The ceiling on an idle arm's weight sd, or None (see the class docstring)."""
+        return None if self._clock is None else self._clock.max_sd
+
+    @property
+    def explore_rate(self) -> float | None:
+        """The chance at which an idle arm stops decaying, or None (see the class docstring)."""
+        return None if self._clock is None else self._clock.explore_rate
+
+    @property
+    def recall(self) -> float | None:
+        """The probes' z-score sum over which a decayed arm keeps its decay, or None (class docstring)."""
+        return None if self._clock is None else self._clock.recall
+
+    @property
+    def idle_steps(self) -> torch.Tensor | None:
+        """Steps since each arm was last played, ``[*batch, K]`` (long; a copy), counted only with
+        ``idle_after`` or ``max_sd``; else None."""
+        return None if self._clock is None else self._clock.idle.clone()
 
     @property
     def feature_names(self) -> list[str] | None:
@@ -163,7 +224,11 @@ class PerArmLinear:
         per_arm = seen.reshape(-1, self.num_arms).sum(0).tolist()
         return (f"PerArmLinear(dim={self.dim}, num_arms={self.num_arms}, {noise}, batch_shape={list(self.batch_shape)}, "
                 f"{'' if a.forgetting is None else f'forgetting={a.adaptive or a.forgetting}, '}"
-                f"{'' if a.decay is None else f'decay={a.decay}, '}"
+                f"{'' if self.decay is None else f'decay={self.decay}, '}"
+                f"{'' if self.idle_after is None else f'idle_after={self.idle_after}, '}"
+                f"{'' if self.max_sd is None else f'max_sd={self.max_sd}, '}"
+                f"{'' if self._clock is None or self._clock.explore_rate is None else f'explore_rate={self._clock.explore_rate}, '}"
+                f"{'' if self._clock is None or self._clock.recall is None else f'recall={self._clock.recall}, '}"
                 f"observations per arm={per_arm})")
 
     # ------------------------------------------------------------------ the one-stream fast path
@@ -172,7 +237,7 @@ class PerArmLinear:
         CPU (the path works in numpy on the tensors' memory; elsewhere the batched tensor path serves)."""
         a = self.arms
         return (not self.batch_shape and a.noise_prior is None and a.forgetting is None and a.decay is None
-                and a.precision.is_cpu)
+                and self._clock is None and a.precision.is_cpu)
 
     def _marginal_state(self) -> tuple[np.ndarray, np.ndarray]:
         """``(cov [K, d, d], mean [K, d])`` of the arms (numpy, float64), kept by ``_fast_update`` and
@@ -255,11 +320,13 @@ class PerArmLinear:
             raise ValueError(f"y, actions: expected shape {list(self.batch_shape)}, got {list(y.shape)} and {list(a.shape)}")
         if bool(((a < 0) | (a >= self.num_arms)).any()):
             raise ValueError(f"actions: expected indices in [0, {self.num_arms}), got {a.tolist()}")
-        if self.arms.forgetting is not None or self.arms.decay is not None:
+        if self.arms.forgetting is not None or self.arms.decay is not None or self._clock is not None:
             # forgetting: the masked update, in which only the played arm forgets (or tests for a change)
             # and, under decay, the others decay
             K = self.num_arms
             weight = torch.nn.functional.one_hot(a, K).to(torch.float64)  # [*b, K]
+            if self._clock is not None:
+                self._clock.step(self.arms, weight, c, y)
             X = c.to(torch.float64).unsqueeze(-2) * weight[..., None]  # [*b, K, d]: zero rows for the others
             Y = y.to(torch.float64).unsqueeze(-1) * weight  # [*b, K]
             self.arms._update_rows(X, Y, True, weight)
@@ -361,3 +428,133 @@ class PerArmLinear:
         if self._marginal_fast():
             return torch.from_numpy(self._marginal_state()[0].copy())
         return self.arms.posterior_covariance
+
+
+@dataclass(eq=False)
+class _ClockDecay:
+    """Decay on the clock that waits (``idle_after``), stops at a ceiling (``max_sd``, ``explore_rate``)
+    and is undone when a probe finds nothing new (``recall``), issue 43.
+
+    At each step, before the played arms learn: a played arm that decayed while idle and has kept what
+    it knew (``recall``) takes it back unless its outcome is more than ``recall`` predictive sd above
+    what it knew; every arm that was not played and has now gone ``idle_after`` steps unplayed forgets at
+    ``decay`` toward the base prior (the stabilised rule, as ``decay`` alone), unless that step would take
+    the largest eigenvalue of its posterior covariance past ``max_sd^2``, or its chance to draw above the
+    best arm is already ``explore_rate``. Batched: ``idle [*batch, K]`` counts each replication's arms."""
+
+    decay: float
+    idle_after: int | None
+    max_sd: float | None
+    explore_rate: float | None
+    recall: float | None
+    idle: torch.Tensor  # [*batch, K] long: steps since each arm was last played
+    # ``recall``: what each arm knew when it began to decay (precision [*batch, K, d, d], eta [*batch, K, d]),
+    # and whether it holds one (``held [*batch, K]``)
+    held: torch.Tensor | None = None
+    kept_precision: torch.Tensor | None = None
+    kept_eta: torch.Tensor | None = None
+    score: torch.Tensor | None = None  # [*batch, K]: the held arms' summed standardised probe residuals
+
+    @staticmethod
+    def make(decay, idle_after, max_sd, explore_rate, recall, arms: BayesianLinear, shape) -> _ClockDecay:
+        if idle_after is not None and (isinstance(idle_after, bool) or not isinstance(idle_after, (int, np.integer))
+                                       or idle_after < 0):
+            raise ValueError(f"idle_after: expected a whole number of steps >= 0 (how long an arm goes unplayed "
+                             f"before it decays), or None, got {idle_after!r}")
+        for name, v in (("max_sd", max_sd), ("recall", recall)):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float, np.floating))
+                                  or not math.isfinite(v) or v <= 0):
+                what = ("the ceiling on an idle arm's weight sd" if name == "max_sd" else
+                        "predictive sd above what an arm knew at which a probe keeps its decay")
+                raise ValueError(f"{name}: expected a positive finite number ({what}), or None, got {v!r}")
+        if explore_rate is not None and (isinstance(explore_rate, bool) or not isinstance(
+                explore_rate, (int, float, np.floating)) or not 0 < explore_rate < 0.5):
+            raise ValueError(f"explore_rate: expected a number in (0, 0.5) (the chance per step at which an idle "
+                             f"arm stops decaying), or None, got {explore_rate!r}")
+        if decay is None:
+            which = next(n for n, v in (("idle_after", idle_after), ("max_sd", max_sd), ("explore_rate", explore_rate),
+                                        ("recall", recall)) if v is not None)
+            raise ValueError(f"{which}: shapes the decay of unplayed arms; give it with decay (a number in (0, 1)), "
+                             "got decay=None")
+        if recall is not None and arms.noise_prior is not None:
+            raise ValueError("recall: tests a probe's outcome against a known noise sd; give noise_std, not noise_prior")
+        device = arms.precision.device
+        clock = _ClockDecay(float(decay), None if idle_after is None else int(idle_after),
+                            None if max_sd is None else float(max_sd),
+                            None if explore_rate is None else float(explore_rate),
+                            None if recall is None else float(recall),
+                            torch.zeros(shape, dtype=torch.long, device=device))
+        if recall is not None:
+            clock.held = torch.zeros(shape, dtype=torch.bool, device=device)
+            clock.kept_precision = arms.precision.clone()
+            clock.kept_eta = arms.eta.clone()
+            clock.score = torch.zeros(shape, dtype=_F64, device=device)
+        return clock
+
+    def step(self, arms: BayesianLinear, weight: torch.Tensor, context: torch.Tensor, y: torch.Tensor) -> None:
+        """One step of the arms ``[*batch, K]`` (``weight``: 1 for the played arm, else 0) at the shared
+        ``context [*batch, d]`` with outcome ``y [*batch]``, before they learn."""
+        played = weight > 0
+        moved = False
+        if self.recall is not None:
+            probe = played & self.held
+            if bool(probe.any()):
+                # the probe's standardised residual under what the arm knew before it decayed
+                x = context.to(_F64).unsqueeze(-2).expand(*weight.shape, context.shape[-1])  # [*b, K, d]
+                L = torch.linalg.cholesky(self.kept_precision)
+                mean = torch.cholesky_solve(self.kept_eta[..., None], L)[..., 0]
+                v = torch.linalg.solve_triangular(L, x[..., None], upper=False)[..., 0]
+                sd = (1.0 / arms._scale + (v * v).sum(-1)).sqrt()
+                yy = y.to(_F64)[..., None].expand(weight.shape)
+                z = (yy - (x * mean).sum(-1)) / sd
+                # the probes' evidence of an improvement, summed while the arm holds what it knew (a CUSUM)
+                self.score = torch.where(probe, (self.score + z).clamp_min(0.0), self.score)
+                back = probe & (self.score <= self.recall)
+                if bool(back.any()):
+                    arms.precision = torch.where(back[..., None, None], self.kept_precision, arms.precision)
+                    arms.eta = torch.where(back[..., None], self.kept_eta, arms.eta)
+                    moved = True
+                # what the arm knew learns the probe too (the played arm's update adds it to the arm)
+                s = arms._scale
+                w = probe.to(_F64)
+                self.kept_precision = self.kept_precision + (s * w)[..., None, None] * x[..., :, None] * x[..., None, :]
+                self.kept_eta = self.kept_eta + (s * w * yy)[..., None] * x
+                self.held = self.held & ~back
+                self.score = torch.where(back, torch.zeros_like(self.score), self.score)
+        self.idle = torch.where(played, torch.zeros_like(self.idle), self.idle + 1)
+        due = ~played if self.idle_after is None else (~played & (self.idle > self.idle_after))
+        if bool(due.any()) and self.explore_rate is not None:
+            # each arm's chance to draw above the arm of the highest mean at this context,
+            # Phi((m_k - m_b) / sqrt(v_k + v_b)): an arm decays only while it is under ``explore_rate``
+            if moved:
+                arms._invalidate(None)
+            X = context.to(_F64).unsqueeze(-2).expand(*weight.shape, context.shape[-1])
+            mean, var = arms.predict(X)
+            best = mean.argmax(-1, keepdim=True)
+            gap = mean - mean.gather(-1, best)
+            chance = torch.special.ndtr(gap / (var + var.gather(-1, best)).clamp_min(1e-300).sqrt())
+            due = due & (chance < self.explore_rate)
+        if bool(due.any()):
+            f = torch.where(due, torch.tensor(self.decay, dtype=_F64, device=weight.device),
+                            torch.ones((), dtype=_F64, device=weight.device))
+            if self.max_sd is not None:
+                # the precision one more step would leave: refuse the step where its smallest eigenvalue
+                # falls under 1 / max_sd^2 (the covariance's largest over max_sd^2); a Cholesky factor of
+                # ``Lambda' - I / max_sd^2`` exists exactly when it does not
+                p0, _ = arms._anchor()
+                new = p0 + f[..., None, None] * (arms.precision - p0)
+                eye = torch.eye(new.shape[-1], dtype=_F64, device=new.device)
+                info = torch.linalg.cholesky_ex(new - eye / self.max_sd**2).info
+                f = torch.where(info > 0, torch.ones((), dtype=_F64, device=f.device), f)
+                due = due & (info == 0)
+            if self.recall is not None:
+                # what an arm knew when it begins to decay, kept for its next play
+                start = due & ~self.held
+                if bool(start.any()):
+                    self.kept_precision = torch.where(start[..., None, None], arms.precision, self.kept_precision)
+                    self.kept_eta = torch.where(start[..., None], arms.eta, self.kept_eta)
+                    self.held = self.held | start
+            arms._pull_to_base(f, f[..., None], f[..., None, None])
+            moved = True
+        if moved:
+            arms._invalidate(None)

@@ -361,8 +361,19 @@ def _dec_detector(det, adaptive: dict, dec: Decoder, where: str, b: tuple) -> No
 
 # ---------------------------------------------------------------------- PerArmLinear, CTSPosterior
 def _enc_per_arm(m, enc: Encoder, what: str) -> dict:
-    return {"type": "PerArmLinear", "num_arms": int(m.num_arms), "batch_shape": list(m.batch_shape),
+    node = {"type": "PerArmLinear", "num_arms": int(m.num_arms), "batch_shape": list(m.batch_shape),
             "arms": _enc_linear(m.arms, enc, f"{what}.arms")}
+    clock = getattr(m, "_clock", None)
+    if clock is not None:  # the decay that waits / stops / recalls (issue 43; absent: none, as in states before)
+        node["clock"] = {"decay": clock.decay, "idle_after": clock.idle_after, "max_sd": clock.max_sd,
+                         "explore_rate": clock.explore_rate, "recall": clock.recall,
+                         "idle": enc.tensor(clock.idle, f"{what}.clock.idle")}
+        if clock.recall is not None:
+            node["clock"].update(held=enc.tensor(clock.held, f"{what}.clock.held"),
+                                 kept_precision=enc.tensor(clock.kept_precision, f"{what}.clock.kept_precision"),
+                                 kept_eta=enc.tensor(clock.kept_eta, f"{what}.clock.kept_eta"),
+                                 score=enc.tensor(clock.score, f"{what}.clock.score"))
+    return node
 
 
 def _dec_per_arm(node: dict, dec: Decoder, where: str):
@@ -373,8 +384,31 @@ def _dec_per_arm(node: dict, dec: Decoder, where: str):
     arms = _dec_linear(dec.field(node, "arms", dict, where), dec, f"{where}.arms")
     if tuple(arms.batch_shape) != (*b, K) or not arms.conjugate:
         dec.fail(f"{where}.arms: expected a conjugate model of batch shape {[*b, K]}, got {list(arms.batch_shape)}")
-    m = build(dec, where, lambda: PerArmLinear(arms.prior, K, arms.noise_std, arms.noise_prior, batch_shape=b))
+    clock = node.get("clock")
+    if clock is None:
+        m = build(dec, where, lambda: PerArmLinear(arms.prior, K, arms.noise_std, arms.noise_prior, batch_shape=b))
+        m.arms = arms
+        return m
+    if not isinstance(clock, dict):
+        dec.fail(f"{where}: field 'clock' must be a mapping")
+    options = {k: clock.get(k) for k in ("decay", "idle_after", "max_sd", "explore_rate", "recall")}
+    m = build(dec, where, lambda: PerArmLinear(arms.prior, K, arms.noise_std, arms.noise_prior, batch_shape=b,
+                                               **options))
     m.arms = arms
+    shape = (*b, K)
+    c = m._clock
+    idle = dec.tensor(clock.get("idle"), f"{where}.clock.idle", shape=shape, dtype=_LONG).clone()
+    if bool((idle < 0).any()):
+        dec.fail(f"{where}.clock.idle: expected counts >= 0")
+    c.idle = idle
+    if c.recall is not None:
+        d = arms.dim
+        c.held = dec.tensor(clock.get("held"), f"{where}.clock.held", shape=shape, dtype=torch.bool).clone()
+        c.kept_precision = dec.tensor(clock.get("kept_precision"), f"{where}.clock.kept_precision", shape=(*shape, d, d),
+                                      dtype=_F64, finite=True).clone()
+        c.kept_eta = dec.tensor(clock.get("kept_eta"), f"{where}.clock.kept_eta", shape=(*shape, d), dtype=_F64,
+                                finite=True).clone()
+        c.score = dec.tensor(clock.get("score"), f"{where}.clock.score", shape=shape, dtype=_F64, finite=True).clone()
     return m
 
 
