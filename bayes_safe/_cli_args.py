@@ -97,15 +97,53 @@ def probability_below_one(text: str) -> float:
     return value
 
 
-def forgetting_arg(text: str) -> float | str:
-    """``--forgetting``: a factor in (0, 1] or ``adaptive`` (``BayesianLinear``'s ``forgetting``)."""
-    if text.strip().lower() == "adaptive":
-        return "adaptive"
-    what = "a factor in (0, 1] (the weight an observation keeps per update) or 'adaptive'"
+#: ``--forgetting adaptive:KEY=VALUE,...``: the change test's settings a command line may name
+#: (``AdaptiveForgetting``'s fields), each with its parser
+_ADAPTIVE_KEYS = {"outcomes": str, "false_alarm_rate": float, "odds_ratio": float, "threshold": float, "drift": float,
+                  "keep": float, "warmup": int, "warmup_events": int}
+
+
+def forgetting_arg(text: str):
+    """``--forgetting``: a factor in (0, 1], ``adaptive``, or ``adaptive:KEY=VALUE,...`` with the change
+    test's settings (``AdaptiveForgetting``: e.g. ``adaptive:outcomes=binary,false_alarm_rate=1e-4``
+    for a Gaussian model of a 0/1 metric); ``BayesianLinear``'s ``forgetting``."""
+    head, _, settings = text.strip().partition(":")
+    if head.strip().lower() == "adaptive":
+        if not settings.strip():
+            return "adaptive"
+        return _adaptive_settings(settings)
+    what = "a factor in (0, 1] (the weight an observation keeps per update), 'adaptive' or 'adaptive:KEY=VALUE,...'"
     value = _float(text, what)
     if not 0 < value <= 1:
         raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
     return value
+
+
+def _adaptive_settings(settings: str):
+    """``KEY=VALUE,...`` of ``--forgetting adaptive:...`` -> an ``AdaptiveForgetting`` (its own checks name
+    the setting); ``argparse.ArgumentTypeError`` naming the form for anything else."""
+    from .models.change_detection import AdaptiveForgetting
+
+    form = f"adaptive:KEY=VALUE,... with KEY one of {', '.join(_ADAPTIVE_KEYS)}"
+    kwargs: dict = {}
+    for item in settings.split(","):
+        key, eq, value = (part.strip() for part in item.partition("="))
+        if not eq or not key or not value:
+            raise argparse.ArgumentTypeError(f"expected {form}, got {item.strip()!r}")
+        if key not in _ADAPTIVE_KEYS:
+            raise argparse.ArgumentTypeError(f"unknown setting {key!r}; expected {form}")
+        if key in kwargs:
+            raise argparse.ArgumentTypeError(f"setting {key!r} given twice")
+        kind = _ADAPTIVE_KEYS[key]
+        try:
+            kwargs[key] = kind(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{key}: expected {'an integer' if kind is int else 'a number'}, got "
+                                             f"{value!r}") from None
+    try:
+        return AdaptiveForgetting(**kwargs)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def open_fraction(text: str) -> float:

@@ -110,10 +110,13 @@ def _build_parser() -> argparse.ArgumentParser:
                           "(default: a built-in problem's own prior, the one its parameters are drawn from; "
                           "1 for a --problem module:Class; a class that declares its own models with "
                           "models(replications) runs those, and --ridge is then an error)")
-    sim.add_argument("--forgetting", type=forgetting_arg, default=None, metavar="FACTOR|adaptive",
+    sim.add_argument("--forgetting", type=forgetting_arg, default=None, metavar="FACTOR|adaptive[:KEY=VALUE,...]",
                      help="forgetting of the ridge models (ts, greedy, ts-asc): a factor in (0, 1] per update "
-                          "(stabilised rule), or 'adaptive' (restart from the prior when a change is detected); "
-                          "default none. A problem that declares its own models sets theirs")
+                          "(stabilised rule), or 'adaptive' (restart from the prior when a change is detected), "
+                          "with the change test's settings as adaptive:KEY=VALUE,... (outcomes=gaussian|binary|auto, "
+                          "false_alarm_rate, odds_ratio, threshold, drift, keep, warmup, warmup_events; e.g. "
+                          "adaptive:outcomes=binary,false_alarm_rate=1e-4 for 0/1 outcomes); default none. A "
+                          "problem that declares its own models sets theirs")
     sim.add_argument("--delay", action="append", type=metric_lag, default=None, metavar="METRIC=STEPS",
                      help="learn a metric's outcomes STEPS steps after their decision (repeat per metric; 'reward' "
                           "names the reward): what a late harm signal costs (simulate(..., delays=...))")

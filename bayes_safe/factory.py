@@ -207,5 +207,10 @@ def describe_model(model) -> str:
         parts.append(str(likelihood))
     forgetting = getattr(model, "forgetting", None)
     if forgetting is not None:
-        parts.append("adaptive forgetting" if forgetting == "adaptive" else f"forgetting {forgetting:g}")
+        if forgetting == "adaptive":
+            adaptive, detector = getattr(model, "adaptive", None), getattr(model, "_detector", None)
+            parts.append("adaptive forgetting" if adaptive is None or detector is None
+                         else f"adaptive forgetting: {adaptive.test(detector.binary)}")
+        else:
+            parts.append(f"forgetting {forgetting:g}")
     return type(model).__name__ + (f" ({', '.join(parts)})" if parts else "")

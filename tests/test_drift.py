@@ -315,7 +315,7 @@ def test_the_command_line_runs_a_users_drifting_problem_with_forgetting(tmp_path
                      "--no-progress", "--out", name, *extra]) == 0
         runs[name] = json.loads((tmp_path / name / "summary.json").read_text())
     assert runs["forget"]["models"]["click"].endswith(
-        "adaptive forgetting)" if forgetting == "adaptive" else "forgetting 0.95)")
+        "adaptive forgetting: CUSUM k=0.5)" if forgetting == "adaptive" else "forgetting 0.95)")
     # after the swap the forgetting model follows; without it, 150 plays of the old best hold it back
     # (measured: 0.48x with 0.95, 0.11x adaptive)
     assert runs["forget"]["final_cumulative_regret_mean"] < 0.6 * runs["none"]["final_cumulative_regret_mean"]
@@ -335,3 +335,74 @@ def test_the_command_line_refuses_forgetting_where_it_cannot_run(tmp_path, monke
         err = capsys.readouterr().err
         assert message in err and "Traceback" not in err
         assert not (tmp_path / "run").exists()
+
+
+_CLICK_DROP_MODULE = '''
+import torch
+from bayes_safe.envs import Units
+
+
+class ClickDrop:
+    """Two articles of 0/1 clicks; article 0 (0.5, then 0.2 from step 400) beats article 1 (0.35) until
+    the change. One constant feature; the clicks drawn from the step's generator."""
+    metric_names = ("click",)
+    noise_std = (0.5,)
+
+    def draw(self, n, generator, step=0):
+        u = torch.rand(n, generator=generator, dtype=torch.float64)
+        return Units(torch.eye(2, dtype=torch.float64).expand(n, 2, 2), torch.zeros(n, dtype=torch.long),
+                     context=(step, u))
+
+    def expected_all(self, units):
+        step = units.context[0]
+        rates = [0.5 if step < 400 else 0.2, 0.35]
+        return torch.tensor(rates, dtype=torch.float64).reshape(1, 2, 1).expand(len(units), 2, 1)
+
+    def outcomes(self, units, actions):
+        p = self.expected_all(units)[torch.arange(len(units)), actions]
+        return (units.context[1][:, None] < p).to(torch.float64)
+'''
+
+
+def test_the_command_line_names_the_0_1_change_tests_settings(tmp_path, monkeypatch):
+    """``--forgetting adaptive:outcomes=binary,...``: a user's 0/1 problem with the library's Gaussian
+    ridge models runs the 0/1 test with the settings named (issue 43), and it finds a click drop
+    that leaves the model without forgetting on the old best article."""
+    import json
+
+    from bayes_safe.cli import main
+
+    (tmp_path / "clickdrop.py").write_text(_CLICK_DROP_MODULE)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    runs = {}
+    setting = "adaptive:outcomes=binary,false_alarm_rate=1e-4,odds_ratio=2,warmup=40"
+    for name, extra in (("none", []), ("binary", ["--forgetting", setting])):
+        assert main(["simulate", "--problem", "clickdrop:ClickDrop", "--policy", "ts", "--replications", "8",
+                     "--horizon", "1200", "--seed", "3", "--no-progress", "--out", name, *extra]) == 0
+        runs[name] = json.loads((tmp_path / name / "summary.json").read_text())
+    described = runs["binary"]["models"]["click"]
+    assert "0/1 CUSUM, odds ratio 2" in described and "false_alarm_rate=0.0001" in described
+    assert runs["binary"]["final_cumulative_regret_mean"] < 0.6 * runs["none"]["final_cumulative_regret_mean"]
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ("adaptive:outcome=binary", "unknown setting 'outcome'"),
+    ("adaptive:outcomes=bernoulli", "outcomes: expected one of ['auto', 'gaussian', 'binary']"),
+    ("adaptive:false_alarm_rate=often", "false_alarm_rate: expected a number, got 'often'"),
+    ("adaptive:warmup=2.5", "warmup: expected an integer, got '2.5'"),
+    ("adaptive:keep", "expected adaptive:KEY=VALUE,..."),
+    ("adaptive:keep=0.1,keep=0.2", "setting 'keep' given twice"),
+    ("adaptive:odds_ratio=0.5", "odds_ratio: expected a finite number > 1"),
+])
+def test_bad_change_test_settings_on_the_command_line_name_the_setting(tmp_path, monkeypatch, capsys, value, message):
+    from bayes_safe.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["simulate", "--problem", "kazerouni2017-neurips-abrupt", "--policy", "ts", "--replications", "2",
+              "--horizon", "5", "--no-progress", "--out", "run", "--forgetting", value])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --forgetting" in err and message in err and "Traceback" not in err
+    assert not (tmp_path / "run").exists()

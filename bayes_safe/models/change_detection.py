@@ -196,12 +196,16 @@ class AdaptiveForgetting:
 
     def describe(self, binary: bool) -> str:
         """The setting as a model of 0/1 (``binary``) or Gaussian outcomes runs it."""
+        return f"adaptive ({self.test(binary)})"
+
+    def test(self, binary: bool) -> str:
+        """The test and its settings, as ``describe`` names them: ``"0/1 CUSUM, odds ratio 2"``."""
         extra = "".join(f", {k}={v:g}" for k, v in (("false_alarm_rate", self.false_alarm_rate),
                                                     ("keep", self.keep or None)) if v is not None)
         if binary:
-            return f"adaptive (0/1 CUSUM, odds ratio {self.odds_ratio:g}{extra})"
+            return f"0/1 CUSUM, odds ratio {self.odds_ratio:g}{extra}"
         h = "" if self.threshold is None else f"h={self.threshold:g}, "
-        return f"adaptive (CUSUM {h}k={self.drift:g}{extra})"
+        return f"CUSUM {h}k={self.drift:g}{extra}"
 
 
 def parse_forgetting(forgetting):
