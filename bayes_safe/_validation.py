@@ -193,3 +193,16 @@ def check_in_range(value, name: str, low: float, high: float, *, low_open=False,
 
 def check_probability(value, name: str) -> float:
     return check_in_range(value, name, 0.0, 1.0, low_open=True, high_open=True)
+
+
+#: the draw rules of ``ThompsonSampling(exploration=...)`` (its docstring); a model may carry its own
+#: default as ``thompson_exploration`` (``calibrated_per_arm`` does), so the rules are named here,
+#: below both the models and the policies
+EXPLORATIONS = ("posterior", "rows")
+
+
+def check_exploration(exploration, name: str = "exploration") -> str:
+    """``exploration`` if it is one of ``EXPLORATIONS``, else a ``ValueError`` naming ``name``."""
+    if not isinstance(exploration, str) or exploration not in EXPLORATIONS:
+        raise ValueError(f"{name}: expected one of {list(EXPLORATIONS)}, got {exploration!r}")
+    return exploration

@@ -359,13 +359,16 @@ class _Torch:
         prior = dist.Normal(self.torch.zeros(self.dim, dtype=self.torch.float64), PRIOR_SD).to_event(1)
         return PerArmLinear(prior, num_arms=self.K, noise_std=NOISE_SD)
 
-    def calibrated(self, warm, temperature=None):
+    def calibrated(self, warm, temperature=None, exploration=None):
         """``calibrated_per_arm`` on the warm slice's rows and labels (hyperparameters only: the
-        arms start from the fitted prior, not from the warm slice's posterior)."""
+        arms start from the fitted prior, not from the warm slice's posterior); ``exploration`` None:
+        its default draw rule (``"rows"``)."""
         from bayes_safe.models import calibrated_per_arm
 
         X_warm, y_warm = warm
         kwargs = {} if temperature is None else {"temperature": temperature}
+        if exploration is not None:
+            kwargs["exploration"] = exploration
         self.calibration = calibrated_per_arm(X_warm, labels=y_warm, num_arms=self.K, **kwargs)
         return self.calibration.model
 
@@ -373,14 +376,15 @@ class _Torch:
 class BayesSafeTS(_Torch):
     """``ThompsonSampling(model)``, the one-stream API; ``model`` the docs' recommended per-arm
     model for a 0/1 reward, ``calibrated_per_arm`` on the warm slice (its prior mean, prior scale
-    and noise sd by empirical Bayes, temperature 0.25), or with ``warm=None`` the generic
-    ``PerArmLinear(N(0, 1), noise_std=0.5)``."""
+    and noise sd by empirical Bayes, temperature 0.25, draws by its default ``exploration="rows"``: the
+    temperature divided by an arm's effective rows at the context), or with ``warm=None`` the generic
+    ``PerArmLinear(N(0, 1), noise_std=0.5)``. ``exploration="posterior"``: the draws before issue 44."""
 
-    def __init__(self, dim, num_actions, seed, warm=None, temperature=None):
+    def __init__(self, dim, num_actions, seed, warm=None, temperature=None, exploration=None):
         super().__init__(dim, num_actions, seed)
         from bayes_safe import ThompsonSampling
 
-        self.model = self.per_arm() if warm is None else self.calibrated(warm, temperature)
+        self.model = self.per_arm() if warm is None else self.calibrated(warm, temperature, exploration)
         self.policy = ThompsonSampling(self.model)
 
     def warm_start(self, X, y, P) -> None:
@@ -397,14 +401,16 @@ class BayesSafeTS(_Torch):
 class BayesSafeStreamingTS:
     """``StreamingPerArmTS.from_calibrated(calibrated_per_arm(warm slice))``: the same model and
     law of decisions as ``bayes_safe TS``, in numpy (arm scores as univariate normals, rank-one
-    updates of the played arm only)."""
+    updates of the played arm only); ``exploration`` as ``BayesSafeTS``'s."""
 
-    def __init__(self, dim, num_actions, seed, warm, temperature=None):
+    def __init__(self, dim, num_actions, seed, warm, temperature=None, exploration=None):
         from bayes_safe.models import calibrated_per_arm
         from bayes_safe.policies import StreamingPerArmTS
 
         X_warm, y_warm = warm
         kwargs = {} if temperature is None else {"temperature": temperature}
+        if exploration is not None:
+            kwargs["exploration"] = exploration
         self.ts = StreamingPerArmTS.from_calibrated(calibrated_per_arm(X_warm, labels=y_warm, num_arms=num_actions,
                                                                        **kwargs), seed=seed)
 
@@ -423,8 +429,8 @@ class BayesSafeStreamingConservativeTS(BayesSafeStreamingTS):
     """``StreamingConservativeTS(StreamingPerArmTS.from_calibrated(...), alpha=0.1)``: the
     conservative TS learner's one-stream numpy fast path (realised budget, confidence 0.95)."""
 
-    def __init__(self, dim, num_actions, seed, warm, temperature=None):
-        super().__init__(dim, num_actions, seed, warm, temperature)
+    def __init__(self, dim, num_actions, seed, warm, temperature=None, exploration=None):
+        super().__init__(dim, num_actions, seed, warm, temperature, exploration)
         from bayes_safe.policies import StreamingConservativeTS
 
         self.policy = StreamingConservativeTS(self.ts, alpha=ALPHA)
@@ -466,14 +472,14 @@ class BayesSafeConservativeTS(_Torch):
     of the realised cumulative budget (Kazerouni et al. 2017, constraint (3) on observed rewards),
     on the calibrated posterior, holds; the baseline's reward learned from its own plays."""
 
-    def __init__(self, dim, num_actions, seed, warm=None, budget="realised"):
+    def __init__(self, dim, num_actions, seed, warm=None, budget="realised", exploration=None):
         super().__init__(dim, num_actions, seed)
         from bayes_safe.policies import ConservativeTS
 
         if warm is None:
             self.policy = ConservativeTS(self.per_arm(), alpha=ALPHA, budget=budget)
         else:
-            model = self.calibrated(warm)
+            model = self.calibrated(warm, exploration=exploration)
             self.policy = ConservativeTS(model, alpha=ALPHA, budget=budget,
                                          variance_scale=1.0 / self.calibration.temperature)
 
@@ -547,11 +553,14 @@ class BayesSafeResidual(_Torch):
 
     uses_baseline_probs = True
 
-    def __init__(self, dim, num_actions, seed, warm, policy="ts", engine="torch", temperature=0.25,
+    def __init__(self, dim, num_actions, seed, warm, policy="ts", engine="torch", temperature=None,
                  score_scale=0.25, min_win=None, exclusive=False, **options):
         super().__init__(dim, num_actions, seed)
         self.kind, self.engine, self.seed = policy, engine, seed
-        self.options = {"temperature": temperature, "score_scale": score_scale, **options}
+        # temperature None: baseline_residual's default (0.01 since issue 44's third round; 0.25 before)
+        self.options = {"score_scale": score_scale, **options}
+        if temperature is not None:
+            self.options["temperature"] = temperature
         self.min_win = min_win
         self.exclusive = exclusive  # the conservative check's exclusive-rewards bound (a class label: one action pays)
         self._build(*warm)
@@ -684,7 +693,8 @@ class BayesianBanditsTS:
 
 register(LearnerSpec("greedy", GreedyRidge, "greedy: per-arm ridge, argmax of the mean (numpy)"))
 register(LearnerSpec("bayes_safe TS", BayesSafeTS,
-                     "bayes_safe ThompsonSampling, calibrated_per_arm on the warm slice (empirical Bayes, temperature 0.25)",
+                     "bayes_safe ThompsonSampling, calibrated_per_arm on the warm slice (empirical Bayes, temperature 0.25, "
+                     "exploration 'rows')",
                      requires=("torch", "pyro"), warm=True))
 register(LearnerSpec("bayes_safe TS generic prior", BayesSafeTS, "bayes_safe ThompsonSampling, PerArmLinear N(0,1), noise sd 0.5",
                      requires=("torch", "pyro")))
@@ -694,13 +704,26 @@ register(LearnerSpec("bayes_safe TS streaming", BayesSafeStreamingTS,
 register(LearnerSpec("bayes_safe conservative TS streaming", BayesSafeStreamingConservativeTS,
                      "bayes_safe StreamingConservativeTS (numpy one-stream fast path of conservative TS, realised budget)",
                      requires=("torch", "pyro"), safe=True, warm=True))
-for _t in (1.0, 0.1, 0.03, 0.01):  # other temperatures, on request (--learners "bayes_safe TS T=1")
-    register(LearnerSpec(f"bayes_safe TS T={_t:g}", lambda d, k, s, warm, t=_t: BayesSafeTS(d, k, s, warm, t),
-                         f"bayes_safe ThompsonSampling, calibrated_per_arm, temperature {_t:g}",
+# the draws before issue 44 (every arm at the fixed temperature, exploration="posterior"), on request
+register(LearnerSpec("bayes_safe TS posterior draws", lambda d, k, s, warm: BayesSafeTS(d, k, s, warm, None, "posterior"),
+                     "bayes_safe ThompsonSampling, calibrated_per_arm, temperature 0.25, exploration 'posterior'",
+                     requires=("torch", "pyro"), warm=True, default=False))
+register(LearnerSpec("bayes_safe TS streaming posterior draws",
+                     lambda d, k, s, warm: BayesSafeStreamingTS(d, k, s, warm, None, "posterior"),
+                     "bayes_safe StreamingPerArmTS, calibrated_per_arm, temperature 0.25, exploration 'posterior'",
+                     requires=("torch", "pyro"), warm=True, default=False))
+register(LearnerSpec("bayes_safe conservative TS posterior draws",
+                     lambda d, k, s, warm: BayesSafeConservativeTS(d, k, s, warm, exploration="posterior"),
+                     "bayes_safe ConservativeTS alpha=0.1 realised, calibrated_per_arm, exploration 'posterior'",
+                     requires=("torch", "pyro"), safe=True, warm=True, default=False))
+for _t in (1.0, 0.1, 0.03, 0.01):  # fixed temperatures (posterior draws, as measured before), on request
+    register(LearnerSpec(f"bayes_safe TS T={_t:g}",
+                         lambda d, k, s, warm, t=_t: BayesSafeTS(d, k, s, warm, t, "posterior"),
+                         f"bayes_safe ThompsonSampling, calibrated_per_arm, temperature {_t:g}, exploration 'posterior'",
                          requires=("torch", "pyro"), warm=True, default=False))
     register(LearnerSpec(f"bayes_safe TS streaming T={_t:g}",
-                         lambda d, k, s, warm, t=_t: BayesSafeStreamingTS(d, k, s, warm, t),
-                         f"bayes_safe StreamingPerArmTS, calibrated_per_arm, temperature {_t:g}",
+                         lambda d, k, s, warm, t=_t: BayesSafeStreamingTS(d, k, s, warm, t, "posterior"),
+                         f"bayes_safe StreamingPerArmTS, calibrated_per_arm, temperature {_t:g}, exploration 'posterior'",
                          requires=("torch", "pyro"), warm=True, default=False))
 register(LearnerSpec("bayes_safe TS-ASC", BayesSafeTSASC,
                      "bayes_safe TSASC alpha=0.1, guard = per-arm reward model vs the baseline action",
@@ -725,12 +748,20 @@ for _kind, _engine, _label in (("ts", "torch", "residual TS"), ("ts", "numpy", "
                          f"bayes_safe {'ConservativeTS alpha=0.1 realised, exclusive rewards, win check 0.5' if _kind == 'conservative' else 'ThompsonSampling'}"
                          f" ({_engine}) on baseline_residual: per-arm features [x, p_k(x)], prior mean the baseline",
                          requires=("torch", "pyro"), safe=_kind == "conservative", warm=True, probs=True))
-for _t in (0.1, 0.03, 0.01):  # residual TS at other temperatures, both forms, on request
+for _t in (0.25, 0.1, 0.03, 0.01):  # residual TS at set temperatures (0.25: the default before), on request
     for _engine, _suffix in (("torch", ""), ("numpy", " streaming")):
         register(LearnerSpec(f"bayes_safe residual TS{_suffix} T={_t:g}",
                              lambda d, k, s, warm, t=_t, e=_engine: BayesSafeResidual(d, k, s, warm, "ts", e, temperature=t),
                              f"bayes_safe ThompsonSampling ({_engine}) on baseline_residual, temperature {_t:g}",
                              requires=("torch", "pyro"), warm=True, probs=True, default=False))
+for _t in (0.25, 0.03, 0.01):  # the safe residual learner at set temperatures (0.25: the default before), on request
+    for _engine, _suffix in (("torch", ""), ("numpy", " streaming")):
+        register(LearnerSpec(f"bayes_safe residual conservative TS{_suffix} T={_t:g}",
+                             lambda d, k, s, warm, t=_t, e=_engine: BayesSafeResidual(
+                                 d, k, s, warm, "conservative", e, temperature=t, min_win=RESIDUAL_MIN_WIN,
+                                 exclusive=RESIDUAL_EXCLUSIVE),
+                             f"bayes_safe residual conservative TS ({_engine}, exclusive, win check 0.5), temperature {_t:g}",
+                             requires=("torch", "pyro"), safe=True, warm=True, probs=True, default=False))
 _RESIDUAL_VARIANTS = {  # the measured alternatives (issue 44), on request
     "no win check": {"min_win": None},
     "warm posterior": {"warm_posterior": True},
@@ -958,7 +989,7 @@ def markdown_table(rows: Sequence[Row], overtake_header: str = "overtakes at (me
     lines = [f"| learner | PV loss | baseline PV loss | ratio | budget violation rate | {overtake_header} | decisions/s |",
              "|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r.learner} | {r.pv:.3f} | {r.baseline_pv:.3f} | {r.ratio:.2f} | {r.violation:.3f} | "
+        lines.append(f"| {r.learner} | {r.pv:.4f} | {r.baseline_pv:.4f} | {r.ratio:.2f} | {r.violation:.3f} | "
                      f"{r.overtake} | {r.rate:,.0f} |")
     return "\n".join(lines)
 

@@ -19,6 +19,10 @@ law of decisions as ``ThompsonSampling`` / ``ConservativeTS`` over ``calibrated_
     .venv/bin/python benchmarks/bakeoff_temperature.py           # 10 shuffles: about 2 minutes
     .venv/bin/python benchmarks/bakeoff_temperature.py --quick   # 2 shuffles, streams cut to 400 rows
 
+The ``TS`` and ``conservative TS`` kinds draw by ``calibrated_per_arm``'s default ``exploration="rows"`` (issue
+44: the temperature divided by an arm's effective rows at the context); ``TS posterior draws`` and
+``conservative TS posterior draws`` are the fixed-temperature draws measured before it.
+
 Issue 44 (the warm protocol, strong baselines): ``--protocol warm --warm-fraction 0.2`` hands every learner
 the warm slice with full information first (as ``bakeoff.py --protocol warm``), ``--kinds`` adds the
 baseline-residual learners (``residual TS``, ``residual conservative TS``: ``StreamingPerArmTS.from_residual``,
@@ -55,7 +59,15 @@ def _residual(policy: str):
     return make
 
 
+def _posterior(cls):
+    def make(dim, K, seed, warm, temperature):
+        return cls(dim, K, seed, warm, temperature, "posterior")
+    return make
+
+
 _LEARNERS = {"TS": bakeoff.BayesSafeStreamingTS, "conservative TS": bakeoff.BayesSafeStreamingConservativeTS,
+             "TS posterior draws": _posterior(bakeoff.BayesSafeStreamingTS),
+             "conservative TS posterior draws": _posterior(bakeoff.BayesSafeStreamingConservativeTS),
              "residual TS": _residual("ts"), "residual conservative TS": _residual("conservative")}
 _PROBS = {"residual TS", "residual conservative TS"}   # handed the baseline's probabilities (the warm slice's too)
 

@@ -124,7 +124,7 @@ from .. import _validation
 from .._validation import check_in_range
 from ..random import DrawBatch, Generator
 from .base import Policy, check_model, check_select_inputs
-from .thompson import ThompsonSampling
+from .thompson import ThompsonSampling, rows_shrink
 
 __all__ = ["ConservativeTS"]
 
@@ -157,6 +157,9 @@ class ConservativeTS(Policy):
         exclusive_rewards: False (default); True: rewards in ``[0, 1]`` of which at most one action earns
             at each step (a class label), so the baseline's reward at a deviation is at most ``1 - r``
             (module docstring; ``budget="realised"`` only).
+        exploration: the proposals' draw rule, ``ThompsonSampling``'s (None, default: the model's own,
+            ``"rows"`` for ``calibrated_per_arm``'s; ``"posterior"``; ``"rows"``). It changes the proposals
+            only: the check, and so the budget's guarantee, is the same.
 
     Attributes:
         budget: ``c`` of the module docstring, the shape of the model's posterior mean
@@ -173,7 +176,7 @@ class ConservativeTS(Policy):
 
     def __init__(self, model, alpha: float = 0.1, confidence: float = 0.95, *, budget: str = "expected",
                  variance_scale: float = 1.0, min_win_probability: float | None = None,
-                 exclusive_rewards: bool = False):
+                 exclusive_rewards: bool = False, exploration: str | None = None):
         check_model(model, "model", "sample_at")
         self.alpha = float(check_in_range(alpha, "alpha", 0.0, 1.0))
         if isinstance(confidence, bool) or not isinstance(confidence, (int, float)) or not 0.5 < confidence < 1:
@@ -205,7 +208,8 @@ class ConservativeTS(Policy):
             raise ValueError(f"model: ConservativeTS checks its budget on a Gaussian posterior (posterior_mean and "
                              f"posterior_covariance): a conjugate BayesianLinear or a PerArmLinear; this model's engine "
                              f"is {name!r}")
-        self._ts = ThompsonSampling(model)
+        self._ts = ThompsonSampling(model, exploration)
+        self.exploration = self._ts.exploration
         self._batch = tuple(model.batch_shape)
         if len(self._batch) > 1:
             raise ValueError(f"model: expected a batch shape [R] or none, got {list(self._batch)}")
@@ -241,6 +245,8 @@ class ConservativeTS(Policy):
             out["min_win_probability"] = self.min_win_probability
         if self.exclusive_rewards:
             out["exclusive_rewards"] = True
+        if self._ts.exploration != "posterior":
+            out["exploration"] = self._ts.exploration
         return out
 
     def _moments(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -398,6 +404,9 @@ class ConservativeTS(Policy):
         model = self.model
         # ThompsonSampling's draw (sample_at's numbers) with each arm's mean and variance at its row
         scores, mu, var = model._draw_one(features, generator)
+        shrink_var = self._ts._noise_var
+        if shrink_var is not None:  # exploration="rows": ThompsonSampling's shrunk draw (the same numbers)
+            scores = mu + rows_shrink(var, shrink_var) * (scores - mu)
         p = int(scores.argmax())                                     # the first maximal index, as torch's argmax
         F = features.numpy()
         keep = -(1 - self.alpha)

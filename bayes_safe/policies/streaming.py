@@ -42,6 +42,8 @@ import math
 
 import numpy as np
 
+from .thompson import check_exploration, rows_shrink
+
 __all__ = ["StreamingConservativeTS", "StreamingPerArmTS"]
 
 
@@ -55,10 +57,16 @@ class StreamingPerArmTS:
         noise_std: the observation noise sd (> 0).
         temperature: multiplies the posterior covariance of the draws (> 0; 1: the posterior).
         seed: an int or a ``numpy.random.Generator``.
+        exploration: ``"posterior"`` (default here: draws at ``temperature``) or ``"rows"``: arm ``k``'s draw
+            at temperature ``temperature / max(1, n_k)``, ``n_k = sigma^2 / (x^T S_k x)`` its effective rows at
+            ``x`` (``ThompsonSampling``'s docstring, "Exploration"; the same law). ``from_calibrated`` takes the
+            calibrated model's (``"rows"`` by default).
     """
 
+    exploration = "posterior"  # a class default: an instance pickled before issue 44 draws as it did
+
     def __init__(self, prior_mean, prior_scale: float, num_arms: int, noise_std: float, *, temperature: float = 1.0,
-                 seed=None):
+                 seed=None, exploration: str = "posterior"):
         mu = np.asarray(prior_mean, dtype=np.float64)
         if mu.ndim != 1 or not np.isfinite(mu).all():
             raise ValueError(f"prior_mean: expected a finite vector [d], got shape {list(mu.shape)}")
@@ -75,6 +83,7 @@ class StreamingPerArmTS:
                 raise ValueError(f"{name}: expected a positive number, got {v!r}")
         if isinstance(num_arms, bool) or not isinstance(num_arms, int) or num_arms < 2:
             raise ValueError(f"num_arms: expected an int >= 2, got {num_arms!r}")
+        self.exploration = check_exploration(exploration)
         d, K = mu.shape[0], num_arms
         self.dim, self.num_arms = d, K
         self.noise_var = float(noise_std) ** 2
@@ -95,7 +104,8 @@ class StreamingPerArmTS:
         """From a ``CalibratedPerArm`` (``bayes_safe.models.calibrated_per_arm``): its prior mean,
         prior scale, noise and temperature."""
         return cls(calibrated.prior_mean.numpy(), calibrated.prior_scale, calibrated.model.num_arms,
-                   calibrated.noise_std, temperature=calibrated.temperature, seed=seed)
+                   calibrated.noise_std, temperature=calibrated.temperature, seed=seed,
+                   exploration=getattr(calibrated, "exploration", "posterior"))
 
     @classmethod
     def from_residual(cls, residual, seed=None) -> StreamingPerArmTS:
@@ -117,7 +127,11 @@ class StreamingPerArmTS:
             Sx = self.covariance @ x                                         # [K, d]
             var, mean = Sx @ x, self.mean @ x
         self._last = (x, Sx)                                                 # reused by the update at this x
-        return mean + self._scale * np.sqrt(np.maximum(var, 0.0)) * self.rng.standard_normal(self.num_arms)
+        var = np.maximum(var, 0.0)
+        sd = np.sqrt(var)
+        if self.exploration == "rows":  # temperature / max(1, effective rows): sd times sqrt(min(1, var / sigma^2))
+            sd = sd * rows_shrink(var, self.noise_var)
+        return mean + self._scale * sd * self.rng.standard_normal(self.num_arms)
 
     def set_posterior(self, precision, eta) -> None:
         """Set every arm's posterior from its natural parameters: ``precision [K, d, d]`` and ``eta [K, d]``
@@ -192,6 +206,7 @@ class StreamingPerArmTS:
         scale = torch.as_tensor(self.prior_scale, dtype=torch.float64)  # a number, or one sd per weight
         m = PerArmLinear(dist.Normal(torch.as_tensor(self.prior_mean), scale).to_event(1), self.num_arms,
                          noise_std=math.sqrt(self.noise_var))
+        m.thompson_exploration = self.exploration  # ThompsonSampling(m) draws by this rule
         arms = m.arms
         arms.precision.copy_(torch.as_tensor(self.precision))
         arms.eta.copy_(torch.as_tensor(np.einsum("kij,kj->ki", self.precision, self.mean)))
@@ -205,7 +220,7 @@ class StreamingConservativeTS:
     docstring has the check; Kazerouni et al. 2017, constraint (3) and the condition of s.4, with a
     Thompson draw as the proposal and the realised budget).
 
-    The proposal is the fast path's Thompson draw (at its temperature); the budget is checked on
+    The proposal is the fast path's Thompson draw (at its temperature, by its ``exploration`` rule); the budget is checked on
     its untempered posterior (the fast path keeps the calibrated posterior and scales only the
     draws), so no ``variance_scale`` is needed. Rewards settle decisions first in, first out:
     call ``update`` after each ``select``, in order.

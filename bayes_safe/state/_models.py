@@ -13,6 +13,7 @@ import sys
 import torch
 from torch import nn
 
+from .._validation import EXPLORATIONS
 from ._format import Decoder, Encoder, StateError, dtype_from_name, dtype_name
 from ._priors import decode_distribution, decode_prior, encode_distribution, encode_prior
 
@@ -363,6 +364,9 @@ def _dec_detector(det, adaptive: dict, dec: Decoder, where: str, b: tuple) -> No
 def _enc_per_arm(m, enc: Encoder, what: str) -> dict:
     node = {"type": "PerArmLinear", "num_arms": int(m.num_arms), "batch_shape": list(m.batch_shape),
             "arms": _enc_linear(m.arms, enc, f"{what}.arms")}
+    rule = m.__dict__.get("thompson_exploration")
+    if rule is not None:  # the policies' default draw rule (calibrated_per_arm's, issue 44; absent: none)
+        node["thompson_exploration"] = rule
     clock = getattr(m, "_clock", None)
     if clock is not None:  # the decay that waits / stops / recalls (issue 43; absent: none, as in states before)
         node["clock"] = {"decay": clock.decay, "idle_after": clock.idle_after, "max_sd": clock.max_sd,
@@ -384,10 +388,15 @@ def _dec_per_arm(node: dict, dec: Decoder, where: str):
     arms = _dec_linear(dec.field(node, "arms", dict, where), dec, f"{where}.arms")
     if tuple(arms.batch_shape) != (*b, K) or not arms.conjugate:
         dec.fail(f"{where}.arms: expected a conjugate model of batch shape {[*b, K]}, got {list(arms.batch_shape)}")
+    rule = node.get("thompson_exploration")
+    if rule is not None and rule not in EXPLORATIONS:
+        dec.fail(f"{where}: field 'thompson_exploration' must be one of {list(EXPLORATIONS)}, got {rule!r}")
     clock = node.get("clock")
     if clock is None:
         m = build(dec, where, lambda: PerArmLinear(arms.prior, K, arms.noise_std, arms.noise_prior, batch_shape=b))
         m.arms = arms
+        if rule is not None:
+            m.thompson_exploration = rule
         return m
     if not isinstance(clock, dict):
         dec.fail(f"{where}: field 'clock' must be a mapping")
@@ -395,6 +404,8 @@ def _dec_per_arm(node: dict, dec: Decoder, where: str):
     m = build(dec, where, lambda: PerArmLinear(arms.prior, K, arms.noise_std, arms.noise_prior, batch_shape=b,
                                                **options))
     m.arms = arms
+    if rule is not None:
+        m.thompson_exploration = rule
     shape = (*b, K)
     c = m._clock
     idle = dec.tensor(clock.get("idle"), f"{where}.clock.idle", shape=shape, dtype=_LONG).clone()

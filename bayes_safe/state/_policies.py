@@ -13,6 +13,7 @@ import sys
 
 import torch
 
+from .._validation import EXPLORATIONS
 from ._format import Decoder, Encoder
 from ._models import build, decode_model
 from ._priors import callable_path, import_callable
@@ -51,6 +52,8 @@ def encode_policy(policy, enc: Encoder, what: str, model_node) -> dict:
         raise TypeError(f"{what}: cannot save a policy of type {type(policy).__name__}; saveable: {', '.join(SAVEABLE_POLICIES)}")
     node: dict = {"type": name, "models": {role: model_node(role, m) for role, m in policy.models().items()}}
     t = enc.tensor
+    if name == "ThompsonSampling":
+        node["exploration"] = policy.exploration
     if name in ("LinUCB", "LUCB", "CLUCB"):
         conf = policy.confidence
         node.update(delta=float(conf.delta), weight_bound=t(_bound(conf), f"{what}.weight_bound"),
@@ -120,7 +123,13 @@ def decode_policy(node, dec: Decoder, where: str):
     if name == "Random":
         need()
         return cls()
-    if name in ("ThompsonSampling", "Greedy"):
+    if name == "ThompsonSampling":  # its draw rule (issue 44; absent in files before it: the model's default)
+        rule = node.get("exploration")
+        if rule is not None and rule not in EXPLORATIONS:
+            dec.fail(f"{where}: field 'exploration' must be one of {list(EXPLORATIONS)}, got {rule!r}")
+        model = need("reward")[0]
+        return build(dec, where, lambda: cls(model, exploration=rule))
+    if name == "Greedy":
         return cls(*need("reward"))
     if name == "ConstraintMask":
         return cls(reward_model=need("reward")[0])
