@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .._validation import EXPLORATIONS, check_exploration
+from .._validation import check_exploration
 from ..random import Generator, ReplicationRNG, check_generator
 from . import _fast
 from .base import (
