@@ -424,6 +424,15 @@ def arm_table(sz: dict, seed: int, log, settings=None) -> list[ArmRow]:
 
 
 # ----------------------------------------------------------------------------- printing
+def _verdict(ok: bool) -> str:
+    return "met" if ok else "NOT met"
+
+
+def _rule(head: str) -> None:
+    """Print a markdown table's separator row under its header ``head``."""
+    print("|" + "|".join("-" * len(c) for c in head.split("|")[1:-1]) + "|")
+
+
 def _ratio(value: float, reference: float | None) -> float | None:
     if reference is None or not reference > 0:
         return None
@@ -480,7 +489,7 @@ def report(sz: dict, seed: int, log) -> None:
             f"{'ratio':>5} | {'stationary':>10} | {'ratio':>5} | {'click alarms':22} | {'detected':16} | "
             f"{'hide alarms':>11} | {'seconds':>7} |")
     print(head)
-    print("|" + "|".join("-" * len(c) for c in head.split("|")[1:-1]) + "|")
+    _rule(head)
     for r in news:
         rb, ra, rs = r.ratios or (None, None, None)
         print(f"| {r.engine:8} | {r.warm:11} | {r.forgetting:18} | {r.before:7.1f} | {_fmt(rb):>5} | {r.after:7.1f} | "
@@ -497,16 +506,13 @@ def report(sz: dict, seed: int, log) -> None:
           f"{AdaptiveForgetting().level(True) / float(kl):.0f} observations of that article (80 % of the steps).")
     head = f"| {'engine':8} | {'stream':18} | {'observations':>12} | {'false alarms':>12} | {'bound x obs':>11} | {'detected':50} | {'seconds':>7} |"
     print(head)
-    print("|" + "|".join("-" * len(c) for c in head.split("|")[1:-1]) + "|")
+    _rule(head)
     for r in rare:
         print(f"| {r.engine:8} | {r.stream:18} | {r.observations:>12,} | {r.alarms:>12} | {r.bound:>11.2f} | "
               f"{r.detected:50} | {r.seconds:7.1f} |")
 
     print()
     print("Targets (issue 43):")
-
-    def verdict(ok: bool) -> str:
-        return "met" if ok else "NOT met"
 
     for r in news:
         if r.ratios is None:
@@ -516,7 +522,7 @@ def report(sz: dict, seed: int, log) -> None:
         parts = []
         for what, v, target in (("after", ra, TARGET_AFTER), ("before", rb, TARGET_BEFORE),
                                 ("stationary", rs, TARGET_BEFORE)):
-            parts.append(f"{what} {_fmt(v) or 'n/a'} <= {target}: {verdict(v is not None and v <= target)}")
+            parts.append(f"{what} {_fmt(v) or 'n/a'} <= {target}: {_verdict(v is not None and v <= target)}")
         print(f"  news ({name}): " + "; ".join(parts))
     rate = AdaptiveForgetting().rate_bound(True)
     for engine, warm in dict.fromkeys((r.engine, r.warm) for r in news):
@@ -530,11 +536,11 @@ def report(sz: dict, seed: int, log) -> None:
                 continue
             p = _poisson_sf(alarms, rate * obs)
             print(f"  hide false alarms, news ({engine}, warm {warm}) {what}: {alarms} in {obs:,} observations, "
-                  f"bound x obs {rate * obs:.2f} (P(Poisson >= {alarms}) = {p:.2g}): {verdict(p >= 0.05)}")
+                  f"bound x obs {rate * obs:.2f} (P(Poisson >= {alarms}) = {p:.2g}): {_verdict(p >= 0.05)}")
     for r in rare:
         p = _poisson_sf(r.alarms, r.bound)
         print(f"  rare metric false alarms ({r.engine}, {r.stream}): {r.alarms} in {r.observations:,} observations, "
-              f"bound x obs {r.bound:.2f} (P(Poisson >= {r.alarms}) = {p:.2g}): {verdict(p >= 0.05)}"
+              f"bound x obs {r.bound:.2f} (P(Poisson >= {r.alarms}) = {p:.2g}): {_verdict(p >= 0.05)}"
               + (f"; detection: {r.detected} (no target)" if r.detected else ""))
     print("  (met: ratios at or under the target; false alarms: met when a Poisson count at the documented rate")
     print("   bound would reach the observed count with probability >= 0.05.)")
@@ -553,7 +559,7 @@ def arm_report(sz: dict, seed: int, log, arms: list[ArmRow] | None = None) -> No
     head = (f"| {'decay':34} | {'found':>7} | {'after':>7} | {'ratio':>5} | {'stationary':>10} | {'ratio':>12} | "
             f"{'seconds':>7} |")
     print(head)
-    print("|" + "|".join("-" * len(c) for c in head.split("|")[1:-1]) + "|")
+    _rule(head)
     for r in arms:
         ratio = "" if r.ratio_stationary is None else f"{r.ratio_stationary:.2f} +- {r.se_stationary:.2f}"
         print(f"| {r.decay:34} | {r.found_share:>7} | {r.regret_after:7.1f} | {_fmt(r.ratio_after):>5} | "
@@ -562,12 +568,9 @@ def arm_report(sz: dict, seed: int, log, arms: list[ArmRow] | None = None) -> No
     print()
     print("Targets (issue 43), abandoned arm:")
 
-    def verdict(ok: bool) -> str:
-        return "met" if ok else "NOT met"
-
     for r in arms:
-        print(f"  abandoned arm found (decay {r.decay}): {r.found:.0%} >= 95 %: {verdict(r.found >= TARGET_FOUND)}"
+        print(f"  abandoned arm found (decay {r.decay}): {r.found:.0%} >= 95 %: {_verdict(r.found >= TARGET_FOUND)}"
               + ("" if r.ratio_stationary is None else
                  f"; stationary cost {r.ratio_stationary:.2f}x no decay <= {TARGET_BEFORE}: "
-                 f"{verdict(r.ratio_stationary <= TARGET_BEFORE)}"))
+                 f"{_verdict(r.ratio_stationary <= TARGET_BEFORE)}"))
 
