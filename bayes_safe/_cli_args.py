@@ -119,11 +119,15 @@ def forgetting_arg(text: str):
     return value
 
 
-def _adaptive_settings(settings: str):
-    """``KEY=VALUE,...`` of ``--forgetting adaptive:...`` -> an ``AdaptiveForgetting`` (its own checks name
-    the setting); ``argparse.ArgumentTypeError`` naming the form for anything else."""
-    from .models.change_detection import AdaptiveForgetting
+class AdaptiveSettings(dict):
+    """``--forgetting adaptive:KEY=VALUE,...`` parsed: ``{setting: value}`` for ``AdaptiveForgetting(**settings)``,
+    which the command checks (its errors name the setting) before any work; kept as plain values here, so the
+    argument types import nothing of the package."""
 
+
+def _adaptive_settings(settings: str) -> AdaptiveSettings:
+    """``KEY=VALUE,...`` of ``--forgetting adaptive:...`` -> ``AdaptiveSettings``; ``argparse.ArgumentTypeError``
+    naming the form for an unknown, repeated or malformed setting."""
     form = f"adaptive:KEY=VALUE,... with KEY one of {', '.join(_ADAPTIVE_KEYS)}"
     kwargs: dict = {}
     for item in settings.split(","):
@@ -140,10 +144,7 @@ def _adaptive_settings(settings: str):
         except ValueError:
             raise argparse.ArgumentTypeError(f"{key}: expected {'an integer' if kind is int else 'a number'}, got "
                                              f"{value!r}") from None
-    try:
-        return AdaptiveForgetting(**kwargs)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
+    return AdaptiveSettings(kwargs)
 
 
 def open_fraction(text: str) -> float:

@@ -37,6 +37,7 @@ import time
 import traceback
 
 from ._cli_args import (
+    AdaptiveSettings,
     OneLineParser,
     existing_dir,
     forgetting_arg,
@@ -402,6 +403,13 @@ def _simulate(args) -> int:
     from .simulation import simulate
 
     device = _device_arg(args.device)
+    if isinstance(args.forgetting, AdaptiveSettings):  # adaptive:KEY=VALUE,...: the change test's own checks
+        from .models.change_detection import AdaptiveForgetting
+
+        try:
+            args.forgetting = AdaptiveForgetting(**args.forgetting)
+        except ValueError as err:
+            raise UsageError(f"--forgetting: {err}") from None
     if ":" in args.problem:  # the user's own problem class
         for flag in ("device", "instances"):
             if getattr(args, flag) is not None:

@@ -404,5 +404,5 @@ def test_bad_change_test_settings_on_the_command_line_name_the_setting(tmp_path,
               "--horizon", "5", "--no-progress", "--out", "run", "--forgetting", value])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
-    assert "argument --forgetting" in err and message in err and "Traceback" not in err
+    assert "--forgetting" in err and message in err and "Traceback" not in err
     assert not (tmp_path / "run").exists()
