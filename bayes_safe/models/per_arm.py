@@ -208,8 +208,8 @@ class PerArmLinear:
 
     @property
     def idle_steps(self) -> torch.Tensor | None:
-        """Steps since each arm was last played, ``[*batch, K]`` (long; a copy), counted only with
-        ``idle_after`` or ``max_sd``; else None."""
+        """Steps since each arm was last played, ``[*batch, K]`` (long; a copy), counted only with one of
+        ``idle_after``, ``max_sd``, ``explore_rate`` or ``recall``; else None."""
         return None if self._clock is None else self._clock.idle.clone()
 
     @property
@@ -227,8 +227,8 @@ class PerArmLinear:
                 f"{'' if self.decay is None else f'decay={self.decay}, '}"
                 f"{'' if self.idle_after is None else f'idle_after={self.idle_after}, '}"
                 f"{'' if self.max_sd is None else f'max_sd={self.max_sd}, '}"
-                f"{'' if self._clock is None or self._clock.explore_rate is None else f'explore_rate={self._clock.explore_rate}, '}"
-                f"{'' if self._clock is None or self._clock.recall is None else f'recall={self._clock.recall}, '}"
+                f"{'' if self.explore_rate is None else f'explore_rate={self.explore_rate}, '}"
+                f"{'' if self.recall is None else f'recall={self.recall}, '}"
                 f"observations per arm={per_arm})")
 
     # ------------------------------------------------------------------ the one-stream fast path

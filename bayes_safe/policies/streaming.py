@@ -42,7 +42,8 @@ import math
 
 import numpy as np
 
-from .thompson import check_exploration, rows_shrink
+from .._validation import check_exploration
+from .thompson import rows_shrink
 
 __all__ = ["StreamingConservativeTS", "StreamingPerArmTS"]
 
