@@ -39,8 +39,9 @@ Example:
 from __future__ import annotations
 
 import math
+import numbers
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import torch
@@ -268,6 +269,24 @@ class _Stream:
         return out
 
 
+def _check_seeds(seeds) -> list[int]:
+    """``seeds`` as a list of Python ints, or a ``TypeError`` / ``ValueError`` naming the argument: a
+    sequence of integers (Python, numpy or 0-d integer tensors), at least one; a float is refused rather
+    than truncated (``1.5`` would silently be seed 1)."""
+    if isinstance(seeds, (str, bytes)) or not isinstance(seeds, Iterable):
+        raise TypeError(f"seeds: expected a sequence of ints (one per replication), got {seeds!r}")
+    out = []
+    for i, s in enumerate(seeds):
+        if isinstance(s, torch.Tensor) and s.numel() == 1 and not s.is_floating_point() and s.dtype != torch.bool:
+            s = s.item()
+        if isinstance(s, bool) or not isinstance(s, numbers.Integral):
+            raise TypeError(f"seeds: expected a sequence of ints (one per replication); item {i} is {s!r}")
+        out.append(int(s))
+    if not out:
+        raise ValueError("seeds: expected at least one seed")
+    return out
+
+
 class ReplicationRNG:
     """Independent, named random streams for each of ``R`` replications.
 
@@ -281,11 +300,9 @@ class ReplicationRNG:
     """
 
     def __init__(self, seeds: Sequence[int], block: int = 256, device: torch.device | str | None = None):
-        self.seeds = [int(s) for s in seeds]
-        if not self.seeds:
-            raise ValueError("seeds: expected at least one seed")
-        if block < 1:
-            raise ValueError(f"block must be >= 1, got {block}")
+        self.seeds = _check_seeds(seeds)
+        if isinstance(block, bool) or not isinstance(block, numbers.Integral) or block < 1:
+            raise ValueError(f"block: expected an int >= 1, got {block!r}")
         self.block = int(block)
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         self._streams: dict[tuple, _Stream] = {}

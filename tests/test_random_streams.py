@@ -3,9 +3,11 @@ buffer stays bounded at any R x d (issue 20: 1.3 GiB at R = 10,000, d = 64 befor
 
 from __future__ import annotations
 
+import numpy as np
+import pytest
 import torch
 
-from bayes_safe.random import ReplicationRNG, replication_seeds
+from bayes_safe.random import CounterRNG, ReplicationRNG, replication_seeds
 
 
 def test_draws_do_not_depend_on_the_block_size():
@@ -46,3 +48,20 @@ def test_vectorised_seeding_reproduces_numpy_bit_for_bit():
     for r, s in enumerate(seeds):
         reference = np.random.Generator(np.random.PCG64([s, zlib.crc32(key.encode())]))
         assert np.array_equal(stream.gens[r].standard_normal(50), reference.standard_normal(50)), s
+
+
+@pytest.mark.parametrize("rng_class", [ReplicationRNG, CounterRNG])
+def test_seeds_are_checked_by_name_before_any_draw(rng_class):
+    """A user's seeds: numpy and 0-d torch integers are taken as ints; a float is refused (not truncated to
+    another seed), as are strings, a bare int where a sequence is expected, and an empty list."""
+    assert rng_class([np.int64(3), torch.tensor(4), 5]).seeds == [3, 4, 5]
+    with pytest.raises(TypeError, match=r"seeds: expected a sequence of ints .*item 1 is 1\.5"):
+        rng_class([0, 1.5])
+    with pytest.raises(TypeError, match=r"seeds: .*item 0 is 'a'"):
+        rng_class(["a"])
+    with pytest.raises(TypeError, match=r"seeds: expected a sequence of ints \(one per replication\), got 5"):
+        rng_class(5)
+    with pytest.raises(ValueError, match="seeds: expected at least one seed"):
+        rng_class([])
+    with pytest.raises(ValueError, match=r"block: expected an int >= 1, got 0"):
+        ReplicationRNG([1], block=0)
