@@ -339,3 +339,177 @@ def test_the_joint_posterior_is_left_alone_where_it_cannot_hold():
     twin.update(X[:, 0], torch.ones(1, dtype=torch.float64), torch.ones(1, 1, dtype=torch.float64))
     assert torch.equal(policy.reward_model.precision, before)
     assert not torch.equal(twin.reward_model.precision, before)
+
+
+# --------------------------------------------------------------- the Decider's fast paths (issue 42, item 4)
+@pytest.mark.parametrize("batch", [(1,), ()])
+@pytest.mark.parametrize("noises", [(0.5, 0.5, 0.5), (0.5, 1.0, 0.3)], ids=["one-scale", "own-scales"])
+def test_the_joint_update_is_each_models_own_update_bit_for_bit(batch, noises):
+    """``_JointPosterior.learn`` (one row into every model, two operations) leaves every model's
+    precision, eta and count exactly as its own ``_update_checked`` does, with one noise scale for all
+    (``value=s``) and with each model's own (the scaled factors formed in numpy)."""
+    from bayes_safe.models.linear import _JointPosterior
+
+    together = [_taught(_model(noise=s, batch=batch), seed=i) for i, s in enumerate(noises)]
+    apart = [_taught(_model(noise=s, batch=batch), seed=i) for i, s in enumerate(noises)]
+    joint = _JointPosterior(together)
+    rng = np.random.default_rng(4)
+    with torch.inference_mode():
+        for _ in range(30):
+            row = rng.normal(size=(1, 4 + 3)) * np.exp(rng.normal(size=(1, 4 + 3)))
+            x = torch.from_numpy(row[:, :4])
+            joint.learn(x, row[:, :4], row[0, 4:])
+            for m, model in enumerate(apart):  # as TSASC._update_stacked teaches each model (x [1, d], y [1])
+                model._update_checked(x, torch.from_numpy(row[:, 4 + m]))
+    assert joint.holds(together)
+    for a, b in zip(together, apart):
+        assert torch.equal(a.precision, b.precision) and torch.equal(a.eta, b.eta)
+        assert int(a.num_observations) == int(b.num_observations) and a._factor is None
+
+
+@pytest.mark.parametrize("noise", [0.5, 1.0])
+def test_the_deciders_joint_feedback_keeps_the_decisions_and_the_posteriors(monkeypatch, noise):
+    """A Decider whose TS-ASC models learn each feedback jointly (``TSASC._learn_values``) decides
+    and ends as one whose models learn it one by one (the joint posterior patched off), bit for bit."""
+    from bayes_safe.models.linear import _JointPosterior
+
+    def run(joint: bool):
+        if not joint:
+            monkeypatch.setattr(_JointPosterior, "learn", lambda *a: pytest.fail("learned jointly"))
+            monkeypatch.setattr(_JointPosterior, "eligible", staticmethod(lambda models: False))
+        rng = np.random.default_rng(7)
+        decider = Decider(TSASC(_model(), [_model(noise=noise), _model(noise=2.0)], alpha=0.2), num_draws=64, seed=5)
+        out = []
+        for _ in range(40):
+            d = decider.decide(rng.normal(size=(5, 4)), baseline=1)
+            out.append((d.action, d.probabilities))
+            decider.feedback(d.decision_id, float(rng.normal()), [float(rng.normal()), float(rng.normal())])
+        monkeypatch.undo()
+        return out, [(m.precision.clone(), m.eta.clone()) for m in decider.policy.models().values()]
+
+    calls = []
+    learn = _JointPosterior.learn
+    monkeypatch.setattr(_JointPosterior, "learn", lambda *a: calls.append(1) or learn(*a))
+    together, states = run(True)
+    assert len(calls) == 40  # every feedback learned jointly
+    apart, states_apart = run(False)
+    assert together == apart
+    for (p, e), (q, f) in zip(states, states_apart):
+        assert torch.equal(p, q) and torch.equal(e, f)
+
+
+def test_the_guards_sums_in_order_are_numpys():
+    """The outlier guard's ``x^T m`` and ``|L^-1 x|^2`` summed in Python (``decider._sums_in_order``, rows of
+    fewer than 8 numbers) are numpy's ``(u * col).sum(1)`` and ``(col * col).sum(1)``, bit for bit (a row of
+    -0.0 included)."""
+    from bayes_safe.online.decider import _sums_in_order
+
+    rng = np.random.default_rng(5)
+    for t in range(3000):
+        d, M = int(rng.integers(1, 8)), int(rng.integers(1, 4))
+        u = rng.normal(size=(M, d)) * np.exp(4 * rng.normal(size=(M, d)))
+        col = rng.normal(size=(M, d)) * np.exp(4 * rng.normal(size=(M, d)))
+        if t % 7 == 0:
+            col[0] = -0.0
+        means, spreads = _sums_in_order(u.tolist(), col.tolist())
+        expected = (u * col).sum(1).tolist() + (col * col).sum(1).tolist()
+        assert [np.float64(v).tobytes() for v in means + spreads] == [np.float64(v).tobytes() for v in expected]
+
+
+@pytest.mark.parametrize("batch", [(1,), ()])
+def test_the_stacked_draws_as_numpy_arrays_are_the_tensors_numbers(batch):
+    """``_stacked_draws_at(as_numpy=True)`` hands out the numbers of the tensor path: the draws in the
+    product's layout ``[M, K, S]``, ``C = L^-1 X^T`` and the whitened means."""
+    def models():
+        return [_taught(_model(noise=s, batch=batch), seed=i) for i, s in enumerate((0.5, 1.0))]
+
+    X = torch.randn(1, 6, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    draws, C, u = BayesianLinear._stacked_draws_at(models(), X, DrawBatch(40, 1, seed=2), with_solve=True)
+    arrays = BayesianLinear._stacked_draws_at(models(), X, DrawBatch(40, 1, seed=2), with_solve=True, as_numpy=True)
+    assert all(isinstance(a, np.ndarray) for a in arrays)
+    assert np.array_equal(arrays[0], draws.numpy().transpose(0, 2, 1))
+    assert np.array_equal(arrays[1], C.numpy()) and np.array_equal(arrays[2], u.numpy())
+
+
+def test_the_common_outcome_check_is_the_general_ones():
+    """``Decider._outcome``'s one pass over a float reward and float constraints gives what the general
+    checks give, and for a value they refuse (NaN, an infinity, beyond ``outcome_limit``, not 0 / 1 for
+    a binary metric) the general check's own error."""
+    binary = BayesianLinear(dist.Normal(torch.zeros(4, dtype=torch.float64), 1.0).to_event(1), likelihood="probit",
+                            batch_shape=[1])
+    decider = Decider(TSASC(_model(), [_model(), binary], alpha=0.1), num_draws=8, outcome_limit=10.0)
+    constraints = [-0.0, 1.0]
+    reward, values = decider._outcome(2.5, constraints)
+    assert reward == 2.5 and values == constraints and values is not constraints
+    assert [np.float64(v).tobytes() for v in values] == [np.float64(v).tobytes() for v in constraints]
+    for reward, constraints, message in [
+            (float("nan"), [0.0, 1.0], "reward: expected a finite number"),
+            (1.0, [float("inf"), 1.0], r"constraints\[0\]: expected a finite number"),
+            (11.0, [0.0, 1.0], r"reward: expected \|value\| <= 10"),
+            (1.0, [-10.5, 0.0], r"constraints\[0\]: expected \|value\| <= 10"),
+            (1.0, [0.0, 0.5], r"constraints\[1\]: expected 0 or 1"),
+            (1.0, [0.0, float("nan")], r"constraints\[1\]: expected a finite number")]:
+        with pytest.raises(ValueError, match=message):
+            decider._outcome(reward, constraints)
+
+
+def test_the_logs_one_row_feedback_write_is_the_general_ones(tmp_path):
+    """An SQLite log's one-row ``write_feedback`` (one statement, no list of rows around it) writes the
+    row ``write_feedback_many`` writes, and answers a duplicate with False."""
+    from bayes_safe.online import DecisionLog
+    from bayes_safe.online.log import feedback_row
+
+    assert feedback_row("1", 0.5, [0.25, -0.0])[2:] == (0.5, "[0.25, -0.0]")
+    assert feedback_row("1", 0.5, [float("nan")])[3] == "[NaN]"
+    assert feedback_row("1", 0.5, [None, 1.0])[3] == "[null, 1.0]"
+    one, many = DecisionLog(tmp_path / "one.sqlite"), DecisionLog(tmp_path / "many.sqlite")
+    for log in (one, many):
+        for n in range(3):
+            log.write_decision(str(n), 0, 0.5, 0.1, 0, [1.0, 2.0], [0.5, 0.5])
+    answers_one = [one.write_feedback("0", 1.5, [0.25]), one.write_feedback("1", -0.5, None),
+                   one.write_feedback("0", 9.0, [9.0])]
+    answers_many = [many.write_feedback_many([("0", 1.5, [0.25])])[0], many.write_feedback_many([("1", -0.5, None)])[0],
+                    many.write_feedback_many([("0", 9.0, [9.0])])[0]]
+    assert answers_one == answers_many == [True, True, False]
+    rows = [log._db.execute("SELECT decision_id, reward, constraints FROM feedback ORDER BY rowid").fetchall()
+            for log in (one, many)]
+    assert rows[0] == rows[1] == [("0", 1.5, "[0.25]"), ("1", -0.5, None)]
+    one.close()
+    many.close()
+
+
+@pytest.mark.parametrize("stackable", [True, False], ids=["conjugate", "normal-inverse-gamma"])
+def test_feedback_learned_at_once_is_the_queues_learning(stackable):
+    """``Decider.feedback`` learning an outcome at once (``_learn_now``: update_every = 1, nothing else
+    waiting) decides, counts model versions and ends as a Decider whose every outcome goes through the
+    queue (a subclass with its own ``_queue``), bit for bit; a policy whose models do not learn rows
+    that way is remembered and queued."""
+    class Queued(Decider):
+        def _queue(self, *args):  # its own queue: every outcome through it (``refresh`` learns it)
+            super()._queue(*args)
+
+    assert Decider._learns_at_once and not Queued._learns_at_once
+
+    def constraint():
+        if stackable:
+            return _model(noise=1.0)
+        return BayesianLinear(dist.Normal(torch.zeros(4, dtype=torch.float64), 1.0).to_event(1), batch_shape=[1],
+                              noise_prior=dist.InverseGamma(torch.tensor(3.0, dtype=torch.float64),
+                                                            torch.tensor(2.0, dtype=torch.float64)))
+
+    def run(cls):
+        rng = np.random.default_rng(11)
+        decider = cls(TSASC(_model(), [constraint()], alpha=0.2), num_draws=32, seed=2)
+        out = []
+        for _ in range(25):
+            d = decider.decide(rng.normal(size=(4, 4)), baseline=0)
+            out.append((d.action, d.probabilities, d.model_version))
+            assert decider.feedback(d.decision_id, float(rng.normal()), [float(rng.normal())])
+            assert not decider.queued
+        return decider, out
+
+    at_once, queued = run(Decider), run(Queued)
+    assert at_once[1] == queued[1] and at_once[0].model_version == queued[0].model_version == 25
+    for a, b in zip(at_once[0].policy.models().values(), queued[0].policy.models().values()):
+        assert torch.equal(a.precision, b.precision) and torch.equal(a.eta, b.eta)
+    assert (at_once[0].__dict__.get("_rows_refused") is at_once[0].policy) is not stackable

@@ -1479,7 +1479,7 @@ class BayesianLinear:
 
     @staticmethod
     def _stacked_draws_at(models: Sequence[BayesianLinear], features: torch.Tensor, batch: DrawBatch,
-                          with_solve: bool = False, joint: _JointPosterior | None = None):
+                          with_solve: bool = False, joint: _JointPosterior | None = None, as_numpy: bool = False):
         """``S`` joint draws of ``f = X w`` of each of ``M`` one-stream models at ``features [1, K, d]``
         under a ``DrawBatch``, in one batch: ``[M, S, K]`` (row ``m``: model ``m``'s draws, as
         ``_draws_at`` gives them, ``[S, 1, K]``).
@@ -1501,10 +1501,21 @@ class BayesianLinear:
         On the CPU the last step, ``(u + z)^T C``, runs in numpy on torch's memory (the same
         widening addition; the product's last bits may differ from ``torch.bmm``'s, as the stacked
         product's already may from one model's ``_draws_at``): two torch calls fewer.
+
+        ``as_numpy`` (``TSASC._stacked_actions``, the Decider's propensity draws): the same numbers
+        as numpy arrays, ``(draws [M, K, S], C [M, d, K], u [M, d, 1])`` (the draws in the product's
+        own layout, a candidate's ``S`` draws a row; with ``with_solve`` or without), without the
+        tensor made of the product and the arrays made again of it (three calls fewer a decision).
         """
         batched = models[0].precision.dim() == 3  # [1, d, d] each (batch shape [1]), else [d, d]
         join = torch.cat if batched else torch.stack  # -> [M, d, d]
-        if all(m._factor is None for m in models):
+        for m in models:  # (a loop: all()'s generator costs more than the test on two models)
+            if m._factor is not None:
+                fresh = False
+                break
+        else:
+            fresh = True
+        if fresh:
             # every model changed (each learned the last outcome): factored in one batched call, each
             # matrix on its own (the numbers of ``_factorize``), and each model keeps its part
             L, info = torch.linalg.cholesky_ex(join([m.precision for m in models]) if joint is None else joint.precision)
@@ -1531,25 +1542,31 @@ class BayesianLinear:
         # each model's normals drawn in turn, as ``_draws_at`` draws them model after model (the same
         # numbers as TS-ASC's one model at a time: a stream seeded before keeps its decisions)
         M, n = len(models), batch.num_draws * models[0].dim
+        cpu = C.is_cpu
         if n % 16 == 0:
             # torch's CPU normal sampler fills blocks of 16 from the stream in order, so M successive
             # draws of S d normals (S d a multiple of 16) are the first M S d normals of one draw: one
             # call instead of M and a stack (4 us of 11 at M = 2, S = 200, d = 4; tested)
             z = torch.randn((M, batch.num_draws, models[0].dim), generator=batch.generator, dtype=torch.float32,
-                            device=batch.generator.device)
-            if z.device != C.device:
+                            device=batch.device)
+            if not (cpu and z.is_cpu) and z.device != C.device:  # (both on the CPU: the same device, no objects made)
                 z = z.to(C.device)
         else:
             z = torch.stack([batch._normal32((models[0].dim,), C.device) for _ in models])  # [M, S, d] float32
-        if C.is_cpu and not (C.requires_grad or u.requires_grad):
+        if cpu and not (C.requires_grad or u.requires_grad):
             # numpy on torch's memory: the same float32 -> float64 widening addition and one stacked
             # product, without two torch calls (about 20 us in the Decider's loop against 8), made as
             # C^T (z^T + u) [M, K, S] and handed out as its [M, S, K] view: TS-ASC's test then reads each
             # candidate's S draws as one contiguous row (``TSASC._stacked_actions``)
-            draws = torch.from_numpy(np.matmul(C.numpy().transpose(0, 2, 1), z.numpy().transpose(0, 2, 1)
-                                               + u.numpy())).transpose(1, 2)
+            Cn, un = C.numpy(), u.numpy()
+            product = np.matmul(Cn.transpose(0, 2, 1), z.numpy().transpose(0, 2, 1) + un)
+            if as_numpy:
+                return product, Cn, un
+            draws = torch.from_numpy(product).transpose(1, 2)
         else:
             draws = torch.bmm(torch.add(z, u.mT), C)  # [M, S, K]
+            if as_numpy:  # (what the arrays of these tensors are; a tensor that needs a gradient has none)
+                return draws.numpy().transpose(0, 2, 1), C.numpy(), u.numpy()
         return (draws, C, u) if with_solve else draws
 
     def _refit_if_due(self, generator: Generator = None, key: str = "weights") -> None:
@@ -1582,9 +1599,9 @@ class _JointPosterior:
     ``precision`` and ``eta`` are views of one buffer each, ``precision [M, d, d]`` and
     ``eta [M, d]`` (a model of batch shape ``[1]`` the slices ``[m:m + 1]``, an unbatched one
     ``[m]``), so ``BayesianLinear._stacked_draws_at`` factors them without joining them first (two
-    operations fewer per decision). Each model still learns its rows in place, on its views (one
-    joint update of all of them, the scaled factors formed first, measured slower in the Decider's
-    feedback: 11.5 us against 9.9 for the models' own two updates, minimum of 15 repeats).
+    operations fewer per decision). ``update`` and every other path still teach each model on its
+    views; the Decider's feedback teaches them all at once (``learn``: two operations for all the
+    models, the numbers of their own updates).
 
     The views are assigned to the models (their values unchanged); every other path keeps
     updating them in place as before. ``of`` hands out the kept joint posterior while every model
@@ -1593,7 +1610,7 @@ class _JointPosterior:
     Only for distinct models with neither forgetting nor a change detector, on the CPU.
     """
 
-    __slots__ = ("eta", "eta_column", "models", "precision", "views")
+    __slots__ = ("eta", "eta_column", "models", "precision", "scale", "scales", "views")
 
     def __init__(self, models: Sequence[BayesianLinear]):
         self.models = tuple(models)
@@ -1611,6 +1628,10 @@ class _JointPosterior:
         for m, precision, eta in zip(self.models, *parts):
             m.precision, m.eta = precision, eta
         self.views = tuple((m.precision, m.eta) for m in self.models)
+        # the models' noise scales 1 / sigma^2 (set when a model is made): the one they share, else None and
+        # each model's (``learn``)
+        self.scales = np.array([float(m._scale) for m in self.models])
+        self.scale = self.models[0]._scale if all(m._scale == self.models[0]._scale for m in self.models) else None
 
     @staticmethod
     def eligible(models: Sequence[BayesianLinear]) -> bool:
@@ -1621,8 +1642,40 @@ class _JointPosterior:
 
     def holds(self, models: Sequence[BayesianLinear]) -> bool:
         """Whether these ``models`` still hold this joint posterior's views."""
-        return (len(models) == len(self.models)
-                and all(m is k and m.precision is v[0] and m.eta is v[1] for m, k, v in zip(models, self.models, self.views)))
+        if len(models) != len(self.models):
+            return False
+        for m, k, v in zip(models, self.models, self.views):  # (a loop: a third of all()'s generator's cost)
+            if m is not k or m.precision is not v[0] or m.eta is not v[1]:
+                return False
+        return True
+
+    def learn(self, x: torch.Tensor, x_row: np.ndarray, values: np.ndarray) -> None:
+        """Every model learns one row (TS-ASC's feedback in the Decider, ``TSASC._learn_values``): the
+        features ``x [1, d]`` (float64, checked; ``x_row`` its numpy array ``[1, d]``) and model ``m``'s
+        outcome ``values[m]`` (``values [M]`` float64), in place on the joint buffers: two operations
+        instead of two per model, the numbers of each model's own ``_update_checked`` bit for bit.
+
+        ``addcmul_`` adds ``value * t1 * t2`` as ``(value * t1) * t2`` (possibly fused with the
+        addition): with one scale ``s`` for all models the joint call is the models' calls on a
+        stacked buffer (``value=s``); else each model's ``s t1`` is formed first in numpy (the same
+        correctly rounded products as torch's ``value * t1``) and added with ``value=1.0`` (whose
+        product with them is exact), so every element sees the same operations in the same order
+        (tests/test_single_stream_speed_paths.py, against the models' own updates). The scaled
+        factors formed by torch instead (two more tensor operations) made a joint update slower than
+        the models' own (11.5 us against 9.9); formed in numpy (or not needed, one scale), with the
+        dispatch of two updates and their views saved, it is faster: the Decider's feedback, TS-ASC
+        with two conjugate models, 45 to 35 us (``TSASC._learn_values``, ``Decider._learn_now``)."""
+        s = self.scale
+        if s is not None:
+            self.precision.addcmul_(x.mT, x, value=s)
+            self.eta.addcmul_(torch.from_numpy(values[:, None]), x, value=s)
+        else:
+            scales = self.scales
+            self.precision.addcmul_(torch.from_numpy(scales[:, None, None] * x_row.reshape(1, -1, 1)), x, value=1.0)
+            self.eta.addcmul_(torch.from_numpy((scales * values)[:, None]), x, value=1.0)
+        for m in self.models:  # what each model's ``_update_checked`` records besides its sums
+            m._count += 1
+            m._factor, m._dirty = None, None  # ``_invalidate(None)``
 
     @classmethod
     def of(cls, models: Sequence[BayesianLinear], kept: _JointPosterior | None) -> _JointPosterior | None:

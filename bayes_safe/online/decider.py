@@ -232,6 +232,22 @@ def _partial(reward, constraints) -> bool:
     return reward is None or (constraints is not None and None in constraints)
 
 
+def _sums_in_order(us: list[list[float]], cols: list[list[float]]) -> tuple[list[float], list[float]]:
+    """Per row ``m``: ``sum_i us[m][i] * cols[m][i]`` and ``sum_i cols[m][i]^2``, each added in order to 0.0:
+    what numpy's ``(u * col).sum(1)`` and ``(col * col).sum(1)`` give for rows of fewer than 8 numbers (its
+    pairwise summation adds a block that short one number after another, from 0: a row of -0.0 sums to 0.0;
+    tests/test_single_stream_speed_paths.py)."""
+    means, spreads = [], []
+    for u, c in zip(us, cols):
+        mean = spread = 0.0
+        for i in range(len(c)):
+            mean += u[i] * c[i]
+            spread += c[i] * c[i]
+        means.append(mean)
+        spreads.append(spread)
+    return means, spreads
+
+
 def _index(i: int) -> torch.Tensor:
     """``torch.tensor([i])`` (long), one shared tensor per small ``i`` (the baseline and the played
     action as the policies take them: read as indices, never written)."""
@@ -680,10 +696,11 @@ class Decider:
         if batch is None or batch.num_draws != S or batch.generator is not self._generator:
             batch = self._draw_batch = DrawBatch(S, 1, self._generator, played=True)
         draw_actions = getattr(self.policy, "_draw_actions", None)
+        b = None if base is None else int(base)  # the baseline's index (read once: the log's and TS-ASC's)
         with self._quiet():
             # TS-ASC of conjugate models: its select's actions [S] as numpy (the same numbers, after the
             # checks above, which select's would pass unchanged; ts_asc.TSASC._draw_actions), else select
-            played = None if draw_actions is None else draw_actions(cand, base, batch, valid)
+            played = None if draw_actions is None else draw_actions(cand, b, batch, valid)
             actions = self.policy.select(cand, base, generator=batch, valid=valid) if played is None else None
         if self.fallback_guards is not None:
             self._fallback_of_played()
@@ -708,8 +725,8 @@ class Decider:
         key = str(self.next_id)
         decision = Decision(self.public_id(self.next_id), action, p, math.sqrt(p * (1 - p) / S),
                             self.model_version, tuple(probs))
-        row = (key, action, p, decision.propensity_se, self.model_version, context, decision.probabilities,
-               None if base is None else int(base))
+        row = (key, action, p, decision.propensity_se, self.model_version, context, probs, b)  # (probs: the floats of
+        # decision.probabilities, as the list they were made in: the log writes them without converting them)
         solve = self.policy.__dict__.get("_last_solve") if played is not None and self.outlier_sd is not None else None
         # the decision solved L^-1 x for every candidate: the played column, with the factors it used, is
         # the outlier guard's solve at this decision's feedback while those factors stand (``_outlying``);
@@ -717,9 +734,16 @@ class Decider:
         if solve is None:
             self._last_guard_solve = None
         else:  # per model: x^T m = u . L^-1 x and x^T Sigma x = |L^-1 x|^2 at the played candidate, as floats
-            col = solve[0].numpy()[:, :, action]  # [M, d] (numpy's indexing: no tensor operation)
-            u = solve[1].numpy()[:, :, 0]
-            self._last_guard_solve = (key, solve[2], solve[3], (u * col).sum(1).tolist(), (col * col).sum(1).tolist())
+            col = solve[0][:, :, action]  # [M, d] (the solve's numpy arrays, ``TSASC._stacked_actions``)
+            u = solve[1][:, :, 0]
+            if col.shape[1] < 8:
+                # numpy sums fewer than 8 numbers one after another, from 0 (``_sums_in_order``): the same sums of
+                # the same products as ``(u * col).sum(1)`` and ``(col * col).sum(1)``, in Python floats (one
+                # conversion each instead of four array operations)
+                means, spreads = _sums_in_order(u.tolist(), col.tolist())
+            else:
+                means, spreads = (u * col).sum(1).tolist(), (col * col).sum(1).tolist()
+            self._last_guard_solve = (key, solve[2], solve[3], means, spreads)
         return decision, row, {"features": cand.numpy()[0, action].tolist(), "action": action}
 
     def _count_fallbacks(self) -> None:
@@ -773,8 +797,45 @@ class Decider:
                 except BaseException:
                     self.pending[decision_id] = entry  # not recorded: still pending, the client may retry
                     raise
-            self._queue(decision_id, entry, reward, constraints)
+            if (self.update_every == 1 and self._learns_at_once and constraints is not None and not self.queued
+                    and not self._held_pending and not self._drifting):
+                self._learn_now(decision_id, entry, reward, constraints)
+            else:
+                self._queue(decision_id, entry, reward, constraints)
         return True
+
+    #: whether ``feedback`` may learn an outcome at once (``_learn_now``): this class's ``_queue``, ``refresh``
+    #: and ``_apply`` are Decider's own (a subclass that changes them queues every outcome)
+    _learns_at_once = True
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls._learns_at_once = (cls._queue is Decider._queue and cls.refresh is Decider.refresh
+                               and cls._apply is Decider._apply)
+
+    def _learn_now(self, decision_id: str, entry: dict, reward: float, constraints: list) -> None:
+        """``_queue`` then ``refresh`` of one outcome (all its metrics) when nothing else waits
+        (``update_every = 1``, nothing queued, no pending row held, no drift watched), for a policy that
+        learns it from one row (TS-ASC of conjugate models, ``TSASC._learn_values``): what ``_apply``
+        does with that one outcome, without the queue's entry and the calls around it; else ``_queue``.
+        An error while learning leaves the outcome queued, as ``refresh`` leaves it. A policy that
+        refused a row once (its models do not learn rows this way) has its outcomes queued from then
+        on, without the row made for nothing. The caller holds the lock."""
+        learn_values = getattr(self.policy, "_learn_values", None)
+        if learn_values is not None and self.__dict__.get("_rows_refused") is not self.policy:
+            f = entry["features"]
+            row = np.array([[*f, reward, *constraints]], dtype=np.float64)  # (``_apply``'s row)
+            try:
+                with self._quiet():
+                    learned = learn_values(row, len(f))
+            except BaseException:
+                self.queued.append({"decision_id": decision_id, "reward": reward, "constraints": constraints, **entry})
+                raise
+            if learned:
+                self.model_version += 1
+                return
+            self._rows_refused = self.policy
+        self._queue(decision_id, entry, reward, constraints)
 
     def _windows(self, windows) -> dict[int, tuple[float, float]]:
         """``outcome_windows`` checked: ``{constraint index: (seconds, default)}``."""
@@ -938,6 +999,16 @@ class Decider:
         """One outcome checked and coerced (``feedback`` and ``feedback_many``): the reward a finite
         float, the constraints one finite float per constraint metric of the policy (None without)."""
         C = int(getattr(self.policy, "num_constraints", 0))
+        if (type(reward) is float and type(constraints) is list and len(constraints) == C and C
+                and all(type(v) is float for v in constraints)):
+            # the common case (a float reward and C Python floats): the checks below, in one pass, with the
+            # messages made only for a value that fails them
+            limit, binary = self.outcome_limit, self._binary
+            for i, v in enumerate((reward, *constraints)):
+                if not (abs(v) <= limit if not binary[i] else (v == 0.0 or v == 1.0)):
+                    break  # (NaN fails both tests) the general path names the value and the check it fails
+            else:
+                return reward, list(constraints)
         if reward is None or isinstance(constraints, Mapping) or (C and constraints is None) or (
                 C and type(constraints) in (list, tuple) and None in constraints):
             return self._outcome_apart(reward, constraints, C)
@@ -1019,14 +1090,16 @@ class Decider:
             return []
         found = []
         row = None  # the features as one float64 array, made once for every model that asks (the same numbers)
+        solve = self.__dict__.get("_last_guard_solve")
+        if solve is not None and solve[0] != key:
+            solve = None  # another decision's solve
         for metric, value in enumerate((reward, *(constraints or ()))):
             model = self._guarded[metric]
             if model is None or value is None:  # (None: a metric not in this report)
                 continue
             if id(model) in self._fast_guard:
                 z = None
-                solve = self.__dict__.get("_last_guard_solve")
-                if (solve is not None and solve[0] == key and metric < len(solve[2]) and solve[2][metric] is model
+                if (solve is not None and metric < len(solve[2]) and solve[2][metric] is model
                         and solve[1][metric] is model._factor and model._dirty is None and model.noise_prior is None):
                     # the decision's solve under the same factor: ``_residual_one``'s numbers from it
                     z = (value - solve[3][metric]) / math.sqrt(1.0 / model._scale + solve[4][metric])
@@ -1154,7 +1227,7 @@ class Decider:
     def _apply(self, queued: list[dict]) -> None:
         """``policy.update`` with each queued outcome, in order (checked when it was received)."""
         watch = self._drift_watched() if self._drifting else None  # the alarms before these rows (issue 43)
-        learn_row = getattr(self.policy, "_learn_row", None)
+        learn_values = getattr(self.policy, "_learn_values", None)
         for q in queued:
             if self._held_pending:  # the constraint metrics learned now leave the margin (pending="margin")
                 self._release(q)
@@ -1169,11 +1242,11 @@ class Decider:
                 continue
             d = len(f)
             row = np.array([[*f, q["reward"], *(cs or ())]], dtype=np.float64)
-            x, y = torch.from_numpy(row[:, :d]), torch.from_numpy(row[:, d])
-            c = None if cs is None else torch.from_numpy(row[:, d + 1:])
-            # TS-ASC of conjugate models: update's one-row path without its second look at these rows
-            # (ts_asc.TSASC._learn_row), else update
-            if learn_row is None or c is None or not learn_row(x, y, c):
+            # TS-ASC of conjugate models: update's one-row path without its second look at these rows, the
+            # models held jointly learning them together (ts_asc.TSASC._learn_values), else update
+            if learn_values is None or cs is None or not learn_values(row, d):
+                x, y = torch.from_numpy(row[:, :d]), torch.from_numpy(row[:, d])
+                c = None if cs is None else torch.from_numpy(row[:, d + 1:])
                 self.policy.update(x, y, c, actions=_index(q["action"]))
             if watch is not None:
                 self._watch_drift(watch, q.get("decision_id"))

@@ -468,6 +468,10 @@ def feedback_row(decision_id: str, reward: float, constraints=None, now: float |
     constraint metric not known yet is None in ``constraints`` and ``null`` in its JSON (schema 2)."""
     if constraints is None:
         text = None
+    elif type(constraints) is list and all(type(v) is float for v in constraints):
+        text = repr(constraints)  # Python floats (the Decider's): ``_floats_json``'s text in one look at them
+        if "n" in text:
+            text = json.dumps(constraints)
     elif any(v is None for v in constraints):
         text = json.dumps([None if v is None else float(v) for v in constraints])
     else:
@@ -627,7 +631,13 @@ class DecisionLog:
         After a ``LogUnavailable`` the write may have been committed without its answer arriving:
         the next feedback of that decision replaces it (the caller was told it failed, so what it
         sends again is the feedback it applies)."""
-        return self._write_feedback([feedback_row(decision_id, reward, constraints)])[0]
+        row = feedback_row(decision_id, reward, constraints)
+        if self._b.kind == "sqlite":
+            # one statement, its own transaction (``_write_feedback`` of one row: no id is ever uncertain on
+            # SQLite, a local file), without the list, the set and the context managers around it
+            with self._lock:
+                return self._b.run(self._insert_feedback[0], row) == 1
+        return self._write_feedback([row])[0]
 
     def _write_feedback(self, prepared: list[tuple]) -> list[bool]:
         """Insert feedback ``prepared`` in one transaction (module docstring; ``write_feedback``)."""

@@ -283,6 +283,10 @@ SERVING_CHANCE_REFRESH = 24
 PENDING = ("ignore", "margin")
 
 
+#: ``TSASC._stacked_actions``' default ``models``: ask ``_stackable``
+_STACKABLE = object()
+
+
 class TSASC(Policy):
     """TS-ASC (Daulton et al. 2019, Algorithm 1).
 
@@ -691,36 +695,46 @@ class TSASC(Policy):
         checked and coerced (float64 candidates ``[1, K, d]``, a long baseline ``[1]`` in range, a bool
         ``valid [1, K]`` with an allowed action): ``select``'s own checks would return them unchanged
         (``_fast.select_inputs``), so only what they compare with the models, ``d``, is compared here,
-        and a missing baseline (which select refuses, naming it) is left to select."""
-        if (baseline is None or not self._paper or self.constraints is not None
-                or features.shape[2] != self._plan_of_models()[3][2]):
+        and a missing baseline (which select refuses, naming it) is left to select. ``baseline``: the
+        index as a long tensor ``[1]`` or a Python int (the Decider's)."""
+        # (pending="margin" with rows held: select's general path keeps the margin)
+        if baseline is None or not self._paper or self.constraints is not None or self._held:
             return None
-        if self._held:
-            return None  # pending="margin" with rows held: select's general path keeps the margin
-        return self._stacked_actions(features, baseline, batch, valid)
+        plan = self._plan_of_models()
+        if features.shape[2] != plan[3][2]:
+            return None
+        return self._stacked_actions(features, baseline, batch, valid, plan[2])
 
-    def _stacked_actions(self, features, baseline, batch: DrawBatch, valid) -> np.ndarray | None:
-        """``_select_stacked``'s actions as a numpy array ``[S]``, or None."""
-        models = self._stackable()
+    def _stacked_actions(self, features, baseline, batch: DrawBatch, valid, models=_STACKABLE) -> np.ndarray | None:
+        """``_select_stacked``'s actions as a numpy array ``[S]``, or None. ``models``: ``_stackable()``
+        when the caller has it."""
+        if models is _STACKABLE:
+            models = self._stackable()
         if models is None or not features.is_cpu:  # numpy on torch's memory: the CPU's path
             return None
+        # [1 + C, K, S] (the product's own layout) and the solve, as numpy arrays on torch's memory
         draws, solve, means = type(self.reward_model)._stacked_draws_at(models, features, batch, with_solve=True,
-                                                                        joint=self._joint_of(models))
-        # the decision's L^-1 X^T, whitened means and the factors they came from: the Decider's outlier
-        # guard reads the played column while those factors stand (``Decider._decision``)
-        self._last_solve = (solve, means, tuple(m._factor for m in models), models)
-        draws = draws.numpy().transpose(0, 2, 1)  # [1 + C, K, S]: the product's own layout (a view)
-        b = int(baseline)
+                                                                        joint=self._joint_of(models), as_numpy=True)
+        # the decision's L^-1 X^T [M, d, K], whitened means [M, d, 1] (numpy arrays of the tensors) and the
+        # factors they came from: the Decider's outlier guard reads the played column while those factors
+        # stand (``Decider._decision``)
+        self._last_solve = (solve, means, tuple([m._factor for m in models]), models)
+        b = baseline if type(baseline) is int else int(baseline)
         # 1 - alpha_j as Python floats, read once per value of alpha (an assignment or an in-place change
         # of the tensor makes a new key)
         cached = self._alpha_factors(cached=True)
         # Algorithm 1's test and argmax in numpy on the [K, S] tables (a candidate's S draws a row): the
         # same comparisons, products and first maximal index as torch's on [S, K], at about half the
         # call cost on tables this small (S = 200, K = 5, one constraint: with the product, 12.8 us against 14.9)
-        ok = None
-        for fc, f in zip(draws[1:], cached[1]):
-            now = fc >= f * fc[b]
-            ok = now if ok is None else np.logical_and(ok, now, out=ok)
+        factors = cached[1]
+        if len(factors) == 1:  # one constraint (the common case): its table, without the loop's views
+            fc = draws[1]
+            ok = fc >= factors[0] * fc[b]
+        else:
+            ok = None
+            for fc, f in zip(draws[1:], factors):
+                now = fc >= f * fc[b]
+                ok = now if ok is None else np.logical_and(ok, now, out=ok)
         if valid is not None:
             ok &= valid.numpy().T  # [K, S] & [K, 1]
         ok[b] = True  # the baseline stays a candidate
@@ -730,7 +744,10 @@ class TSASC(Policy):
         """The stackable ``models``' joint posterior (``models.linear._JointPosterior``: their
         precisions and etas views of one buffer each), kept between calls; None when they cannot be
         held jointly."""
-        self._joint = _JointPosterior.of(models, self.__dict__.get("_joint"))
+        kept = self.__dict__.get("_joint")
+        if kept is not None and kept.holds(models):  # (``of``'s first test, without its call: every decision asks)
+            return kept
+        self._joint = _JointPosterior.of(models, kept)
         return self._joint
 
     def _stackable(self) -> tuple | None:
@@ -1056,6 +1073,23 @@ class TSASC(Policy):
         if self.chance_recalibrate or plan[2] is None or not plan[4] or x.shape[1] != plan[3][2]:
             return False
         self._update_stacked(x, reward, constraints)
+        return True
+
+    def _learn_values(self, row: np.ndarray, d: int) -> bool:
+        """The Decider's feedback as one float64 array ``row [1, d + 1 + C]`` (the played features, the
+        reward, the constraint values; checked and finite): ``_learn_row`` of its views, True; else
+        False (nothing learned: the Decider calls ``update``). While the models hold their joint
+        posterior (``_joint_of``, kept by the decisions) they learn the row together
+        (``_JointPosterior.learn``: two operations, the numbers of the models' own updates)."""
+        plan = self._plan_of_models()
+        if self.chance_recalibrate or plan[2] is None or not plan[4] or d != plan[3][2] or row.shape[1] != d + len(plan[2]):
+            return False
+        x = torch.from_numpy(row[:, :d])
+        joint = self.__dict__.get("_joint")
+        if joint is not None and joint.holds(plan[2]):
+            joint.learn(x, row[:, :d], row[0, d:])
+        else:
+            self._update_stacked(x, torch.from_numpy(row[:, d]), torch.from_numpy(row[:, d + 1:]))
         return True
 
     def _settings(self) -> dict[str, object]:
