@@ -47,6 +47,8 @@ import numpy as np
 import torch
 from numpy.random.bit_generator import ISeedSequence
 
+from ._validation import check_positive_int
+
 __all__ = ["CounterRNG", "DrawBatch", "Generator", "ReplicationRNG", "counter_normal", "counter_uniform", "replication_seeds", "standard_normal", "standard_uniform"]
 
 
@@ -301,9 +303,7 @@ class ReplicationRNG:
 
     def __init__(self, seeds: Sequence[int], block: int = 256, device: torch.device | str | None = None):
         self.seeds = _check_seeds(seeds)
-        if isinstance(block, bool) or not isinstance(block, numbers.Integral) or block < 1:
-            raise ValueError(f"block: expected an int >= 1, got {block!r}")
-        self.block = int(block)
+        self.block = check_positive_int(block, "block")
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         self._streams: dict[tuple, _Stream] = {}
 

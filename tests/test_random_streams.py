@@ -63,5 +63,5 @@ def test_seeds_are_checked_by_name_before_any_draw(rng_class):
         rng_class(5)
     with pytest.raises(ValueError, match="seeds: expected at least one seed"):
         rng_class([])
-    with pytest.raises(ValueError, match=r"block: expected an int >= 1, got 0"):
+    with pytest.raises(ValueError, match=r"block: expected a positive int, got 0"):
         ReplicationRNG([1], block=0)

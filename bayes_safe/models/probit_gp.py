@@ -210,7 +210,6 @@ def _probit_nll(f: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return -(y * torch.special.log_ndtr(f) + (1 - y) * torch.special.log_ndtr(-f)).mean()
 
 
-
 class _ProbitLikelihood(gpytorch.likelihoods.BernoulliLikelihood):
     """GPyTorch's ``BernoulliLikelihood`` (probit link) with its ELBO term ``E_q[log Phi(s f)]``
     (``s = 2 y - 1``) on the same Gauss-Hermite quadrature, each node's ``log Phi`` computed by

@@ -469,9 +469,7 @@ def feedback_row(decision_id: str, reward: float, constraints=None, now: float |
     if constraints is None:
         text = None
     elif type(constraints) is list and all(type(v) is float for v in constraints):
-        text = repr(constraints)  # Python floats (the Decider's): ``_floats_json``'s text in one look at them
-        if "n" in text:
-            text = json.dumps(constraints)
+        text = _floats_json(constraints)  # Python floats (the Decider's): no None among them to look for
     elif any(v is None for v in constraints):
         text = json.dumps([None if v is None else float(v) for v in constraints])
     else:

@@ -283,10 +283,6 @@ SERVING_CHANCE_REFRESH = 24
 PENDING = ("ignore", "margin")
 
 
-#: ``TSASC._stacked_actions``' default ``models``: ask ``_stackable``
-_STACKABLE = object()
-
-
 class TSASC(Policy):
     """TS-ASC (Daulton et al. 2019, Algorithm 1).
 
@@ -685,7 +681,7 @@ class TSASC(Policy):
         constraint: 13 tensor operations (both factorisations included) and 6 numpy ones, against
         26 tensor operations one model at a time; the same normals, so the same decisions as the
         models drawn one at a time (tests/test_single_stream_speed_paths.py)."""
-        actions = self._stacked_actions(features, baseline, batch, valid)
+        actions = self._stacked_actions(features, baseline, batch, valid, self._stackable())
         return None if actions is None else torch.from_numpy(actions[:, None])
 
     def _draw_actions(self, features, baseline, batch: DrawBatch, valid) -> np.ndarray | None:
@@ -705,11 +701,8 @@ class TSASC(Policy):
             return None
         return self._stacked_actions(features, baseline, batch, valid, plan[2])
 
-    def _stacked_actions(self, features, baseline, batch: DrawBatch, valid, models=_STACKABLE) -> np.ndarray | None:
-        """``_select_stacked``'s actions as a numpy array ``[S]``, or None. ``models``: ``_stackable()``
-        when the caller has it."""
-        if models is _STACKABLE:
-            models = self._stackable()
+    def _stacked_actions(self, features, baseline, batch: DrawBatch, valid, models) -> np.ndarray | None:
+        """``_select_stacked``'s actions as a numpy array ``[S]``, or None; ``models``: ``_stackable()``."""
         if models is None or not features.is_cpu:  # numpy on torch's memory: the CPU's path
             return None
         # [1 + C, K, S] (the product's own layout) and the solve, as numpy arrays on torch's memory
@@ -1063,22 +1056,13 @@ class TSASC(Policy):
             for j, model in enumerate(self.constraint_models):
                 model._update_checked(x, None, (*rows, constraints.narrow(1, j, 1)))  # its column [1, 1]
 
-    def _learn_row(self, x, reward, constraints) -> bool:
-        """The Decider's feedback: ``update(x, reward, constraints)`` through ``_update_stacked`` when
-        ``update`` would take it, True; else False (nothing learned: the Decider calls ``update``).
-        For rows the Decider checked and made (float64 ``x [1, d]``, ``reward [1]``, ``constraints
-        [1, C]``, finite): ``update``'s own checks (``_fast.update_inputs``) would return them
-        unchanged, so only what they compare with the models, ``d``, is compared here."""
-        plan = self._plan_of_models()
-        if self.chance_recalibrate or plan[2] is None or not plan[4] or x.shape[1] != plan[3][2]:
-            return False
-        self._update_stacked(x, reward, constraints)
-        return True
-
     def _learn_values(self, row: np.ndarray, d: int) -> bool:
         """The Decider's feedback as one float64 array ``row [1, d + 1 + C]`` (the played features, the
-        reward, the constraint values; checked and finite): ``_learn_row`` of its views, True; else
-        False (nothing learned: the Decider calls ``update``). While the models hold their joint
+        reward, the constraint values; checked and finite): ``update`` of it through ``_update_stacked``
+        when ``update`` would take that path, True; else False (nothing learned: the Decider calls
+        ``update``). For rows the Decider checked and made, ``update``'s own checks
+        (``_fast.update_inputs``) would return them unchanged, so only what they compare with the
+        models, ``d``, is compared here. While the models hold their joint
         posterior (``_joint_of``, kept by the decisions) they learn the row together
         (``_JointPosterior.learn``: two operations, the numbers of the models' own updates)."""
         plan = self._plan_of_models()
