@@ -21,7 +21,9 @@ same engine and warm start, always with adaptive forgetting: its alarms are fals
 Forgetting: none, the stabilised rule at 0.995, adaptive at its defaults restarting with ``keep=0``
 and ``keep=0.05``, a more sensitive adaptive test (false alarm rate 1e-3, odds ratio 1.5), and an
 oracle restart (no forgetting, but a cold model exactly at the change step: the best any restart
-to the base prior can do, a detector with no delay and no false alarm).
+to the base prior can do, a detector with no delay and no false alarm). On the conjugate engine's
+warm starts, the sensitive test and the oracle restart once more, returning to ``redraw_prior`` of
+the warm start (the weights' size kept, their values forgotten) instead of the weak prior.
 Regret: the best article's click rate minus the chosen one's, summed over the window; the mean
 over replications, and its ratio to the same engine and warm start without forgetting (same run).
 The header prints ``h / KL``: the fewest observations of the old best article a test at that
@@ -57,7 +59,7 @@ import torch
 
 from bayes_safe import BayesianLinear, ThompsonSampling
 from bayes_safe.models.change_detection import AdaptiveForgetting
-from bayes_safe.models.empirical_bayes import power_prior
+from bayes_safe.models.empirical_bayes import power_prior, redraw_prior
 from bayes_safe.models.per_arm import PerArmLinear
 
 F64 = torch.float64
@@ -150,7 +152,9 @@ def _forgetting_settings(engine: str) -> list[tuple[str, object]]:
             ("adaptive keep=0", AdaptiveForgetting(outcomes=binary)),
             ("adaptive keep=0.05", AdaptiveForgetting(outcomes=binary, keep=0.05)),
             (SENSITIVE, AdaptiveForgetting(outcomes=binary, false_alarm_rate=1e-3, odds_ratio=1.5)),
-            (ORACLE, None)]
+            (ORACLE, None)] + ([
+            (SENSITIVE_REDRAW, AdaptiveForgetting(outcomes=binary, false_alarm_rate=1e-3, odds_ratio=1.5)),
+            (ORACLE_REDRAW, None)] if engine == "gaussian" else [])
 
 
 ORACLE = "oracle restart"  # no forgetting, but a fresh cold model (the weak prior) exactly at the change step
@@ -158,9 +162,17 @@ ORACLE = "oracle restart"  # no forgetting, but a fresh cold model (the weak pri
 
 SENSITIVE = "adaptive 1e-3, 1.5"  # a more sensitive test: false alarm rate 1e-3, odds ratio 1.5
 
+# the same test, and the oracle restart, returning to ``redraw_prior`` of the warm start (the weights' size kept,
+# their values forgotten) instead of the weak prior: warm-started conjugate rows only (the laplace engine forgets
+# back to its own prior)
+SENSITIVE_REDRAW = "adaptive 1e-3, 1.5, redraw"
+ORACLE_REDRAW = "oracle restart, redraw"
+REDRAW_ROWS = (SENSITIVE_REDRAW, ORACLE_REDRAW)
 
-def _build(engine: str, warm: str, forgetting, world: NewsWorld, metric: str):
-    """A model of ``metric`` ("click" / "hide") on ``engine``, warm-started as ``warm`` says."""
+
+def _build(engine: str, warm: str, forgetting, world: NewsWorld, metric: str, base=None):
+    """A model of ``metric`` ("click" / "hide") on ``engine``, warm-started as ``warm`` says; ``base``: the
+    prior forgetting returns to (conjugate engine; default the weak prior)."""
     R, d = world.X.shape[0], world.X.shape[-1]
     hist_y = world.hist_click if metric == "click" else world.hist_hide
     if engine == "gaussian":
@@ -168,8 +180,9 @@ def _build(engine: str, warm: str, forgetting, world: NewsWorld, metric: str):
         if warm == "power_prior":
             prior = _batched_power_prior(weak, world.hist_X, hist_y, noise)
             return BayesianLinear(prior, noise_std=noise, batch_shape=[R], forgetting=forgetting,
-                                  base_prior=None if forgetting is None else weak)
-        model = BayesianLinear(weak, noise_std=noise, batch_shape=[R], forgetting=forgetting)
+                                  base_prior=None if forgetting is None else (weak if base is None else base))
+        model = BayesianLinear(weak, noise_std=noise, batch_shape=[R], forgetting=forgetting,
+                               base_prior=None if forgetting is None else base)
     else:
         model = BayesianLinear(_weak(d, 2.0), likelihood="logistic", inference="laplace", batch_shape=[R],
                                forgetting=forgetting)
@@ -241,15 +254,21 @@ def news_table(sz: dict, seed: int, log) -> tuple[list[NewsRow], NewsWorld]:
         for warm in warms:
             ref = None
             for fname, forgetting in _forgetting_settings(engine):
+                if fname in REDRAW_ROWS and warm == "none":
+                    continue  # a cold model has no warm start to take the weights' size from
                 t0 = time.perf_counter()
                 hide_forgetting = _forgetting_settings(engine)[2][1]
-                click = _build(engine, warm, forgetting, world, "click")
+                base = redraw_prior(_build(engine, warm, None, world, "click")) if fname in REDRAW_ROWS else None
+                click = _build(engine, warm, forgetting, world, "click", base)
                 hide = _build(engine, warm, hide_forgetting, world, "hide")
                 res = {}
                 restart = None
                 if fname == ORACLE:
                     def restart(engine=engine):
                         return _build(engine, "none", None, world, "click")
+                elif fname == ORACLE_REDRAW:
+                    def restart(base=base):
+                        return BayesianLinear(base, noise_std=CLICK_NOISE, batch_shape=[R])
                 for label, ch in (("change", change), ("stationary", None)):
                     res[label] = _news_run(copy.deepcopy(click), copy.deepcopy(hide), world, T, ch, seed + 7, restart)
                 reg_c, reg_s = res["change"]["regret"], res["stationary"]["regret"]
@@ -269,7 +288,7 @@ def news_table(sz: dict, seed: int, log) -> tuple[list[NewsRow], NewsWorld]:
                 row.hide_obs = 2 * R * T
                 row.hide_log_alarms = res["change"]["warm_hide_alarms"]
                 row.seconds = time.perf_counter() - t0
-                if forgetting is None and fname != ORACLE:
+                if forgetting is None and fname not in (ORACLE, ORACLE_REDRAW):
                     ref = row
                 else:
                     row.ratios = tuple(_ratio(v, w) for v, w in ((row.before, ref.before), (row.after, ref.after),
@@ -485,14 +504,14 @@ def report(sz: dict, seed: int, log) -> None:
           "start) while it learned the log + over both worlds' runs: all false. 'oracle restart': no forgetting, "
           "but the click model replaced by a cold one (the weak prior) exactly at the change step: what a detector "
           "with no delay and no false alarm, restarting from the base prior, would get.")
-    head = (f"| {'engine':8} | {'warm start':11} | {'forgetting':18} | {'before':>7} | {'ratio':>5} | {'after':>7} | "
+    head = (f"| {'engine':8} | {'warm start':11} | {'forgetting':26} | {'before':>7} | {'ratio':>5} | {'after':>7} | "
             f"{'ratio':>5} | {'stationary':>10} | {'ratio':>5} | {'click alarms':22} | {'detected':16} | "
             f"{'hide alarms':>11} | {'seconds':>7} |")
     print(head)
     _rule(head)
     for r in news:
         rb, ra, rs = r.ratios or (None, None, None)
-        print(f"| {r.engine:8} | {r.warm:11} | {r.forgetting:18} | {r.before:7.1f} | {_fmt(rb):>5} | {r.after:7.1f} | "
+        print(f"| {r.engine:8} | {r.warm:11} | {r.forgetting:26} | {r.before:7.1f} | {_fmt(rb):>5} | {r.after:7.1f} | "
               f"{_fmt(ra):>5} | {r.stationary:10.1f} | {_fmt(rs):>5} | {r.click_alarms:22} | {r.detected:16} | "
               f"{f'{r.hide_log_alarms} + {r.hide_alarms}':>11} | {r.seconds:7.1f} |")
 

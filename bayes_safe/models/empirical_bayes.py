@@ -1,4 +1,5 @@
-"""Warm starts: a prior fitted on logged data, as a Pyro distribution any model takes.
+"""Warm starts: a prior fitted on logged data, as a Pyro distribution any model takes (and the prior a
+warm model returns to after a change).
 
 ```python
 from bayes_safe.models import BayesianLinear, fit_prior
@@ -39,7 +40,13 @@ each counting as ``weight`` of an observation (``weight = 1``: the old posterior
 ten logged rows count as one new one). It is the recipe for starting a new policy from an old
 policy's log: ``docs/guide/warm-starts.md``.
 
-Both return a ``pyro.distributions`` Normal over ``R^d`` (``MultivariateNormal`` for a full
+**``redraw_prior``: where a warm model returns after a change.** A restart to the log's posterior
+brings the old world back; a restart to the weak prior forgets how large the weights are. The
+redraw prior keeps the size of the warm weights (a moment estimate of their spread) and the
+columns the user calls stable (the intercept), and forgets the rest: the prior of weights redrawn
+from the population the old ones came from, for ``base_prior`` (issue 43).
+
+All three return a ``pyro.distributions`` Normal over ``R^d`` (``MultivariateNormal`` for a full
 covariance, ``Normal(...).to_event(1)`` otherwise) of float64: inspect its ``mean`` and
 ``stddev``, or pass it to any model (conjugate, Gibbs, Langevin, NUTS / SVI, per arm).
 """
@@ -55,7 +62,7 @@ import torch
 
 from .._validation import as_tensor, check_finite
 
-__all__ = ["PriorFit", "fit_prior", "power_prior"]
+__all__ = ["PriorFit", "fit_prior", "power_prior", "redraw_prior"]
 
 F64 = torch.float64
 
@@ -259,3 +266,80 @@ def power_prior(prior, X, y, *, noise_std: float, weight: float = 0.5) -> dist.D
     cov = torch.cholesky_inverse(L)
     mean = torch.cholesky_solve((prec0 @ mu0 + weight * X.mT @ y / s2)[:, None], L)[:, 0]
     return dist.MultivariateNormal(mean, covariance_matrix=0.5 * (cov + cov.mT))
+
+
+def redraw_prior(posterior, *, stable=(0,), min_scale: float = 1e-3) -> dist.Distribution:
+    """The prior a warm-started model returns to after its world changes (issue 43): what the weights
+    were is forgotten, how large they are is kept.
+
+    A warm start from a long log knows the old world's weights ``m`` to within ``V``. After a change
+    of taste those weights are worth little (a restart that keeps them restarts to the old world,
+    docs/reports/drift.md), but the *size* of the weights is still known: a change redraws them from
+    the population the old ones came from. This prior models that redraw. Every weight outside
+    ``stable`` is exchangeable, ``w_j ~ N(0, tau^2)``, with ``tau^2`` the method-of-moments estimate
+    from the warm weights themselves, ``tau^2 = mean_j (m_j^2 - V_jj)`` (each ``m_j`` is a draw of
+    ``N(0, tau^2)`` seen through noise ``V_jj``; the moment estimate behind James-Stein shrinkage,
+    Efron & Morris 1973, s.2), floored at ``min_scale^2``. The ``stable`` weights (by default column
+    0, the intercept: a base rate that the change did not move) keep their warm mean, with sd
+    ``sqrt(V_jj + tau^2)``: they may move by as much as the others. Give it as ``base_prior`` with
+    ``forgetting=AdaptiveForgetting(...)``, so that a detected change restarts there.
+
+    Measured (docs/reports/drift.md, the news recommender of the drift benchmark, a Gaussian click
+    model warm from 20,000 logged rows, restarted at exactly the change): 1,000 decisions after the
+    change cost 37 clicks from this prior against 52 from the weak prior N(0, 1) (0.32x and 0.45x
+    of no forgetting's 116).
+
+    Args:
+        posterior: the warm start, a Gaussian over ``R^d`` (``power_prior``'s result, or any
+            ``MultivariateNormal`` / ``Normal(...).to_event(1)``, batch shape ``[*b]`` allowed), or a
+            model with ``posterior_mean`` ``[*b, d]`` and ``posterior_covariance`` ``[*b, d, d]`` (a
+            ``BayesianLinear`` after ``update`` on the log: conjugate, or the laplace engine's Gaussian).
+        stable: the columns whose warm mean is kept (a sequence of ints in ``[0, d)``; ``()``: none).
+            At least one column must be left to estimate ``tau``.
+        min_scale: ``> 0``, the floor on ``tau`` (a log that taught nothing leaves ``tau`` at it).
+    Returns ``Normal(loc, scale).to_event(1)`` over ``R^d`` (float64), batch shape ``[*b]``.
+
+    Example::
+
+        warm = power_prior(weak, X_log, y_log, noise_std=0.35, weight=1.0)
+        model = BayesianLinear(warm, noise_std=0.35, base_prior=redraw_prior(warm),
+                               forgetting=AdaptiveForgetting(outcomes="binary"))
+    """
+    from ._gaussian import gaussian_prior_parameters
+
+    if isinstance(posterior, dist.Distribution):
+        params = gaussian_prior_parameters(posterior)
+        if params is None:
+            raise ValueError(f"posterior: expected a Gaussian over R^d (MultivariateNormal or Normal(...).to_event(1)) "
+                             f"or a model with posterior_mean and posterior_covariance, got "
+                             f"{type(posterior).__name__}")
+        m, V = params
+    elif hasattr(type(posterior), "posterior_mean") and hasattr(type(posterior), "posterior_covariance"):
+        m = torch.as_tensor(posterior.posterior_mean, dtype=F64)
+        V = torch.as_tensor(posterior.posterior_covariance, dtype=F64)
+    else:
+        raise ValueError(f"posterior: expected a Gaussian over R^d (MultivariateNormal or Normal(...).to_event(1)) "
+                         f"or a model with posterior_mean and posterior_covariance, got {type(posterior).__name__}")
+    if m.dim() < 1 or V.shape != (*m.shape, m.shape[-1]):
+        raise ValueError(f"posterior: expected a mean [*b, d] and a covariance [*b, d, d], got {list(m.shape)} and "
+                         f"{list(V.shape)}")
+    d = m.shape[-1]
+    if isinstance(stable, (str, bytes)) or not hasattr(stable, "__iter__"):
+        raise ValueError(f"stable: expected a sequence of column indices in [0, {d}), got {stable!r}")
+    cols = list(stable)
+    if any(isinstance(c, bool) or not isinstance(c, (int, np.integer)) or not 0 <= c < d for c in cols):
+        raise ValueError(f"stable: expected column indices in [0, {d}), got {cols!r}")
+    if len({int(c) for c in cols}) >= d:
+        raise ValueError(f"stable: names every one of the {d} columns; leave at least one to estimate the weights' "
+                         f"scale from")
+    if isinstance(min_scale, bool) or not isinstance(min_scale, (int, float)) or not 0 < min_scale < math.inf:
+        raise ValueError(f"min_scale: expected a positive number (the floor on the redrawn weights' sd), got "
+                         f"{min_scale!r}")
+    check_finite(m, "posterior mean")
+    keep = torch.zeros(d, dtype=torch.bool, device=m.device)
+    keep[[int(c) for c in cols]] = True
+    var = V.diagonal(dim1=-2, dim2=-1).clamp_min(0.0)
+    tau2 = ((m * m - var)[..., ~keep].mean(-1)).clamp_min(float(min_scale) ** 2)  # [*b]
+    loc = torch.where(keep, m, torch.zeros_like(m))
+    scale = torch.where(keep, (var + tau2[..., None]).sqrt(), tau2[..., None].sqrt().expand_as(m))
+    return dist.Normal(loc, scale).to_event(1)
