@@ -21,8 +21,8 @@ same engine and warm start, always with adaptive forgetting: its alarms are fals
 Forgetting: none, the stabilised rule at 0.995, adaptive at its defaults restarting with ``keep=0``
 and ``keep=0.05``, a more sensitive adaptive test (false alarm rate 1e-3, odds ratio 1.5), and an
 oracle restart (no forgetting, but a cold model exactly at the change step: the best any restart
-to the base prior can do, a detector with no delay and no false alarm). On the conjugate engine's
-warm starts, the sensitive test and the oracle restart once more, returning to ``redraw_prior`` of
+to the base prior can do, a detector with no delay and no false alarm). On both engines' warm
+starts, the sensitive test and the oracle restart once more, returning to ``redraw_prior`` of
 the warm start (the weights' size kept, their values forgotten) instead of the weak prior.
 Regret: the best article's click rate minus the chosen one's, summed over the window; the mean
 over replications, and its ratio to the same engine and warm start without forgetting (same run).
@@ -152,9 +152,9 @@ def _forgetting_settings(engine: str) -> list[tuple[str, object]]:
             ("adaptive keep=0", AdaptiveForgetting(outcomes=binary)),
             ("adaptive keep=0.05", AdaptiveForgetting(outcomes=binary, keep=0.05)),
             (SENSITIVE, AdaptiveForgetting(outcomes=binary, false_alarm_rate=1e-3, odds_ratio=1.5)),
-            (ORACLE, None)] + ([
+            (ORACLE, None),
             (SENSITIVE_REDRAW, AdaptiveForgetting(outcomes=binary, false_alarm_rate=1e-3, odds_ratio=1.5)),
-            (ORACLE_REDRAW, None)] if engine == "gaussian" else [])
+            (ORACLE_REDRAW, None)]
 
 
 ORACLE = "oracle restart"  # no forgetting, but a fresh cold model (the weak prior) exactly at the change step
@@ -163,8 +163,7 @@ ORACLE = "oracle restart"  # no forgetting, but a fresh cold model (the weak pri
 SENSITIVE = "adaptive 1e-3, 1.5"  # a more sensitive test: false alarm rate 1e-3, odds ratio 1.5
 
 # the same test, and the oracle restart, returning to ``redraw_prior`` of the warm start (the weights' size kept,
-# their values forgotten) instead of the weak prior: warm-started conjugate rows only (the laplace engine forgets
-# back to its own prior)
+# their values forgotten) instead of the weak prior: warm-started rows only
 SENSITIVE_REDRAW = "adaptive 1e-3, 1.5, redraw"
 ORACLE_REDRAW = "oracle restart, redraw"
 REDRAW_ROWS = (SENSITIVE_REDRAW, ORACLE_REDRAW)
@@ -185,7 +184,7 @@ def _build(engine: str, warm: str, forgetting, world: NewsWorld, metric: str, ba
                                base_prior=None if forgetting is None else base)
     else:
         model = BayesianLinear(_weak(d, 2.0), likelihood="logistic", inference="laplace", batch_shape=[R],
-                               forgetting=forgetting)
+                               forgetting=forgetting, base_prior=None if forgetting is None else base)
     if warm == "rows":
         model.update(world.hist_X, hist_y)
     return model
@@ -267,8 +266,10 @@ def news_table(sz: dict, seed: int, log) -> tuple[list[NewsRow], NewsWorld]:
                     def restart(engine=engine):
                         return _build(engine, "none", None, world, "click")
                 elif fname == ORACLE_REDRAW:
-                    def restart(base=base):
-                        return BayesianLinear(base, noise_std=CLICK_NOISE, batch_shape=[R])
+                    def restart(base=base, engine=engine):
+                        if engine == "gaussian":
+                            return BayesianLinear(base, noise_std=CLICK_NOISE, batch_shape=[R])
+                        return BayesianLinear(base, likelihood="logistic", inference="laplace", batch_shape=[R])
                 for label, ch in (("change", change), ("stationary", None)):
                     res[label] = _news_run(copy.deepcopy(click), copy.deepcopy(hide), world, T, ch, seed + 7, restart)
                 reg_c, reg_s = res["change"]["regret"], res["stationary"]["regret"]

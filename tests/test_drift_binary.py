@@ -337,3 +337,39 @@ def test_bad_base_prior_decay_and_outcomes_name_the_argument():
     with pytest.raises(ValueError, match="0/1 outcomes"):
         model.update(torch.ones(d, dtype=F64), torch.tensor(0.5, dtype=F64))
     assert math.isclose(AdaptiveForgetting().rate_bound(binary=False), 2 * math.exp(-10))
+
+
+def test_the_laplace_engine_restarts_to_a_named_base_prior_and_saves_it(tmp_path):
+    # a logistic model warm from a log of the old world; after the change its alarm restarts it to the
+    # base prior the user named (here a narrow one at a distinctive intercept), not to its own prior
+    d, R = 2, 4
+    base = dist.Normal(torch.tensor([2.5, 0.0], dtype=F64), torch.tensor([0.01, 0.5], dtype=F64)).to_event(1)
+    cfg = AdaptiveForgetting(false_alarm_rate=1e-3, odds_ratio=3.0)
+
+    def model(base_prior):
+        return BayesianLinear(_prior(d, 3.0), likelihood="logistic", inference="laplace", batch_shape=[R],
+                              forgetting=cfg, base_prior=base_prior)
+
+    named, plain = model(base), model(None)
+    assert named.base_prior is not base and torch.allclose(named.base_prior.mean, base.mean.expand(R, d))
+    assert plain.base_prior is plain.prior
+    for m in (named, plain):
+        _run(m, RateStream(R, d, 0.03, change=600, factor=10.0, seed=4), 900)
+        assert bool((m.change_points >= 1).all())
+    # what the rows since the alarm taught moved the named model's intercept little from 2.5; the plain
+    # model's intercept is near the new world's logit (about -1.2)
+    assert float(named.posterior_mean[:, 0].min()) > 2.3
+    assert float(plain.posterior_mean[:, 0].max()) < 0.0
+    save_state(named, tmp_path / "m")
+    back = load_state(tmp_path / "m")
+    torch.testing.assert_close(back.base_prior.mean, named.base_prior.mean)
+    a, b = RateStream(R, d, 0.3, seed=9), RateStream(R, d, 0.3, seed=9)
+    _run(back, a, 200)
+    _run(named, b, 200)
+    torch.testing.assert_close(back.posterior_mean, named.posterior_mean, rtol=0, atol=0)
+    # the engines that forget back to their own prior, or whose prior moves with EM, refuse it by name
+    with pytest.raises(ValueError, match="base_prior: the gibbs engine"):
+        BayesianLinear(_prior(d), likelihood="logistic", inference="gibbs", forgetting=cfg, base_prior=base)
+    with pytest.raises(ValueError, match="base_prior: the laplace engine returns to a base prior only from a Gaussian"):
+        BayesianLinear(dist.Laplace(torch.zeros(d, dtype=F64), 1.0).to_event(1), likelihood="logistic",
+                       inference="laplace", forgetting=cfg, base_prior=base)

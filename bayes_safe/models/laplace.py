@@ -133,6 +133,10 @@ class LaplaceLinearPosterior:
         self.kind = prior.kind
         self.m0 = prior.loc.to(_DTYPE).expand(*b, d).clone()
         self.H = torch.zeros((*b, d, d), dtype=_DTYPE)
+        # ``base_prior`` (``set_base``): the data summary at which the posterior is the base prior,
+        # ``(P_base - P0, P_base m_base - P0 m0)``; forgetting pulls ``(H, g)`` toward it (None: toward 0)
+        self.base_H: torch.Tensor | None = None
+        self.base_g: torch.Tensor | None = None
         self.g = torch.zeros((*b, d), dtype=_DTYPE)
         self.n = 0
         self.since_refresh = 0
@@ -266,9 +270,34 @@ class LaplaceLinearPosterior:
         likelihood of the rows learned so far raised to the power ``factor``: a fixed factor before
         each row, or ``keep`` at an adaptive restart (0: the prior alone)."""
         f = factor.to(_DTYPE)
-        self.H = self.H * f[..., None, None]
-        self.g = self.g * f[..., None]
+        if self.base_H is None:
+            self.H = self.H * f[..., None, None]
+            self.g = self.g * f[..., None]
+        else:  # toward the base prior; an element at factor 1 keeps its summary exactly
+            kept = f == 1
+            self.H = torch.where(kept[..., None, None], self.H,
+                                 self.base_H + f[..., None, None] * (self.H - self.base_H))
+            self.g = torch.where(kept[..., None], self.g, self.base_g + f[..., None] * (self.g - self.base_g))
         self._invalidate()
+
+    def set_base(self, loc: torch.Tensor, precision: torch.Tensor) -> None:
+        """Make the Gaussian ``N(loc [*b, d], precision^-1 [*b, d, d])`` what forgetting returns to
+        (``BayesianLinear``'s ``base_prior``): the posterior at data summary ``(P_base - P0, P_base
+        m_base - P0 m0)``. Gaussian priors only (a scale-mixture prior's precisions move with EM)."""
+        if self.kind != "gaussian":
+            raise ValueError(f"base_prior: the laplace engine returns to a base prior only from a Gaussian prior "
+                             f"(its {self.kind} prior's precisions are refitted by EM); give a Gaussian prior")
+        P0, e0 = self._prior_terms()
+        self.base_H = (precision - P0).to(_DTYPE)
+        self.base_g = ((precision @ loc[..., None])[..., 0] - e0).to(_DTYPE)
+
+    def base(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``(loc [*b, d], precision [*b, d, d])`` of the base prior, or None (the prior itself)."""
+        if self.base_H is None:
+            return None
+        P0, e0 = self._prior_terms()
+        precision = self.base_H + P0
+        return torch.cholesky_solve((self.base_g + e0)[..., None], torch.linalg.cholesky(precision))[..., 0], precision
 
     # ------------------------------------------------------------------ scale-mixture prior: EM
     def refresh(self, steps: int | None = None) -> None:

@@ -486,9 +486,10 @@ class BayesianLinear:
         if base_prior is not None and (forgetting is None and adaptive is None):
             raise ValueError("base_prior: the prior forgetting returns to; give it with forgetting (a factor or "
                              "'adaptive'), got forgetting=None")
-        if base_prior is not None and not self.conjugate:
+        if base_prior is not None and not self.conjugate and self.engine_name != "laplace":
             raise ValueError(f"base_prior: the {self.engine_name} engine forgets back to its own prior; base_prior "
-                             "works with the conjugate engines (warm-start the others by update)")
+                             "works with the conjugate engines and the laplace engine (warm-start the others by "
+                             "update)")
         # decay on the clock of the batch elements a masked update skips (set by ``PerArmLinear``)
         self.decay: float | None = None
         self._count = 0  # observations given to every batch element
@@ -526,6 +527,8 @@ class BayesianLinear:
             self.engine = LaplaceLinearPosterior(mixture, d, self.batch_shape, likelihood=likelihood,
                                                  **(inference_options or {}))
             self.refit_every = None  # updated at every row: nothing to refit
+            if base_prior is not None:  # what forgetting returns to, in place of the prior (issue 43)
+                self.engine.set_base(*self._base_parameters(base_prior, d))
         elif mixture is not None:
             from .gibbs import GibbsLinearPosterior
 
@@ -700,6 +703,10 @@ class BayesianLinear:
     def _set_base_prior(self, base_prior, d: int) -> None:
         """Check and keep ``base_prior`` (a Gaussian with event shape ``[d]``): the prior that
         stabilised forgetting keeps and a restart after an alarm returns to, in place of ``prior``."""
+        self._set_base(*self._base_parameters(base_prior, d))
+
+    def _base_parameters(self, base_prior, d: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(loc [*batch, d], precision [*batch, d, d])`` of ``base_prior``, checked by name."""
         if not isinstance(base_prior, tdist.Distribution) or tuple(base_prior.event_shape) != (d,):
             raise ValueError(f"base_prior: expected a Gaussian distribution with event shape [{d}] (e.g. the weak "
                              "prior a power_prior was built on), got "
@@ -709,14 +716,13 @@ class BayesianLinear:
             raise ValueError(f"base_prior: expected a Gaussian (MultivariateNormal or Normal(...).to_event(1)), got "
                              f"{type(base_prior).__name__}")
         try:
-            device = self.precision.device  # the base prior follows the prior's device
+            device = self.device  # the base prior follows the prior's device
             loc = gaussian[0].to(device=device, dtype=_DTYPE).expand(*self.batch_shape, d).clone()
             cov = gaussian[1].to(device=device, dtype=_DTYPE).expand(*self.batch_shape, d, d)
         except RuntimeError:
             raise ValueError(f"base_prior: batch shape {list(base_prior.batch_shape)} does not broadcast to "
                              f"batch_shape {list(self.batch_shape)}") from None
-        precision = torch.cholesky_inverse(_cholesky(cov))
-        self._set_base(loc, precision)
+        return loc, torch.cholesky_inverse(_cholesky(cov))
 
     def _set_base(self, loc: torch.Tensor, precision: torch.Tensor) -> None:
         self._base = (loc, precision, (precision @ loc[..., None])[..., 0])
@@ -726,7 +732,10 @@ class BayesianLinear:
     @property
     def base_prior(self):
         """The Gaussian that stabilised forgetting keeps and a restart returns to: ``prior``, unless a
-        ``base_prior`` was given (conjugate models; None for the other engines)."""
+        ``base_prior`` was given (conjugate models and the laplace engine; None for the other engines)."""
+        if self.engine_name == "laplace":
+            base = self.engine.base()
+            return self.prior if base is None else tdist.MultivariateNormal(base[0], precision_matrix=base[1])
         if not self.conjugate:
             return None
         if self._base is None:

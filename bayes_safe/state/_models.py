@@ -84,6 +84,10 @@ def _enc_linear(m, enc: Encoder, what: str) -> dict:
             "options": {k: getattr(e, k) for k in _LAPLACE_OPTIONS},
             "counters": {"n": int(e.n), "since_refresh": int(e.since_refresh)},
             "tensors": {k: enc.tensor(v, f"{what}.laplace.{k}") for k, v in e.state_tensors().items()}})
+        base = e.base()
+        if base is not None:  # the base prior forgetting returns to (issue 43; absent: the prior)
+            node["laplace"]["base"] = {"loc": enc.tensor(base[0], f"{what}.laplace.base.loc"),
+                                       "precision": enc.tensor(base[1], f"{what}.laplace.base.precision")}
         return node
     if getattr(m, "engine_name", None) in ("gibbs", "langevin"):
         node.update(engine=m.engine_name, likelihood=m.likelihood, chain=_enc_chain(e, enc, f"{what}.chain"))
@@ -265,6 +269,12 @@ def _dec_linear(node: dict, dec: Decoder, where: str):
                   for k, v in template.items()}
         m.engine.load_state_tensors(values, dec.int_field(counters, "n", f"{where}.laplace.counters"),
                                     dec.int_field(counters, "since_refresh", f"{where}.laplace.counters"))
+        if "base" in state:
+            base = dec.field(state, "base", dict, f"{where}.laplace")
+            loc = dec.tensor(base.get("loc"), f"{where}.laplace.base.loc", shape=(*b, d), dtype=_F64, finite=True)
+            prec = dec.tensor(base.get("precision"), f"{where}.laplace.base.precision", shape=(*b, d, d), dtype=_F64,
+                              finite=True)
+            build(dec, f"{where}.laplace.base", lambda: m.engine.set_base(loc.clone(), prec.clone()))
     elif "chain" in node:  # a Gibbs or Langevin chain (NUTS / SVI nodes have no "chain")
         engine = dec.field(node, "engine", str, where)
         if engine not in _CHAIN_OPTIONS:
