@@ -373,3 +373,38 @@ def test_the_laplace_engine_restarts_to_a_named_base_prior_and_saves_it(tmp_path
     with pytest.raises(ValueError, match="base_prior: the laplace engine returns to a base prior only from a Gaussian"):
         BayesianLinear(dist.Laplace(torch.zeros(d, dtype=F64), 1.0).to_event(1), likelihood="logistic",
                        inference="laplace", forgetting=cfg, base_prior=base)
+
+
+@pytest.mark.parametrize("engine", [*ENGINES, "per-arm", "unbatched"])
+def test_redraw_prior_reads_a_warm_model_of_every_engine(engine):
+    # a log of 0/1 outcomes with a base rate of 0.3 and one weight of size about 0.1 to 0.4 per feature:
+    # every engine's warm model gives a redraw prior that keeps the intercept and a spread of that size
+    from bayes_safe.models import redraw_prior
+
+    d, n = 3, 400
+    rng = np.random.default_rng(0)
+    X = np.concatenate([np.ones((n, 1)), rng.normal(size=(n, d - 1))], 1)
+    w = np.array([0.3, 0.1, -0.1]) if engine not in ("laplace", "gibbs", "langevin") else np.array([-0.85, 0.5, -0.5])
+    lin = X @ w
+    y = (rng.uniform(size=n) < (lin if engine not in ("laplace", "gibbs", "langevin") else 1 / (1 + np.exp(-lin))))
+    y = y.astype(float)
+    if engine == "per-arm":
+        model = PerArmLinear(_prior(d), 2, noise_std=0.45)
+        for i in range(n):
+            model.update(X[i], y[i], i % 2)
+        prior = redraw_prior(model)
+        assert prior.batch_shape == (2,) and prior.event_shape == (d,)
+        assert torch.allclose(prior.mean[:, 0], model.arms.posterior_mean[:, 0])
+        return
+    kwargs = dict(ENGINES.get(engine, {"noise_std": 0.45}))
+    if "noise_std" in kwargs:
+        kwargs["noise_std"] = 0.45
+    if engine in ("nuts", "svi"):
+        kwargs["inference_options"] = {"num_samples": 200, "warmup_steps": 100, "seed": 0}
+    model = BayesianLinear(_prior(d), **kwargs)
+    model.update(torch.as_tensor(X), torch.as_tensor(y))
+    prior = redraw_prior(model)
+    assert prior.batch_shape == () and prior.event_shape == (d,)
+    assert abs(float(prior.mean[0]) - w[0]) < 0.2  # the intercept kept
+    assert torch.all(prior.mean[1:] == 0)
+    assert 0.03 < float(prior.stddev[1]) < 1.0 and float(prior.stddev[1]) == float(prior.stddev[2])

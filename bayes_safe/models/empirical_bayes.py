@@ -292,8 +292,10 @@ def redraw_prior(posterior, *, stable=(0,), min_scale: float = 1e-3) -> dist.Dis
     Args:
         posterior: the warm start, a Gaussian over ``R^d`` (``power_prior``'s result, or any
             ``MultivariateNormal`` / ``Normal(...).to_event(1)``, batch shape ``[*b]`` allowed), or a
-            model with ``posterior_mean`` ``[*b, d]`` and ``posterior_covariance`` ``[*b, d, d]`` (a
-            ``BayesianLinear`` after ``update`` on the log: conjugate, or the laplace engine's Gaussian).
+            model after ``update`` on the log: a ``BayesianLinear`` of any engine (each weight's mean
+            and variance: exact on the conjugate engines, the chain's, the laplace fit's or the NUTS /
+            SVI draws' summaries otherwise), or a ``PerArmLinear`` (one prior per arm, batch
+            shape ``[*b, K]``).
         stable: the columns whose warm mean is kept (a sequence of ints in ``[0, d)``; ``()``: none).
             At least one column must be left to estimate ``tau``.
         min_scale: ``> 0``, the floor on ``tau`` (a log that taught nothing leaves ``tau`` at it).
@@ -307,22 +309,31 @@ def redraw_prior(posterior, *, stable=(0,), min_scale: float = 1e-3) -> dist.Dis
     """
     from ._gaussian import gaussian_prior_parameters
 
+    expected = ("posterior: expected a Gaussian over R^d (MultivariateNormal or Normal(...).to_event(1)) or a "
+                "model (BayesianLinear, PerArmLinear)")
     if isinstance(posterior, dist.Distribution):
         params = gaussian_prior_parameters(posterior)
         if params is None:
-            raise ValueError(f"posterior: expected a Gaussian over R^d (MultivariateNormal or Normal(...).to_event(1)) "
-                             f"or a model with posterior_mean and posterior_covariance, got "
-                             f"{type(posterior).__name__}")
-        m, V = params
-    elif hasattr(type(posterior), "posterior_mean") and hasattr(type(posterior), "posterior_covariance"):
-        m = torch.as_tensor(posterior.posterior_mean, dtype=F64)
-        V = torch.as_tensor(posterior.posterior_covariance, dtype=F64)
+            raise ValueError(f"{expected}, got {type(posterior).__name__}")
+        m, var = params[0], params[1].diagonal(dim1=-2, dim2=-1)
+    elif callable(getattr(posterior, "predict", None)) and isinstance(getattr(posterior, "dim", None), int):
+        # a model: each weight's posterior mean and variance, the linear function at the unit rows
+        # (exact for the conjugate engines, the chain's or the fit's summaries otherwise; a per-arm
+        # model's arms, ``[*b, K, d]``)
+        model = getattr(posterior, "arms", posterior)
+        d = int(model.dim)
+        eye = torch.eye(d, dtype=F64, device=model.device).expand(*model.batch_shape, d, d)
+        if getattr(model, "_chain_engine", False):  # a Gibbs / Langevin chain or the laplace fit: the weights' own
+            # summaries (``predict`` gives a 0/1 model's success probability)
+            _, m, var = model.engine.summary(eye, link=None)
+        else:
+            m, var = model.predict(eye)
+        m, var = torch.as_tensor(m, dtype=F64), torch.as_tensor(var, dtype=F64)
     else:
-        raise ValueError(f"posterior: expected a Gaussian over R^d (MultivariateNormal or Normal(...).to_event(1)) "
-                         f"or a model with posterior_mean and posterior_covariance, got {type(posterior).__name__}")
-    if m.dim() < 1 or V.shape != (*m.shape, m.shape[-1]):
-        raise ValueError(f"posterior: expected a mean [*b, d] and a covariance [*b, d, d], got {list(m.shape)} and "
-                         f"{list(V.shape)}")
+        raise ValueError(f"{expected}, got {type(posterior).__name__}")  # noqa: TRY004 - the argument named, as elsewhere
+    if m.dim() < 1 or var.shape != m.shape:
+        raise ValueError(f"posterior: expected a mean and variances [*b, d], got {list(m.shape)} and "
+                         f"{list(var.shape)}")
     d = m.shape[-1]
     if isinstance(stable, (str, bytes)) or not hasattr(stable, "__iter__"):
         raise ValueError(f"stable: expected a sequence of column indices in [0, {d}), got {stable!r}")
@@ -338,7 +349,7 @@ def redraw_prior(posterior, *, stable=(0,), min_scale: float = 1e-3) -> dist.Dis
     check_finite(m, "posterior mean")
     keep = torch.zeros(d, dtype=torch.bool, device=m.device)
     keep[[int(c) for c in cols]] = True
-    var = V.diagonal(dim1=-2, dim2=-1).clamp_min(0.0)
+    var = var.clamp_min(0.0)
     tau2 = ((m * m - var)[..., ~keep].mean(-1)).clamp_min(float(min_scale) ** 2)  # [*b]
     loc = torch.where(keep, m, torch.zeros_like(m))
     scale = torch.where(keep, (var + tau2[..., None]).sqrt(), tau2[..., None].sqrt().expand_as(m))
