@@ -84,10 +84,10 @@ def _enc_linear(m, enc: Encoder, what: str) -> dict:
             "options": {k: getattr(e, k) for k in _LAPLACE_OPTIONS},
             "counters": {"n": int(e.n), "since_refresh": int(e.since_refresh)},
             "tensors": {k: enc.tensor(v, f"{what}.laplace.{k}") for k, v in e.state_tensors().items()}})
-        base = e.base()
-        if base is not None:  # the base prior forgetting returns to (issue 43; absent: the prior)
-            node["laplace"]["base"] = {"loc": enc.tensor(base[0], f"{what}.laplace.base.loc"),
-                                       "precision": enc.tensor(base[1], f"{what}.laplace.base.precision")}
+        if e.base_H is not None:  # the base prior forgetting returns to, as its data summary (issue 43; absent:
+            # the prior)
+            node["laplace"]["base"] = {"H": enc.tensor(e.base_H, f"{what}.laplace.base.H"),
+                                       "g": enc.tensor(e.base_g, f"{what}.laplace.base.g")}
         return node
     if getattr(m, "engine_name", None) in ("gibbs", "langevin"):
         node.update(engine=m.engine_name, likelihood=m.likelihood, chain=_enc_chain(e, enc, f"{what}.chain"))
@@ -271,10 +271,13 @@ def _dec_linear(node: dict, dec: Decoder, where: str):
                                     dec.int_field(counters, "since_refresh", f"{where}.laplace.counters"))
         if "base" in state:
             base = dec.field(state, "base", dict, f"{where}.laplace")
-            loc = dec.tensor(base.get("loc"), f"{where}.laplace.base.loc", shape=(*b, d), dtype=_F64, finite=True)
-            prec = dec.tensor(base.get("precision"), f"{where}.laplace.base.precision", shape=(*b, d, d), dtype=_F64,
-                              finite=True)
-            build(dec, f"{where}.laplace.base", lambda: m.engine.set_base(loc.clone(), prec.clone()))
+            if m.engine.kind != "gaussian":
+                dec.fail(f"{where}.laplace.base: a base prior needs a Gaussian prior, the saved prior is "
+                         f"{m.engine.kind}")
+            m.engine.base_H = dec.tensor(base.get("H"), f"{where}.laplace.base.H", shape=(*b, d, d), dtype=_F64,
+                                         finite=True).clone()
+            m.engine.base_g = dec.tensor(base.get("g"), f"{where}.laplace.base.g", shape=(*b, d), dtype=_F64,
+                                         finite=True).clone()
     elif "chain" in node:  # a Gibbs or Langevin chain (NUTS / SVI nodes have no "chain")
         engine = dec.field(node, "engine", str, where)
         if engine not in _CHAIN_OPTIONS:
