@@ -370,6 +370,14 @@ def test_the_laplace_engine_restarts_to_a_named_base_prior_and_saves_it(tmp_path
     assert torch.equal(back.change_points, named.change_points)
     assert int((named.change_points - back.change_points).sum()) == 0 and int(named.change_points.sum()) > 4 * R
     torch.testing.assert_close(back.posterior_mean, named.posterior_mean, rtol=0, atol=0)
+    # a fixed factor forgets toward the base too: with a memory of about 10 rows of a 0.3 rate, the narrow
+    # base holds the intercept at 2.5; without it the intercept follows those rows (below 0)
+    fixed = [BayesianLinear(_prior(d, 3.0), likelihood="logistic", inference="laplace", forgetting=0.9,
+                            base_prior=b) for b in (base, None)]
+    for m in fixed:
+        _run(m, RateStream(1, d, 0.3, seed=5), 300)
+    assert abs(float(fixed[0].posterior_mean[0]) - 2.5) < 0.05
+    assert float(fixed[1].posterior_mean[0]) < 0.0
     # the engines that forget back to their own prior, or whose prior moves with EM, refuse it by name
     with pytest.raises(ValueError, match="base_prior: the gibbs engine"):
         BayesianLinear(_prior(d), likelihood="logistic", inference="gibbs", forgetting=cfg, base_prior=base)
