@@ -419,3 +419,33 @@ def test_redraw_prior_reads_a_warm_model_of_every_engine(engine):
     assert abs(float(prior.mean[0]) - w[0]) < 0.2  # the intercept kept
     assert torch.all(prior.mean[1:] == 0)
     assert 0.03 < float(prior.stddev[1]) < 1.0 and float(prior.stddev[1]) == float(prior.stddev[2])
+
+
+@pytest.mark.parametrize("engine", ["conjugate", "normal-inverse-gamma", "laplace", "gibbs"])
+def test_a_model_warm_from_its_rows_names_its_base_afterwards(engine):
+    # the flow of a model warm-started by update: learn the log, then name the base it restarts to
+    from bayes_safe.models import redraw_prior
+
+    d, R = 3, 2
+    cfg = AdaptiveForgetting(outcomes="binary" if engine in ("conjugate", "normal-inverse-gamma") else "auto")
+    model = BayesianLinear(_prior(d), batch_shape=[R], forgetting=cfg, **ENGINES[engine])
+    if engine == "gibbs":
+        with pytest.raises(ValueError, match="base_prior: the gibbs engine forgets back to its own prior"):
+            model.base_prior = _prior(d, 0.5)
+        return
+    _run(model, RateStream(R, d, 0.2, seed=3), 300)
+    before = model.predict(torch.eye(d, dtype=F64).expand(R, d, d))
+    base = redraw_prior(model)
+    model.base_prior = base
+    after = model.predict(torch.eye(d, dtype=F64).expand(R, d, d))
+    for a, b in zip(before, after):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)  # what it learned is unchanged
+    torch.testing.assert_close(model.base_prior.mean, base.mean)
+    model._restart(torch.ones(R, dtype=torch.bool), 0.0)  # what an alarm does
+    torch.testing.assert_close(model.base_prior.mean, base.mean)
+    mean = model.engine.summary(None)[0] if engine == "laplace" else model.posterior_mean
+    torch.testing.assert_close(mean, base.mean, atol=1e-9, rtol=0)
+    model.base_prior = None
+    assert model.base_prior is model.prior
+    with pytest.raises(ValueError, match="base_prior: the prior forgetting returns to"):
+        BayesianLinear(_prior(d), noise_std=0.3).base_prior = base

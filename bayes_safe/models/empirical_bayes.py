@@ -306,6 +306,10 @@ def redraw_prior(posterior, *, stable=(0,), min_scale: float = 1e-3) -> dist.Dis
         warm = power_prior(weak, X_log, y_log, noise_std=0.35, weight=1.0)
         model = BayesianLinear(warm, noise_std=0.35, base_prior=redraw_prior(warm),
                                forgetting=AdaptiveForgetting(outcomes="binary"))
+        # or a model warm-started by its rows (any engine that takes a base prior):
+        clicks = BayesianLinear(weak, likelihood="logistic", inference="laplace", forgetting="adaptive")
+        clicks.update(X_log, y_log)
+        clicks.base_prior = redraw_prior(clicks)
     """
     from ._gaussian import gaussian_prior_parameters
 

@@ -743,6 +743,32 @@ class BayesianLinear:
         loc, precision, _ = self._base
         return tdist.MultivariateNormal(loc, precision_matrix=precision)
 
+    @base_prior.setter
+    def base_prior(self, value) -> None:
+        """Name the base after the model has learned: a model warm-started by ``update`` on a log
+        takes ``model.base_prior = redraw_prior(model)`` (``None``: back to ``prior``). What the model
+        learned is unchanged; the next forgetting step or restart returns there."""
+        if self.forgetting is None:
+            raise ValueError("base_prior: the prior forgetting returns to; this model does not forget "
+                             "(forgetting=None)")
+        if not self.conjugate and self.engine_name != "laplace":
+            raise ValueError(f"base_prior: the {self.engine_name} engine forgets back to its own prior; base_prior "
+                             "works with the conjugate engines and the laplace engine")
+        if value is None:
+            if self.engine_name == "laplace":
+                self.engine.base_H = self.engine.base_g = None
+            else:
+                self._base = None
+                if self.noise_prior is not None:
+                    loc, prec = self._prior_loc, self._prior_precision
+                    self._sq0 = (loc[..., None, :] @ prec @ loc[..., None])[..., 0, 0]
+            return
+        loc, precision = self._base_parameters(value, self.dim)
+        if self.engine_name == "laplace":
+            self.engine.set_base(loc, precision)
+        else:
+            self._set_base(loc, precision)
+
     def _anchor(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``(precision [*b, d, d], eta [*b, d])`` of the base prior (forgetting's anchor)."""
         if self._base is None:
