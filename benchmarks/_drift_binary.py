@@ -171,7 +171,7 @@ REDRAW_ROWS = (SENSITIVE_REDRAW, ORACLE_REDRAW)
 
 def _build(engine: str, warm: str, forgetting, world: NewsWorld, metric: str, base=None):
     """A model of ``metric`` ("click" / "hide") on ``engine``, warm-started as ``warm`` says; ``base``: the
-    prior forgetting returns to (conjugate engine; default the weak prior)."""
+    prior forgetting returns to (default: the weak prior)."""
     R, d = world.X.shape[0], world.X.shape[-1]
     hist_y = world.hist_click if metric == "click" else world.hist_hide
     if engine == "gaussian":
