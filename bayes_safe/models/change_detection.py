@@ -66,8 +66,9 @@ the drift benchmark's rare-metric table. A conjugate model of the rare metric
 (``outcomes="binary"``) raised none in either.
 
 Restarts (issue 43). A restart returns to the *base prior*: the model's prior, or the ``base_prior``
-it was given (the weak prior a ``power_prior`` warm start was built on; without it a restart
-would return to the old world). ``keep`` in ``[0, 1)`` keeps that share of what was learned (the
+it was given (the weak prior a ``power_prior`` warm start was built on, without which a restart
+would return to the old world; or ``redraw_prior`` of the warm start, which keeps the size of the
+weights and forgets their values; conjugate engines and the laplace engine). ``keep`` in ``[0, 1)`` keeps that share of what was learned (the
 stabilised rule at factor ``keep``): 0 restarts cold, a small share restarts from a discounted warm
 start. Engines: conjugate and Normal-Inverse-Gamma (the statistics), laplace (its data summary
 ``(H, g)`` weighed), the Gibbs engine's logistic chain (the element's old rows weighed in every

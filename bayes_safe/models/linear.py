@@ -271,8 +271,10 @@ class BayesianLinear:
         base_prior: the Gaussian that forgetting returns to (stabilised forgetting keeps it, an
             adaptive restart starts from it), when it is not ``prior``: name the weak prior a
             ``power_prior`` warm start was built on, so that a model warm-started from the old
-            world forgets back to the weak prior and not to the old world (issue 43). Conjugate
-            engines, with ``forgetting`` given; a Gaussian with event shape ``[d]``.
+            world forgets back to the weak prior and not to the old world (issue 43), or
+            ``redraw_prior`` of the warm start. Conjugate engines and the laplace engine (from a
+            Gaussian prior), with ``forgetting`` given; a Gaussian with event shape ``[d]``. It can
+            also be set after a warm start by ``update``: ``model.base_prior = redraw_prior(model)``.
 
     Attributes:
         engine_name: ``"conjugate"``, ``"gibbs"``, ``"langevin"``, ``"nuts"``, ``"svi"`` or ``"laplace"``.
