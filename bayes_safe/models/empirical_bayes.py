@@ -118,6 +118,12 @@ def _rows(X, y, name_x: str = "X", name_y: str = "y") -> tuple[torch.Tensor, tor
     return X, y
 
 
+def _check_min_scale(min_scale) -> None:
+    """``fit_prior``'s and ``redraw_prior``'s floor on a prior sd, checked by name."""
+    if isinstance(min_scale, bool) or not isinstance(min_scale, (int, float)) or not 0 < min_scale < math.inf:
+        raise ValueError(f"min_scale: expected a positive number (the floor on a prior sd), got {min_scale!r}")
+
+
 def _group_index(groups, n: int) -> tuple[torch.Tensor, int]:
     """``groups`` (any hashable labels, one per row) as indices ``0 .. G - 1`` ``[N]`` and ``G``."""
     if groups is None:
@@ -193,8 +199,7 @@ def fit_prior(X, y, groups, *, noise_std: float | None = None, covariance: str =
         raise ValueError(f"covariance: expected 'diagonal', 'full' or 'isotropic', got {covariance!r}")
     if isinstance(shrinkage, bool) or not isinstance(shrinkage, (int, float)) or not 0 <= shrinkage <= 1:
         raise ValueError(f"shrinkage: expected a number in [0, 1], got {shrinkage!r}")
-    if isinstance(min_scale, bool) or not isinstance(min_scale, (int, float)) or not 0 < min_scale < math.inf:
-        raise ValueError(f"min_scale: expected a positive number, got {min_scale!r}")
+    _check_min_scale(min_scale)
     if noise_std is not None and (isinstance(noise_std, bool) or not isinstance(noise_std, (int, float))
                                   or not 0 < noise_std < math.inf):
         raise ValueError(f"noise_std: expected a positive number or None (fitted), got {noise_std!r}")
@@ -347,9 +352,7 @@ def redraw_prior(posterior, *, stable=(0,), min_scale: float = 1e-3) -> dist.Dis
     if len({int(c) for c in cols}) >= d:
         raise ValueError(f"stable: names every one of the {d} columns; leave at least one to estimate the weights' "
                          f"scale from")
-    if isinstance(min_scale, bool) or not isinstance(min_scale, (int, float)) or not 0 < min_scale < math.inf:
-        raise ValueError(f"min_scale: expected a positive number (the floor on the redrawn weights' sd), got "
-                         f"{min_scale!r}")
+    _check_min_scale(min_scale)
     check_finite(m, "posterior mean")
     keep = torch.zeros(d, dtype=torch.bool, device=m.device)
     keep[[int(c) for c in cols]] = True

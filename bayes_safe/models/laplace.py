@@ -284,12 +284,16 @@ class LaplaceLinearPosterior:
         """Make the Gaussian ``N(loc [*b, d], precision^-1 [*b, d, d])`` what forgetting returns to
         (``BayesianLinear``'s ``base_prior``): the posterior at data summary ``(P_base - P0, P_base
         m_base - P0 m0)``. Gaussian priors only (a scale-mixture prior's precisions move with EM)."""
+        P0, e0 = self._prior_terms()
+        self.set_base_summary((precision - P0).to(_DTYPE), ((precision @ loc[..., None])[..., 0] - e0).to(_DTYPE))
+
+    def set_base_summary(self, H: torch.Tensor, g: torch.Tensor) -> None:
+        """The base prior as the data summary ``(H [*b, d, d], g [*b, d])`` at which the posterior is it
+        (``set_base``'s, or a saved state's: exact)."""
         if self.kind != "gaussian":
             raise ValueError(f"base_prior: the laplace engine returns to a base prior only from a Gaussian prior "
                              f"(its {self.kind} prior's precisions are refitted by EM); give a Gaussian prior")
-        P0, e0 = self._prior_terms()
-        self.base_H = (precision - P0).to(_DTYPE)
-        self.base_g = ((precision @ loc[..., None])[..., 0] - e0).to(_DTYPE)
+        self.base_H, self.base_g = H, g
 
     def base(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         """``(loc [*b, d], precision [*b, d, d])`` of the base prior, or None (the prior itself)."""

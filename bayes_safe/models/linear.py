@@ -485,13 +485,8 @@ class BayesianLinear:
         # adaptive forgetting: the change detector's statistics per batch element
         self._detector = None if adaptive is None else CusumDetector(
             adaptive, self.batch_shape, binary=adaptive.is_binary(likelihood), dim=d, device=self._device)
-        if base_prior is not None and (forgetting is None and adaptive is None):
-            raise ValueError("base_prior: the prior forgetting returns to; give it with forgetting (a factor or "
-                             "'adaptive'), got forgetting=None")
-        if base_prior is not None and not self.conjugate and self.engine_name != "laplace":
-            raise ValueError(f"base_prior: the {self.engine_name} engine forgets back to its own prior; base_prior "
-                             "works with the conjugate engines and the laplace engine (warm-start the others by "
-                             "update)")
+        if base_prior is not None:
+            self._check_base_allowed()
         # decay on the clock of the batch elements a masked update skips (set by ``PerArmLinear``)
         self.decay: float | None = None
         self._count = 0  # observations given to every batch element
@@ -750,12 +745,7 @@ class BayesianLinear:
         """Name the base after the model has learned: a model warm-started by ``update`` on a log
         takes ``model.base_prior = redraw_prior(model)`` (``None``: back to ``prior``). What the model
         learned is unchanged; the next forgetting step or restart returns there."""
-        if self.forgetting is None:
-            raise ValueError("base_prior: the prior forgetting returns to; this model does not forget "
-                             "(forgetting=None)")
-        if not self.conjugate and self.engine_name != "laplace":
-            raise ValueError(f"base_prior: the {self.engine_name} engine forgets back to its own prior; base_prior "
-                             "works with the conjugate engines and the laplace engine")
+        self._check_base_allowed()
         if value is None:
             if self.engine_name == "laplace":
                 self.engine.base_H = self.engine.base_g = None
@@ -770,6 +760,17 @@ class BayesianLinear:
             self.engine.set_base(loc, precision)
         else:
             self._set_base(loc, precision)
+
+    def _check_base_allowed(self) -> None:
+        """Refuse a ``base_prior`` (at construction or set later) by name where nothing forgets or the
+        engine forgets back to its own prior."""
+        if self.forgetting is None:
+            raise ValueError("base_prior: the prior forgetting returns to; give it with forgetting (a factor or "
+                             "'adaptive'), got forgetting=None")
+        if not self.conjugate and self.engine_name != "laplace":
+            raise ValueError(f"base_prior: the {self.engine_name} engine forgets back to its own prior; base_prior "
+                             "works with the conjugate engines and the laplace engine (warm-start the others by "
+                             "update)")
 
     def _anchor(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``(precision [*b, d, d], eta [*b, d])`` of the base prior (forgetting's anchor)."""

@@ -271,13 +271,9 @@ def _dec_linear(node: dict, dec: Decoder, where: str):
                                     dec.int_field(counters, "since_refresh", f"{where}.laplace.counters"))
         if "base" in state:
             base = dec.field(state, "base", dict, f"{where}.laplace")
-            if m.engine.kind != "gaussian":
-                dec.fail(f"{where}.laplace.base: a base prior needs a Gaussian prior, the saved prior is "
-                         f"{m.engine.kind}")
-            m.engine.base_H = dec.tensor(base.get("H"), f"{where}.laplace.base.H", shape=(*b, d, d), dtype=_F64,
-                                         finite=True).clone()
-            m.engine.base_g = dec.tensor(base.get("g"), f"{where}.laplace.base.g", shape=(*b, d), dtype=_F64,
-                                         finite=True).clone()
+            H = dec.tensor(base.get("H"), f"{where}.laplace.base.H", shape=(*b, d, d), dtype=_F64, finite=True)
+            g = dec.tensor(base.get("g"), f"{where}.laplace.base.g", shape=(*b, d), dtype=_F64, finite=True)
+            build(dec, f"{where}.laplace.base", lambda: m.engine.set_base_summary(H.clone(), g.clone()))
     elif "chain" in node:  # a Gibbs or Langevin chain (NUTS / SVI nodes have no "chain")
         engine = dec.field(node, "engine", str, where)
         if engine not in _CHAIN_OPTIONS:
