@@ -117,8 +117,10 @@ class AdaptiveForgetting:
             ``"gaussian"`` or ``"binary"`` (a Gaussian model of a 0/1 metric: the test reads the
             model's mean ``x^T m`` as the success probability, clipped to ``[1e-4, 1 - 1e-4]``).
         warmup: observations a batch element learns after its construction or a restart before
-            it is tested (default: 0 for Gaussian outcomes, ``20 d`` for 0/1: a predictive still
-            learning its rates looks like drift). A model warm-started by ``update`` has counted
+            it is tested (default: 0 for Gaussian outcomes of an exact model, ``20 d`` for 0/1: a
+            predictive still learning its rates looks like drift; ``20 d`` too for the sampled
+            engines, Gibbs, Langevin, NUTS and SVI, whose predictive is estimated from draws or held
+            between refits, off by most while the posterior still moves fast). A model warm-started by ``update`` has counted
             its history rows already.
         warmup_events: 0/1 outcomes: the fewer of the ones and the zeros an element must have
             learned since its construction or a restart before it is tested (default ``2 d``): the
@@ -182,11 +184,12 @@ class AdaptiveForgetting:
         h = self.level(binary)
         return min(1.0, 2.0 * math.exp(-(h if binary else 2.0 * self.drift * h)))
 
-    def warmup_for(self, binary: bool, dim: int) -> int:
-        """The observations an element learns after a (re)start before it is tested."""
+    def warmup_for(self, binary: bool, dim: int, sampled: bool = False) -> int:
+        """The observations an element learns after a (re)start before it is tested (``sampled``: the
+        model's predictive is a Monte Carlo or refit estimate, see ``warmup``)."""
         if self.warmup is not None:
             return self.warmup
-        return BINARY_WARMUP_PER_FEATURE * int(dim) if binary else 0
+        return BINARY_WARMUP_PER_FEATURE * int(dim) if binary or sampled else 0
 
     def is_binary(self, likelihood: str) -> bool:
         """Whether the test reads 0/1 outcomes for a model of this ``likelihood``."""
@@ -238,11 +241,11 @@ class CusumDetector:
     """
 
     def __init__(self, config: AdaptiveForgetting, batch_shape, *, binary: bool = False, dim: int = 1,
-                 device: torch.device | str | None = None):
+                 device: torch.device | str | None = None, sampled: bool = False):
         self.config = config
         self.binary = bool(binary)
         self.level = config.level(self.binary)
-        self.warmup = config.warmup_for(self.binary, dim)
+        self.warmup = config.warmup_for(self.binary, dim, sampled)
         # 0/1 outcomes: the fewer of the ones and zeros learned since a (re)start before testing
         self.warmup_events = 0 if not self.binary else (
             config.warmup_events if config.warmup_events is not None else 2 * int(dim))
@@ -272,10 +275,16 @@ class CusumDetector:
         down = -y * log_r - torch.log1p((1.0 / r - 1.0) * p)
         return self._advance(up, down, active)
 
-    def _advance(self, up: torch.Tensor, down: torch.Tensor, active: torch.Tensor | None) -> torch.Tensor:
+    def tested(self) -> torch.Tensor:
+        """The batch elements past their warm-up (bool ``[*batch]``): the next observation is tested
+        there. A model skips its predictive when none is (the chain engines' predictive is costly)."""
         tested = self.since >= self.warmup
         if self.warmup_events:
             tested = tested & (torch.minimum(self.ones, self.since - self.ones) >= self.warmup_events)
+        return tested
+
+    def _advance(self, up: torch.Tensor, down: torch.Tensor, active: torch.Tensor | None) -> torch.Tensor:
+        tested = self.tested()
         active = tested if active is None else (active & tested)
         upper = torch.where(active, (self.upper + up).clamp_min(0.0), self.upper)
         lower = torch.where(active, (self.lower + down).clamp_min(0.0), self.lower)

@@ -696,6 +696,8 @@ class GibbsLinearPosterior:
             self._xty = self._xty + (X.mT @ y[..., None])[..., 0]
         if self._noise_prior is not None:
             self._yty = self._yty + (y * y).sum(-1)
+        if self._n_eff is not None:  # a Gaussian chain an adaptive restart weighed (issue 43)
+            self._n_eff = self._n_eff + n
         self._scaled = None
         if self.likelihood != "gaussian":
             self._X, self._y, renewed = append_rows(self._X, self._y, self.n, X, y)
@@ -1043,13 +1045,27 @@ class GibbsLinearPosterior:
         return mask[..., start:n]
 
     def restart(self, alarm: torch.Tensor, keep: float) -> None:
-        """Adaptive forgetting's restart (issue 43) of a logistic chain: the rows the batch elements
-        ``alarm [*b]`` learned so far weigh ``keep`` (0: forgotten; the prior kept) in every later
-        sweep, as a fixed factor weighs old rows (the row's likelihood raised to its weight,
-        Polya-Gamma ``PG(w, .)`` latents)."""
-        if self.likelihood != "logistic":
-            raise ValueError("restart: the Gibbs engine restarts a logistic chain; its Gaussian likelihood is exact "
-                             "with the conjugate engine")
+        """Adaptive forgetting's restart (issue 43): what the batch elements ``alarm [*b]`` learned so
+        far weighs ``keep`` (0: forgotten; the prior kept) from now on, as a fixed factor weighs old rows.
+
+        Gaussian likelihood: the sufficient statistics ``X^T X, X^T y, y^T y`` and the count the
+        noise step sees (``_n_eff``) are multiplied by ``keep`` (the likelihood raised to ``keep``,
+        exactly). Logistic: each old row's weight (``row_mask``) is multiplied by ``keep`` in every
+        later sweep (the row's likelihood raised to its weight, Polya-Gamma ``PG(w, .)`` latents).
+        Probit: refused (the Albert-Chib augmentation has no weighted form)."""
+        if self.likelihood == "probit":
+            raise ValueError("restart: the Gibbs engine's probit likelihood does not forget; use "
+                             "likelihood='logistic'")
+        if self.likelihood == "gaussian":
+            a2, a3 = alarm[..., None], alarm[..., None, None]
+            self._xtx = torch.where(a3, keep * self._xtx, self._xtx)
+            self._xty = torch.where(a2, keep * self._xty, self._xty)
+            self._yty = torch.where(alarm, keep * self._yty, self._yty)
+            n_eff = torch.full(tuple(self.batch_shape), float(self.n), dtype=_DTYPE, device=_CPU) \
+                if self._n_eff is None else self._n_eff
+            self._n_eff = torch.where(alarm, keep * n_eff, n_eff)
+            self._scaled, self._fixed = None, None
+            return
         n = self.n
         mask = self._restart_weights(0, n)
         if mask is None:

@@ -213,6 +213,8 @@ class LangevinLinearPosterior:
         b, d = tuple(self.batch_shape), self.dim
         self.n = 0
         self._n_at_draw = 0
+        # the Gaussian likelihood's count per element after an adaptive restart weighed it (issue 43; None: n)
+        self._n_eff: torch.Tensor | None = None
         # the chains follow the device of the prior's own draws (its parameters'), float64 (autograd and the
         # MALA acceptance ratio in float64 on every device)
         self.theta = self._initial_theta().expand(*b, self.num_params).clone()
@@ -228,6 +230,7 @@ class LangevinLinearPosterior:
         self.factor = torch.eye(self.num_params, dtype=_DTYPE, device=device).expand(*b, -1, -1).clone()  # L, Sigma = L L^T
         self._adapt_count = 0
         self._n_at_refresh = 0  # observations at the last preconditioner refresh
+        self._refresh_origin = 0  # observations at the last adaptive restart: refreshes follow the rows since
         # (log p [*b], grad [*b, P], w [*b, d], graph) at theta; None after new data, when the prior
         # part kept in ``graph`` (one replication, a _PriorAt) renews value and gradient by the chain rule
         self._cache = None
@@ -450,9 +453,12 @@ class LangevinLinearPosterior:
             lp = lp + self._noise_prior.log_prob(s2) + u
         return lp, w.to(_DTYPE), s2
 
-    def _n_lik(self) -> float:
+    def _n_lik(self) -> float | torch.Tensor:
         """The count of observations the likelihood sees: ``n``, or under forgetting the weighted
-        count ``sum_k lambda^k`` (k < n), a function of ``n`` (nothing more to save)."""
+        count ``sum_k lambda^k`` (k < n), a function of ``n`` (nothing more to save); after an
+        adaptive restart of a Gaussian likelihood, each element's weighted count ``[*b]``."""
+        if self._n_eff is not None:
+            return self._n_eff
         lam = self.forgetting
         if lam is None or lam >= 1.0:
             return float(self.n)
@@ -520,14 +526,14 @@ class LangevinLinearPosterior:
         xtx, xty, yty, X, y, b = self._data()
         R = xtx.shape[0]
         flat = theta.reshape(R, self.num_params).detach()
-        n = self._n_lik()
+        n = self._n_per_element(R)
         with torch.enable_grad(), pyro.validation_enabled(False):
 
-            def one(t, a, c, e, Xr, yr):
+            def one(t, a, c, e, Xr, yr, nr):
                 lp, w, s2 = self._prior_part(t)
-                return lp + self._log_likelihood(w, s2, a, c, e, n, Xr, yr), w
+                return lp + self._log_likelihood(w, s2, a, c, e, nr, Xr, yr), w
 
-            grad, (value, w) = torch.func.vmap(torch.func.grad_and_value(one, has_aux=True))(flat, xtx, xty, yty, X, y)
+            grad, (value, w) = torch.func.vmap(torch.func.grad_and_value(one, has_aux=True))(flat, xtx, xty, yty, X, y, n)
         return (value.reshape(b).to(_DTYPE), grad.reshape(*b, self.num_params).to(_DTYPE),
                 w.reshape(*b, self.dim).to(_DTYPE), None)
 
@@ -557,7 +563,16 @@ class LangevinLinearPosterior:
         if self.likelihood != "gaussian":
             start = self._rows()[0]
             X, y = self._X.reshape(-1, d)[start:n], self._y.reshape(-1)[start:n]
-        return self._n_lik(), self._xtx.reshape(d, d), self._xty.reshape(d), self._yty.reshape(()), X, y
+        n_lik = self._n_lik()
+        n_lik = float(n_lik.reshape(())) if isinstance(n_lik, torch.Tensor) else n_lik
+        return n_lik, self._xtx.reshape(d, d), self._xty.reshape(d), self._yty.reshape(()), X, y
+
+    def _n_per_element(self, R: int) -> torch.Tensor:
+        """``_n_lik()`` as ``[R]`` float64 (one count per replication, for ``torch.func.vmap``)."""
+        n = self._n_lik()
+        if isinstance(n, torch.Tensor):
+            return n.reshape(R)
+        return torch.full((R,), float(n), dtype=_DTYPE, device=self._xtx.device)
 
     def _combine(self, lp, grad_prior, w, s2, jac, n, xtx, xty, yty, X, y):
         """``(log p, grad [P])`` of one replication from the prior part (``lp``, its gradient
@@ -604,21 +619,21 @@ class LangevinLinearPosterior:
         """``[*b, P, P]`` Hessian of ``-log p`` at ``theta``."""
         xtx, xty, yty, X, y, b = self._data()
         R = xtx.shape[0]
-        n = self._n_lik()
+        n = self._n_per_element(R)
         flat = theta.reshape(R, self.num_params).detach()
 
-        def neg(t, a, c, e, Xr, yr):
-            return -self._log_density(t, a, c, e, n, Xr, yr)
+        def neg(t, a, c, e, Xr, yr, nr):
+            return -self._log_density(t, a, c, e, nr, Xr, yr)
 
         with torch.enable_grad(), pyro.validation_enabled(False):
             if R == 1:  # P reverse passes through one graph: far cheaper than vmap's forward-over-reverse
                 t = flat[0].clone().requires_grad_(True)
-                (g,) = torch.autograd.grad(neg(t, xtx[0], xty[0], yty[0], X[0], y[0]), t, create_graph=True)
+                (g,) = torch.autograd.grad(neg(t, xtx[0], xty[0], yty[0], X[0], y[0], n[0]), t, create_graph=True)
                 rows = [torch.autograd.grad(g[i], t, retain_graph=True, allow_unused=True)[0]
                         for i in range(self.num_params)]
                 H = torch.stack([torch.zeros_like(t) if r is None else r for r in rows])[None]
             else:
-                H = torch.func.vmap(torch.func.hessian(neg))(flat, xtx, xty, yty, X, y)
+                H = torch.func.vmap(torch.func.hessian(neg))(flat, xtx, xty, yty, X, y, n)
         return H.reshape(*b, self.num_params, self.num_params).to(_DTYPE).detach()
 
     # ------------------------------------------------------------------ data
@@ -638,10 +653,47 @@ class LangevinLinearPosterior:
             self._yty = self._yty + (y * y).sum(-1)
         else:
             self._X, self._y, _ = append_rows(self._X, self._y, self.n, X, y)
+        if self._n_eff is not None:
+            self._n_eff = self._n_eff + n
         self.n += n
         if self._cache is not None:
             self._stale_cache = self._cache
         self._cache = None
+
+    def restart(self, alarm: torch.Tensor, keep: float) -> None:
+        """Adaptive forgetting's restart (issue 43): what the batch elements ``alarm [*b]`` learned so
+        far weighs ``keep`` from now on (the prior kept). Gaussian likelihood: the sufficient
+        statistics and each element's count (``_n_eff``) are multiplied by ``keep`` (the likelihood
+        raised to ``keep``, exactly). 0/1 likelihoods: only ``keep = 0`` (``BayesianLinear`` checks
+        it at construction): the element's rows are set to ``x = 0``, whose likelihood ``sigmoid(0)``
+        or ``Phi(0)`` is a constant, so they no longer move its posterior. The next draw runs
+        ``burn_in`` steps after a fresh preconditioner (the posterior widened), the restarted chains
+        from the prior's median with the initial step size."""
+        a2, a3 = alarm[..., None], alarm[..., None, None]
+        if self.likelihood == "gaussian":
+            self._xtx = torch.where(a3, keep * self._xtx, self._xtx)
+            self._xty = torch.where(a2, keep * self._xty, self._xty)
+            self._yty = torch.where(alarm, keep * self._yty, self._yty)
+            n_eff = self._n_per_element(self.batch_shape.numel()).reshape(self.batch_shape) \
+                if self._n_eff is None else self._n_eff
+            self._n_eff = torch.where(alarm, keep * n_eff, n_eff)
+        else:
+            if keep != 0.0:
+                raise ValueError(f"keep: the Langevin engine restarts a 0/1 likelihood with keep=0 only, got {keep!r}")
+            n = self.n
+            self._X[..., :n, :] = torch.where(a3, torch.zeros((), dtype=_DTYPE, device=self._X.device),
+                                              self._X[..., :n, :])
+            self._y[..., :n] = torch.where(a2, torch.zeros((), dtype=_DTYPE, device=self._y.device),
+                                           self._y[..., :n])
+        # the restarted chains start again where a new chain starts (the prior's median), with the
+        # initial step size: the old posterior's region and scale are the old world's
+        start = self._initial_theta().to(self.theta.device)
+        self.theta = torch.where(a2, start, self.theta)
+        self.log_step = torch.where(alarm, torch.full_like(self.log_step, math.log(0.1)), self.log_step)
+        self.accept_rate = torch.where(alarm, torch.zeros_like(self.accept_rate), self.accept_rate)
+        self._cache = self._stale_cache = None  # (the state moved: no prior part to reuse)
+        self._n_at_draw = 0
+        self._n_at_refresh = self._refresh_origin = self.n
 
     # ------------------------------------------------------------------ the chain
     def refresh_preconditioner(self) -> None:
@@ -837,8 +889,10 @@ class LangevinLinearPosterior:
         return self.n > 0 and self.n - self._n_at_draw >= max(self._n_at_draw, 1)
 
     def _refresh_due(self) -> bool:
-        """The data doubled since the last preconditioner refresh (about ``log2(n)`` refreshes)."""
-        return self.n > 0 and self.n >= 2 * max(self._n_at_refresh, 1) - (self._n_at_refresh == 0)
+        """The data doubled since the last preconditioner refresh (about ``log2(n)`` refreshes); after
+        an adaptive restart, the rows since it (a restarted posterior narrows as a new one does)."""
+        m, last = self.n - self._refresh_origin, self._n_at_refresh - self._refresh_origin
+        return m > 0 and m >= 2 * max(last, 1) - (last == 0)
 
     def draw(self, generator: Generator = None, key: str = "weights") -> torch.Tensor:
         """Advance every chain by ``steps`` MALA steps (plus ``burn_in`` steps if the data at least
@@ -922,16 +976,14 @@ class LangevinLinearPosterior:
         self._n_at_draw = self.n
         return out
 
-    def summary(self, X: torch.Tensor | None, generator: Generator = None, link=None):
-        """Posterior summaries from ``predict_steps`` steps of a copy of the chains (after ``burn_in``
-        steps); the model's own chains do not move.
-
-        Returns ``(mean_w [*b, d], mean [*b, k], var [*b, k])`` of ``f = x^T w`` (``link(x^T w)``
-        when ``link`` is given) at ``X [*b, k, d]`` (``None``: only the weight mean).
-        """
+    def posterior_draws(self, generator: Generator = None) -> torch.Tensor:
+        """``[S, *b, d]`` weights of ``S = predict_steps`` steps of a copy of the chains (after
+        ``burn_in`` steps; a fresh preconditioner when the data doubled); the model's own chains do
+        not move. Seeded by ``generator``, or by ``(seed, n)``."""
         import copy
 
         gen = generator if generator is not None else torch.Generator(device="cpu").manual_seed(self.seed + 7919 * self.n)
+        self._recorded_step()  # recorded here, once, not in each copy (a model that only updates and predicts)
         chain = copy.copy(self)
         chain.factor, chain.theta, chain.log_step = self.factor.clone(), self.theta.clone(), self.log_step.clone()
         chain.accept_rate = self.accept_rate.clone()
@@ -939,7 +991,16 @@ class LangevinLinearPosterior:
             chain.refresh_preconditioner()
         chain._advance(self.burn_in, gen, "predict")
         states = chain._advance(self.predict_steps, gen, "predict", keep=True)
-        w = self.weights(states)  # [S, *b, d]
+        return self.weights(states)
+
+    def summary(self, X: torch.Tensor | None, generator: Generator = None, link=None):
+        """Posterior summaries from ``predict_steps`` steps of a copy of the chains (after ``burn_in``
+        steps); the model's own chains do not move.
+
+        Returns ``(mean_w [*b, d], mean [*b, k], var [*b, k])`` of ``f = x^T w`` (``link(x^T w)``
+        when ``link`` is given) at ``X [*b, k, d]`` (``None``: only the weight mean).
+        """
+        w = self.posterior_draws(generator)  # [S, *b, d]
         mean_w = w.mean(0)
         if X is None:
             return mean_w, None, None

@@ -466,13 +466,14 @@ class BayesianLinear:
                                  f"summary weighed, the prior kept); expected 'stabilized', got {forgetting_rule!r}")
         self.engine_name = "laplace" if inference == "laplace" else "conjugate" if self.conjugate else (
             "gibbs" if mixture is not None else "langevin" if langevin else "svi" if inference == "svi" else "nuts")
-        if adaptive is not None and not self.conjugate and self.engine_name != "laplace" and not (
-                self.engine_name == "gibbs" and likelihood == "logistic"):
-            raise ValueError(f"forgetting: the {self.engine_name} engine (this prior"
-                             f"{'' if likelihood == 'gaussian' else ', likelihood=' + repr(likelihood)}) does not forget "
-                             "adaptively yet; forgetting='adaptive' works with the conjugate engines (a Gaussian prior "
-                             "and likelihood, known noise or an InverseGamma noise_prior) and, for 0/1 outcomes, with "
-                             "inference='laplace' and the Gibbs engine's logistic likelihood; give a factor instead")
+        if adaptive is not None and self.engine_name == "gibbs" and likelihood == "probit":
+            raise ValueError("forgetting: the Gibbs engine's probit likelihood does not forget (adaptively or by a "
+                             "factor); use likelihood='logistic', or inference='langevin' for a probit model that "
+                             "forgets")
+        if adaptive is not None and adaptive.keep > 0 and self.engine_name == "langevin" and likelihood != "gaussian":
+            raise ValueError(f"forgetting: the Langevin engine restarts a 0/1 likelihood from its prior alone "
+                             f"(AdaptiveForgetting keep=0), got keep={adaptive.keep!r}; use inference='laplace' or "
+                             f"the Gibbs engine's logistic likelihood for a discounted restart")
         # the chain engines forget under the stabilized rule (the data weighed, the prior kept); the Gibbs
         # engine's probit likelihood is refused by the engine itself (GibbsLinearPosterior says why)
         chain_forgets = self.engine_name in ("gibbs", "langevin", "nuts", "svi", "laplace") and forgetting_rule == "stabilized"
@@ -484,7 +485,8 @@ class BayesianLinear:
                              "stabilized rule (the data weighed, the prior kept)")
         # adaptive forgetting: the change detector's statistics per batch element
         self._detector = None if adaptive is None else CusumDetector(
-            adaptive, self.batch_shape, binary=adaptive.is_binary(likelihood), dim=d, device=self._device)
+            adaptive, self.batch_shape, binary=adaptive.is_binary(likelihood), dim=d, device=self._device,
+            sampled=self.engine_name in ("gibbs", "langevin", "nuts", "svi"))
         if base_prior is not None:
             self._check_base_allowed()
         # decay on the clock of the batch elements a masked update skips (set by ``PerArmLinear``)
@@ -546,7 +548,7 @@ class BayesianLinear:
                 raise ValueError(f"inference_options: the Langevin engine takes {list(LANGEVIN_OPTIONS)}, got {unknown}")
             self.engine = LangevinLinearPosterior(
                 prior, d, self.batch_shape, likelihood=likelihood, noise_std=noise_std, noise_prior=noise_prior,
-                forgetting=self.forgetting, **options,
+                forgetting=None if adaptive is not None else self.forgetting, **options,
             )
             self.refit_every = None
         else:
@@ -555,13 +557,17 @@ class BayesianLinear:
             method = "nuts" if inference in ("auto", "nuts") else "svi"
             self.engine = PyroLinearPosterior(
                 prior, d, noise_std=noise_std, noise_prior=noise_prior, batch_shape=self.batch_shape,
-                method=method, forgetting=self.forgetting, **(inference_options or {}),
+                method=method, forgetting=None if adaptive is not None else self.forgetting, **(inference_options or {}),
             )
             self.refit_every = None if refit_every is None else int(refit_every)
             self._X: list[torch.Tensor] = []
             self._y: list[torch.Tensor] = []
             self._since_fit = 0
             self._fitted_count = 0  # observations in the stored draws
+            # adaptive restarts (issue 43): each element's weights of its first rows ``[*b, m]`` (later rows
+            # weigh 1; None: no restart yet), and whether a restart waits for its refit
+            self._row_weight: torch.Tensor | None = None
+            self._restart_pending = False
             # one set of prior draws shared by the batch, so that replication r has a one-replication run's
             self._draws = self.engine.prior_draws(self.engine.num_samples, shared=True)
 
@@ -641,9 +647,9 @@ class BayesianLinear:
         """Trusted update (inputs already validated). ``weight [*batch]`` in {0, 1} masks batch
         elements that receive no observation (per-arm models)."""
         n = 1 if single else X.shape[-2]
-        if self.forgetting is not None and n > 1 and (self.conjugate or self._chain_engine):
-            # in order, one row at a time: each forgets the ones before it (NUTS / SVI weigh the stored
-            # rows by their age at the fit)
+        if self.forgetting is not None and n > 1 and (self.conjugate or self._chain_engine or self._detector is not None):
+            # in order, one row at a time: each forgets the ones before it, or is tested before it is learned
+            # (NUTS / SVI under a fixed factor weigh the stored rows by their age at the fit)
             for i in range(n):
                 self._update_rows(X[..., i, :], y[..., i], True, weight)
             return
@@ -693,6 +699,8 @@ class BayesianLinear:
                 self.engine.forget(torch.full(self.batch_shape, self.forgetting, dtype=_DTYPE, device=self.device))
             self.engine.add(X, y)
             return
+        if self._detector is not None:  # one row here
+            self._detect_change(X[..., 0, :], y[..., 0], None)
         self._X.append(X.expand(*self.batch_shape, *X.shape[-2:]))
         self._y.append(y.expand(*self.batch_shape, y.shape[-1]))
         self._since_fit += n
@@ -827,7 +835,10 @@ class BayesianLinear:
             bad = y[(y != 0) & (y != 1)].reshape(-1)[:3].tolist()
             raise ValueError(f"y: this model's change test reads 0/1 outcomes (AdaptiveForgetting outcomes="
                              f"{det.config.outcomes!r}), got {bad}")
-        if det.binary:
+        if not self.conjugate and not bool((det.tested() if active is None else det.tested() & active).any()):
+            # nothing tested here: skip the predictive (a Langevin copy of the chains, a NUTS / SVI refit)
+            alarm = torch.zeros(self.batch_shape, dtype=torch.bool, device=det.since.device)
+        elif det.binary:
             alarm = det.step_binary(self.predictive_probability(X), y, active)
         else:
             alarm = det.step(self.predictive_residual(X, y), active)
@@ -842,8 +853,12 @@ class BayesianLinear:
             self.engine.forget(torch.where(alarm, torch.tensor(keep, dtype=_DTYPE, device=alarm.device),
                                            _ONE if alarm.device == _CPU else _ONE.to(alarm.device)))
             return
-        if self.engine_name == "gibbs":
+        if self.engine_name in ("gibbs", "langevin"):
             self.engine.restart(alarm, keep)
+            self._test_draws = None  # (Langevin: the change test's held draws)
+            return
+        if self.engine_name in ("nuts", "svi"):
+            self._restart_rows(alarm, keep)
             return
         p0, eta0 = self._anchor()
         a3, a2 = alarm[..., None, None], alarm[..., None]
@@ -861,13 +876,13 @@ class BayesianLinear:
         ``Phi(mu / sqrt(1 + s^2))`` exactly); a Gaussian model of a 0/1 metric (a linear
         probability model): its mean ``x^T m`` clipped to ``[1e-4, 1 - 1e-4]``."""
         if self.likelihood == "gaussian":
-            return self.predict(X)[0].clamp(1e-4, 1.0 - 1e-4)
+            return self._one_step_moments(X)[0].clamp(1e-4, 1.0 - 1e-4)
         if self.engine_name == "laplace":
             L, u = self.engine.factor()  # x^T w ~ N(x^T m, |L^-1 x|^2)
         elif self.engine_name == "gibbs" and self.engine.last_conditional is not None:
             L, u = self.engine.last_conditional  # the chain's Gaussian conditional at its current latents
         else:
-            mean, var = self.predict(X)  # the success probability's mean: the predictive probability
+            mean, var = self._one_step_moments(X)  # the success probability's mean: the predictive probability
             return mean
         a = torch.linalg.solve_triangular(L, X.to(_DTYPE).expand(*self.batch_shape, self.dim)[..., None], upper=False)
         mean = (a * u).sum((-2, -1))
@@ -875,6 +890,28 @@ class BayesianLinear:
         if self.likelihood == "probit":
             return torch.special.ndtr(mean / (1.0 + var).sqrt())
         return torch.sigmoid(mean / (1.0 + math.pi * var / 8.0).sqrt())
+
+    def _one_step_moments(self, X: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``predict(X)`` for one point per batch element ``X [*batch, d]``, as the change test reads it.
+
+        The Langevin engine under adaptive forgetting reads it from held posterior draws
+        (``engine.posterior_draws``: ``predict_steps`` steps of a copy of the chains), drawn anew
+        once the rows since they were drawn reach 2 % of the fewest any batch element has learned
+        since its (re)start (at least one row), and after a restart: a warm model's posterior moves
+        little in 2 % more rows, and one copy of the chains per tested row would cost
+        ``burn_in + predict_steps`` steps per observation. Other engines: ``predict``."""
+        det = self._detector
+        if self.engine_name != "langevin" or det is None:
+            return self.predict(X)
+        n = self.engine.n
+        cache = getattr(self, "_test_draws", None)
+        if cache is None or n - cache[0] >= max(1, int(0.02 * cache[1])):
+            cache = self._test_draws = (n, int(det.since.min()), self.engine.posterior_draws())
+        f = (cache[2] * X.to(_DTYPE).expand(*self.batch_shape, self.dim)).sum(-1)  # [S, *b]
+        link = _LINKS.get(self.likelihood)
+        if link is not None:
+            f = link(f)
+        return f.mean(0), f.var(0, unbiased=False)
 
     def predictive_residual(self, X, y) -> torch.Tensor:
         """The standardised one-step posterior predictive residual of one more observation,
@@ -922,7 +959,7 @@ class BayesianLinear:
                 mean = (a * u).sum((-2, -1))
                 spread = (a * a).sum((-2, -1))
             else:
-                mean, spread = self.predict(X)
+                mean, spread = self._one_step_moments(X)
             if self.noise_std is not None:
                 noise = float(self.noise_std) ** 2
             else:  # an uncertain noise variance off the conjugate path: its prior mean (infinite when a0 <= 1)
@@ -1016,17 +1053,48 @@ class BayesianLinear:
             raise ValueError("fit: no observations yet; call update(X, y) first")
         X = torch.cat(self._X, dim=-2)
         y = torch.cat(self._y, dim=-1)
-        if self.forgetting is not None:  # rows weighing less than 2^-60 no longer move the posterior
+        if self.forgetting is not None and self._detector is None:  # rows weighing less than 2^-60 no
+            # longer move the posterior
             from ._forgetting import forgetting_weights
 
             start, _ = forgetting_weights(self.forgetting, X.shape[-2], X.device)
             X, y = X[..., start:, :], y[..., start:]
+        weights = self._restart_row_weights(X.shape[-2])
+        if weights is not None:  # rows every element has forgotten no longer enter the fit
+            kept = (weights > 0).reshape(-1, weights.shape[-1]).any(0).nonzero()
+            start = int(kept[0]) if kept.numel() else weights.shape[-1]
+            X, y, weights = X[..., start:, :], y[..., start:], weights[..., start:]
+            self._row_weight = weights
         self._X, self._y = [X], [y]
         with single_thread():  # small-model fits ran 10-20x slower with 2 threads on a loaded machine
-            self.engine.fit(X, y, seeds=seeds)
+            self.engine.fit(X, y, seeds=seeds, weights=weights)
         self._draws = self.engine.draws
         self._since_fit = 0
-        self._fitted_count = X.shape[-2]
+        self._restart_pending = False
+        # the rows the least-informed element fitted (after a restart its own, weighed): the next refit
+        # comes when that count doubled, so a restarted element is refitted as often as a new one
+        self._fitted_count = X.shape[-2] if weights is None else max(int(weights.sum(-1).min()), 1)
+
+    def _restart_row_weights(self, n: int) -> torch.Tensor | None:
+        """NUTS / SVI: the ``[*batch, n]`` weights of the stored rows left by adaptive restarts (rows
+        learned since the last restart weigh 1), or None when no element has restarted."""
+        w = self._row_weight
+        if w is None:
+            return None
+        if w.shape[-1] < n:
+            w = torch.cat([w, torch.ones((*self.batch_shape, n - w.shape[-1]), dtype=_DTYPE, device=w.device)], -1)
+        return w
+
+    def _restart_rows(self, alarm: torch.Tensor, keep: float) -> None:
+        """NUTS / SVI restart (issue 43): the rows the batch elements ``alarm [*batch]`` learned so far
+        weigh ``keep`` in every later fit (row ``i``'s log-likelihood times its weight; the prior
+        kept), and the next query refits."""
+        n = sum(X.shape[-2] for X in self._X)
+        w = self._restart_row_weights(n)
+        if w is None:
+            w = torch.ones((*self.batch_shape, n), dtype=_DTYPE, device=self.device)
+        self._row_weight = torch.where(alarm[..., None], keep * w, w)
+        self._restart_pending = True
 
     @property
     def unfitted_observations(self) -> int:
@@ -1037,6 +1105,8 @@ class BayesianLinear:
 
     def _refit_due(self) -> bool:
         """NUTS / SVI: whether the lazy refit schedule calls for a refit before the next query."""
+        if self._restart_pending:
+            return True
         if self._since_fit == 0:
             return False
         if self.refit_every is not None:

@@ -226,11 +226,11 @@ def _pool_context():
     return multiprocessing.get_context("spawn")  # pragma: no cover - Windows
 
 
-def _run_chain_job(engine, X, y, index, chain, threads):
+def _run_chain_job(engine, X, y, W, index, chain, threads):
     """Worker entry point of the parallel chains: one NUTS chain, as ``_run_chain`` runs it
     in the calling process (same seed, same thread count, hence the same draws)."""
     torch.set_num_threads(threads)
-    return engine._run_chain(X, y, index, chain)
+    return engine._run_chain(X, y, W, index, chain)
 
 
 class PyroLinearPosterior:
@@ -500,10 +500,12 @@ class PyroLinearPosterior:
             w = self._prior_fn()
         return w.to(_DTYPE)
 
-    def _model(self, X: torch.Tensor, y: torch.Tensor) -> None:
-        """One problem: ``X: [n, d]``, ``y: [n]`` (float64). The weights may carry leading
-        particle dimensions (``w: [..., d]``, SVI's vectorized particles): the mean is then
-        ``[..., n]`` and a noise variance ``[...]`` broadcasts over the rows."""
+    def _model(self, X: torch.Tensor, y: torch.Tensor, W: torch.Tensor | None = None) -> None:
+        """One problem: ``X: [n, d]``, ``y: [n]`` (float64); ``W: [n]`` or None, each row's weight
+        left by adaptive restarts (issue 43: row ``i``'s log-likelihood times ``W_i``, as forgetting
+        weighs it). The weights may carry leading particle dimensions (``w: [..., d]``, SVI's
+        vectorized particles): the mean is then ``[..., n]`` and a noise variance ``[...]``
+        broadcasts over the rows."""
         w = self._sample_weights()
         if self.noise_prior is not None:
             scale = pyro.sample(_NOISE_SITE, self.noise_prior).to(_DTYPE).sqrt()
@@ -511,6 +513,9 @@ class PyroLinearPosterior:
         else:
             scale = X.new_tensor(self.noise_std)
         mean = X @ w if w.dim() == 1 else (w[..., None, :] @ X.mT)[..., 0, :]
+        if W is not None:  # an adaptive restart's row weights (the stabilised rule: the prior kept)
+            pyro.factor(_OBS_SITE, (W * dist.Normal(mean, scale).log_prob(y)).sum(-1))
+            return
         if self.forgetting is None:
             pyro.sample(_OBS_SITE, dist.Normal(mean, scale).to_event(1), obs=y)
             return
@@ -600,7 +605,7 @@ class PyroLinearPosterior:
             except Exception:  # noqa: BLE001 - any failure means "run particles one by one"
                 return False
 
-    def _mapped_loss(self, guide, X, y) -> torch.Tensor:
+    def _mapped_loss(self, guide, X, y, W=None) -> torch.Tensor:
         """The negative ELBO of ``svi_particles`` particles, as ``Trace_ELBO(vectorize_particles=
         True).differentiable_loss`` computes it (the guide traced once under a plate of the
         particles: the same draws), with the model's log joint density at each particle mapped
@@ -609,12 +614,12 @@ class PyroLinearPosterior:
         (the observations on ``y``), so the mapped pass samples nothing."""
         K = self.svi_particles
         with pyro.plate("_particles", K, dim=-1):
-            guide_trace = poutine.trace(guide).get_trace(X, y)
+            guide_trace = poutine.trace(guide).get_trace(X, y, W)
         values = {name: node["value"] for name, node in guide_trace.nodes.items()
                   if node["type"] == "sample" and not node["infer"].get("is_auxiliary")}
 
         def log_joint(v):
-            return poutine.trace(poutine.condition(self._model, data=v)).get_trace(X, y).log_prob_sum()
+            return poutine.trace(poutine.condition(self._model, data=v)).get_trace(X, y, W).log_prob_sum()
 
         with pyro.validation_enabled(False):  # the argument checks branch on data, which vmap cannot map
             model_lp = torch.func.vmap(log_joint)(values)  # [K]
@@ -672,7 +677,7 @@ class PyroLinearPosterior:
         return self.num_samples * (self.num_chains if self.method == "nuts" else 1)
 
     # ------------------------------------------------------------------ fitting
-    def fit(self, X: torch.Tensor, y: torch.Tensor, seeds=None) -> None:
+    def fit(self, X: torch.Tensor, y: torch.Tensor, seeds=None, weights: torch.Tensor | None = None) -> None:
         """Fit the posterior on all the data, from scratch, and store its draws.
 
         Args:
@@ -683,6 +688,8 @@ class PyroLinearPosterior:
                 instead of ``(seed, r)``, so an element fitted in a batch equals the same element
                 fitted alone with the same seed (``BayesianLinear`` derives them from a
                 ``ReplicationRNG``'s streams).
+            weights: optional ``[*batch_shape, n]`` row weights in ``[0, 1]`` (adaptive restarts,
+                issue 43): row ``i``'s log-likelihood in element ``r`` is multiplied by ``weights[r, i]``.
 
         Costs ``prod(batch_shape)`` single fits (see the class docstring).
         """
@@ -710,10 +717,17 @@ class PyroLinearPosterior:
         start = time.perf_counter()
         Xf = X.reshape(self.batch_shape.numel(), *X.shape[-2:])  # [R, n, d]
         yf = y.reshape(self.batch_shape.numel(), y.shape[-1])  # [R, n]
+        Wf = [None] * Xf.shape[0]
+        if weights is not None:
+            weights = torch.as_tensor(weights).detach().to(_DTYPE)
+            if tuple(weights.shape) != tuple(y.shape) or bool(((weights < 0) | (weights > 1)).any()):
+                raise ValueError(f"weights: expected row weights in [0, 1] of shape {list(y.shape)}, got "
+                                 f"{list(weights.shape)}")
+            Wf = list(weights.reshape(Xf.shape[0], y.shape[-1]))
         if self.method == "nuts":
-            runs = self._fit_nuts_all(Xf, yf)
+            runs = self._fit_nuts_all(Xf, yf, Wf)
         else:
-            runs = self._fit_svi_all(Xf, yf)
+            runs = self._fit_svi_all(Xf, yf, Wf)
         self._store(runs)
         self.fit_seconds = time.perf_counter() - start
         self.fitted = True
@@ -782,7 +796,7 @@ class PyroLinearPosterior:
                 )
         return workers
 
-    def _fit_nuts_all(self, Xf, yf):
+    def _fit_nuts_all(self, Xf, yf, Wf):
         """All problems' chains, sequentially or in worker processes. Returns one
         ``(latents name -> [C, D, ...], stats name -> [C, D], w [C, D, d])`` per problem."""
         R, C = Xf.shape[0], self.num_chains
@@ -798,7 +812,7 @@ class PyroLinearPosterior:
                 done = 0
                 try:
                     with ProcessPoolExecutor(max_workers=workers, mp_context=_pool_context()) as pool:
-                        futures = [pool.submit(_run_chain_job, job, Xf[r], yf[r], r, c, threads) for r, c in pairs]
+                        futures = [pool.submit(_run_chain_job, job, Xf[r], yf[r], Wf[r], r, c, threads) for r, c in pairs]
                         for f in as_completed(futures):
                             f.result()
                             bar.update(per_chain_iterations)
@@ -814,7 +828,7 @@ class PyroLinearPosterior:
                     self.nuts_workers = 1
                     bar.update(-done)  # the chains run again here, counted again
             if results is None:
-                results = [self._run_chain(Xf[r], yf[r], r, c, bar.update) for r, c in pairs]
+                results = [self._run_chain(Xf[r], yf[r], Wf[r], r, c, bar.update) for r, c in pairs]
         self._seconds_per_iteration = sum(res[3] for res in results) / max(iterations, 1)
         runs = []
         for r in range(R):
@@ -824,7 +838,7 @@ class PyroLinearPosterior:
             runs.append((latents, stats, latents[_WEIGHT_SITE]))
         return runs
 
-    def _run_chain(self, X, y, index, chain, tick=None):
+    def _run_chain(self, X, y, W, index, chain, tick=None):
         """One NUTS chain of problem ``index``; ``tick()`` (if given) after every iteration,
         warm-up included. Returns ``(latents name -> [D, ...], stats name -> [D], w [D, d],
         seconds)``; ``latents`` includes ``"w"``."""
@@ -840,7 +854,7 @@ class PyroLinearPosterior:
                 disable_progbar=True,  # bayes_safe.progress's bar instead (notebook-aware)
                 hook_fn=recorder,
             )
-            mcmc.run(X, y)
+            mcmc.run(X, y, W)
             samples = mcmc.get_samples(group_by_chain=True)  # name -> [1, D, ...]
             latents = {k: v[0].to(_DTYPE) for k, v in samples.items()}
             w = self._weights_from_latents(latents)
@@ -848,17 +862,17 @@ class PyroLinearPosterior:
         return latents, recorder.stats(), w, time.perf_counter() - start
 
     # ------------------------------------------------------------------ SVI
-    def _fit_svi_all(self, Xf, yf):
+    def _fit_svi_all(self, Xf, yf, Wf):
         """Every problem's SVI run (``Xf [R, n, d]``, ``yf [R, n]``) under one progress bar of
         ``R * svi_steps`` steps."""
         runs = []
         with self._bar(Xf.shape[0] * self.svi_steps, "SVI", "step") as bar:
             for r in range(Xf.shape[0]):
-                runs.append(self._fit_svi(Xf[r], yf[r], r, bar.update))
+                runs.append(self._fit_svi(Xf[r], yf[r], Wf[r], r, bar.update))
                 bar.update(self.svi_steps - runs[-1][1].numel())  # an early stop: the rest of its budget
         return runs
 
-    def _fit_svi(self, X, y, index, tick=None):
+    def _fit_svi(self, X, y, W, index, tick=None):
         """One problem's SVI run; ``tick()`` (if given) after every optimisation step.
         Returns ``(latents name -> [S, ...], ELBO losses [T], w [S, d], converged)``."""
         vectorize = self._broadcasts()
@@ -866,10 +880,10 @@ class PyroLinearPosterior:
         with _seeded(self._fit_seed(index, 0)), pyro.get_param_store().scope():
             pyro.clear_param_store()
             guide = AutoMultivariateNormal(self._model, init_loc_fn=_float64_init(init_to_median))
-            guide(X, y)  # creates the guide's parameters
+            guide(X, y, W)  # creates the guide's parameters
             if mapped:
                 def loss_fn():
-                    return self._mapped_loss(guide, X, y)
+                    return self._mapped_loss(guide, X, y, W)
             else:
                 elbo = Trace_ELBO(
                     num_particles=self.svi_particles,
@@ -878,7 +892,7 @@ class PyroLinearPosterior:
                 )
 
                 def loss_fn():
-                    return elbo.differentiable_loss(self._model, guide, X, y)
+                    return elbo.differentiable_loss(self._model, guide, X, y, W)
             losses, converged = _averaged_adam(
                 loss_fn,
                 list(guide.parameters()),
@@ -890,9 +904,9 @@ class PyroLinearPosterior:
             with torch.no_grad():
                 if vectorize or mapped:  # no plates in the model: all the guide's draws in one call
                     with pyro.plate("_svi_draws", self.num_samples, dim=-1):
-                        latents = {k: v.to(_DTYPE) for k, v in guide(X, y).items()}
+                        latents = {k: v.to(_DTYPE) for k, v in guide(X, y, W).items()}
                 else:
-                    draws = [guide(X, y) for _ in range(self.num_samples)]
+                    draws = [guide(X, y, W) for _ in range(self.num_samples)]
                     latents = {k: torch.stack([d[k] for d in draws]).to(_DTYPE) for k in draws[0]}
             w = self._weights_from_latents(latents)
         latents[_WEIGHT_SITE] = w

@@ -99,6 +99,8 @@ def _enc_linear(m, enc: Encoder, what: str) -> dict:
                            "svi_particles": e.svi_particles, "svi_tol": e.svi_tol},
         X=enc.optional(_cat(m._X, -2), f"{what}.X"), y=enc.optional(_cat(m._y, -1), f"{what}.y"),
         since_fit=int(m._since_fit), draws=enc.tensor(m._draws, f"{what}.draws"),
+        # the row weights adaptive restarts left, and whether one waits for its refit (issue 43)
+        row_weight=enc.optional(m._row_weight, f"{what}.row_weight"), restart_pending=bool(m._restart_pending),
         engine={"fitted": bool(e.fitted), "fit_seconds": float(e.fit_seconds),
                 "draws": enc.optional(e._draws, f"{what}.engine.draws"),
                 "noise_draws": enc.optional(e._noise_draws, f"{what}.engine.noise_draws"),
@@ -113,7 +115,8 @@ def _enc_linear(m, enc: Encoder, what: str) -> dict:
 
 # the numbers of a Gibbs or Langevin chain: the data it has seen and its current state
 _CHAIN_COUNTERS = {"gibbs": ("n", "_n_at_draw"),
-                   "langevin": ("n", "_n_at_draw", "_n_at_refresh", "_adapt_count")}
+                   "langevin": ("n", "_n_at_draw", "_n_at_refresh", "_adapt_count", "_refresh_origin")}
+_OPTIONAL_COUNTERS = {"refresh_origin"}  # absent from states saved before issue 43's restarts (then 0)
 _LAPLACE_OPTIONS = ("refresh_every", "em_steps", "newton_steps", "tol")
 _CHAIN_OPTIONS = {"gibbs": ("sweeps", "burn_in", "predict_sweeps", "pg_terms", "seed"),
                   "langevin": ("steps", "burn_in", "predict_steps", "seed")}
@@ -127,13 +130,15 @@ def _chain_tensors(e, kind: str) -> dict:
     if kind == "gibbs":
         st = e.state
         out.update(w=st.w, v=st.v, inv=st.inv, s2=st.s2, **{f"aux.{k}": v for k, v in st.aux.items()})
-        if getattr(e, "forgetting", None) is not None:  # the weighted count of a forgetting chain (issue 30)
+        if e._n_eff is not None:  # the weighted count of a forgetting or restarted chain (issues 30, 43)
             out["n_eff"] = e._n_eff
         if getattr(e, "row_mask", None) is not None:  # the row weights adaptive restarts left (issue 43)
             out["row_mask"] = e.row_mask
     else:
         out.update(theta=e.theta, log_step=e.log_step, factor=e.factor, accept_rate=e.accept_rate,
                    rejected_non_finite=e.rejected_non_finite)
+        if e._n_eff is not None:  # the weighted count an adaptive restart left (issue 43)
+            out["n_eff"] = e._n_eff
     return out
 
 
@@ -154,10 +159,11 @@ def _dec_chain(m, node: dict, dec: Decoder, where: str) -> None:
     kind = e.method
     counters = dec.field(node, "counters", dict, where)
     names = {k.lstrip("_"): k for k in _CHAIN_COUNTERS[kind]}
-    if set(counters) != set(names):
+    if not set(names) - _OPTIONAL_COUNTERS <= set(counters) <= set(names):
         dec.fail(f"{where}.counters: expected exactly {sorted(names)}, got {sorted(counters)}")
     for name, attr in names.items():
-        setattr(e, attr, dec.int_field(counters, name, f"{where}.counters"))
+        if name in counters:
+            setattr(e, attr, dec.int_field(counters, name, f"{where}.counters"))
     refs = dict(dec.field(node, "tensors", dict, where))
     template = _chain_tensors(e, kind)
     n, b, d = e.n, tuple(e.batch_shape), e.dim
@@ -167,6 +173,13 @@ def _dec_chain(m, node: dict, dec: Decoder, where: str) -> None:
                 ((mask < 0) | (mask > 1)).any()):
             dec.fail(f"{where}.tensors.row_mask: expected weights in [0, 1] of shape [*{list(b)}, m], m <= {n}")
         e.row_mask = mask.clone()
+    if "n_eff" in refs and "n_eff" not in template:  # the weighted count an adaptive restart left (issue 43)
+        if e.likelihood != "gaussian":
+            dec.fail(f"{where}.tensors.n_eff: only a Gaussian likelihood keeps a weighted count")
+        count = dec.tensor(refs.pop("n_eff"), f"{where}.tensors.n_eff", shape=b, dtype=_F64, finite=True)
+        if bool(((count < 0) | (count > n)).any()):
+            dec.fail(f"{where}.tensors.n_eff: expected weighted counts in [0, {n}]")
+        e._n_eff = count.clone()
     if e.likelihood != "gaussian":
         template["X"] = torch.zeros((*b, n, d), dtype=_F64)
         template["y"] = torch.zeros((*b, n), dtype=_F64)
@@ -317,6 +330,16 @@ def _dec_linear(node: dict, dec: Decoder, where: str):
             m._X, m._y = [X.clone()], [y.clone()]
         m._since_fit = dec.int_field(node, "since_fit", where)
         m._fitted_count = max((0 if X is None else X.shape[-2]) - m._since_fit, 0)
+        rows = 0 if X is None else X.shape[-2]
+        weight = dec.tensor(node.get("row_weight"), f"{where}.row_weight", dtype=_F64, finite=True, optional=True)
+        if weight is not None and (weight.dim() != len(b) + 1 or tuple(weight.shape[:-1]) != b or weight.shape[-1] > rows
+                                   or bool(((weight < 0) | (weight > 1)).any())):
+            dec.fail(f"{where}.row_weight: expected weights in [0, 1] of shape [*{list(b)}, m], m <= {rows}")
+        m._row_weight = None if weight is None else weight.clone()
+        pending = node.get("restart_pending", False)  # (absent from states saved before issue 43's restarts)
+        if not isinstance(pending, bool):
+            dec.fail(f"{where}.restart_pending: expected true or false, got {pending!r}")
+        m._restart_pending = pending
         S = e.num_draws
         m._draws = dec.tensor(node.get("draws"), f"{where}.draws", shape=(S, *b, d), dtype=_F64, finite=True).clone()
         eng = dec.field(node, "engine", dict, where)
