@@ -260,13 +260,13 @@ ENGINES = {
     "gibbs": {"likelihood": "logistic", "inference": "gibbs"},
     "langevin": {"likelihood": "logistic", "inference": "langevin",
                  "inference_options": {"predict_steps": 20, "burn_in": 10}},
-    "nuts": {"noise_std": 0.3, "inference": "nuts", "inference_options": {"num_samples": 60, "warmup_steps": 60}},
+    "nuts": {"noise_std": 0.3, "inference": "nuts", "inference_options": {"num_samples": 40, "warmup_steps": 40}},
     "svi": {"noise_std": 0.3, "inference": "svi", "inference_options": {"svi_steps": 250}},
 }
 
 
 @pytest.mark.parametrize("engine", [*ENGINES, "per-arm", "unbatched"])
-def test_every_engine_detects_on_0_1_outcomes(engine):
+def test_every_engine_detects_on_0_1_outcomes(engine, tmp_path):
     d = 2
     cfg = AdaptiveForgetting(outcomes="binary", warmup=0)
     if engine == "per-arm":
@@ -289,6 +289,13 @@ def test_every_engine_detects_on_0_1_outcomes(engine):
     # worlds would read about 0.5 (NUTS / SVI: the old rows weigh 0 in the refit)
     mean, _ = model.predict(x.expand(*model.batch_shape, d))
     assert float(mean.min()) > 0.8
+    save_state(model, tmp_path / "m")  # what the restart left is saved: a refit after the load forgets too
+    back = load_state(tmp_path / "m")
+    assert back.change_points.tolist() == model.change_points.tolist()
+    if engine in ("nuts", "svi"):
+        assert torch.equal(back._row_weight, model._row_weight)
+        back.fit(force=True)
+    assert float(back.predict(x.expand(*model.batch_shape, d))[0].min()) > 0.8
 
 
 def test_a_rare_metric_is_tested_only_once_it_has_seen_enough_events():
