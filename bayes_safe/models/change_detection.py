@@ -72,7 +72,25 @@ weights and forgets their values; conjugate engines and the laplace engine). ``k
 stabilised rule at factor ``keep``): 0 restarts cold, a small share restarts from a discounted warm
 start. Engines: conjugate and Normal-Inverse-Gamma (the statistics), laplace (its data summary
 ``(H, g)`` weighed), the Gibbs engine's logistic chain (the element's old rows weighed in every
-later sweep); Langevin, NUTS and SVI refuse adaptive forgetting by name (a fixed factor works).
+later sweep) and its Gaussian likelihood (the sufficient statistics and the count the noise step
+sees, weighed), Langevin (Gaussian: statistics and count weighed; 0/1: the element's old rows set
+to ``x = 0``, whose likelihood ``sigmoid(0)`` or ``Phi(0)`` is a constant, so ``keep = 0`` only;
+the restarted chain starts again from the prior's median, and its preconditioner follows the rows
+since the restart), NUTS and SVI (each old row's log-likelihood weighed in every later fit; the
+next query refits, and later refits come as the restarted element's own rows double). The base
+prior is the prior on the sampled engines. The Gibbs engine's probit likelihood refuses adaptive
+forgetting by name (its augmentation has no weighted form).
+
+The sampled engines' predictive (issue 43). The test reads each engine's own one-step predictive:
+the Gibbs chain's Gaussian conditional at its current state (after a policy's draw), posterior
+draws of a copy of the Langevin chains (``predict_steps`` of them, drawn anew once the rows since
+reach 2 % of the fewest rows any element learned since its restart), and the held draws of the last
+NUTS or SVI fit (refits as the data double). These are estimates, off by most while the posterior
+still moves fast, so these engines test an element only after ``20 d`` rows since its (re)start
+(``warmup``, as for 0/1 outcomes). Measured on stationary streams written in the tests (a policy's
+draw at every step): 0 false alarms in 12,000 Gaussian observations of a Gibbs model and 3,200 of a
+Langevin model (a bound of 1.1 and 0.3 by Lorden's inequality), and 0 in 6,000 0/1 observations of
+a logistic Langevin model at ``false_alarm_rate = 1e-3`` (a bound of 6).
 """
 
 from __future__ import annotations

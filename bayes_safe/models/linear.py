@@ -234,7 +234,7 @@ class BayesianLinear:
             stabilized rule): Gibbs with a Gaussian or logistic likelihood (Polya-Gamma ``PG(w, .)``
             latents), Langevin with any likelihood. The Gibbs engine refuses ``"probit"`` (its
             augmentation has no exact weighted form; use ``"logistic"`` or ``inference="langevin"``);
-            NUTS and SVI refuse it.
+            NUTS and SVI weigh each stored row's log-likelihood by its age at the refit.
 
             ``"adaptive"`` (or ``AdaptiveForgetting(threshold=10, drift=0.5)`` for other settings
             of its test; the recommended setting when the world may change, issue 30): forget only
@@ -247,9 +247,11 @@ class BayesianLinear:
             element tests on its own; ``change_points`` counts its alarms. Deterministic. For 0/1
             outcomes (a logistic or probit model; ``AdaptiveForgetting(outcomes="binary")`` for a
             Gaussian model of a 0/1 metric) the test is a Bernoulli likelihood-ratio CUSUM on the
-            predictive probability, set by ``false_alarm_rate`` (issue 43). Conjugate engines, the
-            laplace engine and the Gibbs engine's logistic chain (Langevin, NUTS and SVI refuse it
-            by name); see ``bayes_safe.models.change_detection`` for the tests' error rates.
+            predictive probability, set by ``false_alarm_rate`` (issue 43). Every engine: the
+            conjugate and laplace engines exactly; Gibbs, Langevin, NUTS and SVI from their
+            estimated predictive, tested after a warm-up of ``20 d`` rows (the Gibbs engine's probit
+            likelihood and, for 0/1 outcomes, Langevin with ``keep > 0`` refuse it by name); see
+            ``bayes_safe.models.change_detection`` for the tests' error rates and each engine's restart.
         forgetting_rule: ``"stabilized"`` (default) forgets the data and keeps the prior: the
             sufficient statistics are pulled toward the prior's, ``Lambda <- Lambda0 + lambda
             (Lambda - Lambda0)`` (and so ``eta``, and the noise posterior's ``a`` and ``y^T y``),
