@@ -188,3 +188,18 @@ def test_replicas_restart_at_the_same_log_rows(tmp_path, postgres_server, caplog
     assert len(records) == 2 * sum(a.drift_alarms.values())
     seen = sorted((r.metric, r.alarms, r.decision_id) for r in records)
     assert seen[::2] == seen[1::2]
+
+
+@pytest.mark.parametrize("engine", ["gibbs", "langevin", "nuts", "svi"])
+def test_replicas_refuse_a_sampled_model_that_detects_changes_by_name(engine, tmp_path, postgres_server):
+    """A sampled engine's change test reads the replica's own draws, so two replicas could restart it
+    at different rows: ``ReplicaDecider`` refuses it by name, new or loaded, before it serves."""
+    prior = dist.Laplace(torch.zeros(D, dtype=F64), torch.ones(D, dtype=F64)).to_event(1)
+    reward = BayesianLinear(prior, noise_std=0.5, inference=engine, forgetting="adaptive")
+    policy = TSASC(reward, [BayesianLinear(prior, likelihood="logistic", inference="laplace")], alpha=0.2)
+    match = f"policy: the reward model \\(the {engine} engine\\) detects changes"
+    with pytest.raises(ValueError, match=match):
+        ReplicaDecider(policy, log=postgres_server.url())
+    Decider(policy, num_draws=20, seed=0).save(tmp_path / "state")
+    with pytest.raises(ValueError, match=match):
+        ReplicaDecider.load(tmp_path / "state", log=postgres_server.url())

@@ -28,7 +28,11 @@ later has a larger ``seq`` and a sync never skips one.
 **Other engines** learn the same rows in the same order: a Gibbs or Langevin chain, a NUTS / SVI
 refit, the probit GP condition on the same data on every replica; their posterior *samples*
 differ (each replica's chain runs on its own random stream), as two runs of one process with
-different seeds do.
+different seeds do. So a model of theirs that detects changes (``forgetting="adaptive"``) is
+refused by name: its change test reads that replica's own draws, and one replica could restart
+at a row where another does not, after which their posteriors hold different data (issue 43: a
+restart follows the same rule on every replica). The conjugate engines, the laplace engine and
+``PerArmLinear`` test a deterministic predictive and are served on replicas with it.
 
 ``model_version`` of a replica is the number of feedback rows its posterior holds: the same on
 every replica at the same point of the log, and recorded with every decision. ``update_every``
@@ -103,6 +107,23 @@ BASE = "base"
 CHECK = "replica_check"
 
 
+#: engines whose change test reads a replica's own draws (a chain's state, a refit's random stream)
+_SAMPLED = ("gibbs", "langevin", "nuts", "svi")
+
+
+def _refuse_sampled_detectors(policy) -> None:
+    """A ``ValueError`` naming the model when ``policy`` holds a model of a sampled engine with
+    adaptive forgetting (module docstring: its restarts would differ between replicas)."""
+    for role, model in policy.models().items():
+        for m in (model, getattr(model, "arms", None)):
+            if m is not None and getattr(m, "_detector", None) is not None and getattr(m, "engine_name", None) in _SAMPLED:
+                raise ValueError(
+                    f"policy: the {role} model (the {m.engine_name} engine) detects changes (forgetting='adaptive') "
+                    "from its own posterior draws, which differ between replicas, so replicas could restart it at "
+                    "different rows; serve it from one process (Decider), or give replicas a conjugate or "
+                    "inference='laplace' model for adaptive forgetting")
+
+
 class ReplicaDecider(Decider):
     """A ``Decider`` that shares its stream with other replicas through one PostgreSQL log (module docstring).
 
@@ -123,6 +144,7 @@ class ReplicaDecider(Decider):
     def __init__(self, policy, *, log=None, **kwargs):
         if log is None:
             raise ValueError("log: a ReplicaDecider needs its PostgreSQL decision log (postgresql://...)")
+        _refuse_sampled_detectors(policy)
         log = _shared_log(log)
         super().__init__(policy, log=log, **kwargs)
         self._start_replica(log_seq=0, applied=0)
@@ -485,6 +507,7 @@ class ReplicaDecider(Decider):
             _shared_log(log)
         try:
             out = super().load(directory, featurize=featurize, allow_imports=allow_imports)
+            _refuse_sampled_detectors(out.policy)
             saved, base_files = out._snapshot  # decider.json and the base, read with the policy in one read
             meta = saved.get("replica")
             out._allow_imports = allow_imports
