@@ -203,3 +203,27 @@ def test_replicas_refuse_a_sampled_model_that_detects_changes_by_name(engine, tm
     Decider(policy, num_draws=20, seed=0).save(tmp_path / "state")
     with pytest.raises(ValueError, match=match):
         ReplicaDecider.load(tmp_path / "state", log=postgres_server.url())
+
+
+@pytest.mark.parametrize("engine, options", [
+    ("gibbs", {}), ("langevin", {"predict_steps": 20, "burn_in": 10}),
+    pytest.param("nuts", {"num_samples": 40, "warmup_steps": 40}, marks=pytest.mark.slow),
+    pytest.param("svi", {"svi_steps": 500, "num_samples": 50}, marks=pytest.mark.slow),
+])
+def test_one_process_serves_a_sampled_model_that_detects_changes(engine, options, caplog):
+    """One process (a ``Decider``) serves a sampled model with adaptive forgetting: the reward's
+    change is an alarm, a log record and a ``drift_alarms`` count, and the restarted model has
+    learned only the new world since (the flipped weights, read from the model's own summary)."""
+    prior = dist.Laplace(torch.zeros(D, dtype=F64), torch.ones(D, dtype=F64)).to_event(1)
+    reward = BayesianLinear(prior, noise_std=0.5, inference=engine, forgetting="adaptive", inference_options=options)
+    constraint = BayesianLinear(prior, likelihood="logistic", inference="laplace")
+    decider = Decider(TSASC(reward, [constraint], alpha=0.2), num_draws=20, seed=0)
+    rng = np.random.default_rng(0)
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        _stream(decider, rng, range(2 * CHANGE + 40))
+    assert decider.drift_alarms["reward"] >= 1
+    assert any(r.metric == "reward" and int(r.decision_id) >= CHANGE for r in _alarm_records(caplog))
+    since = decider.drift_observations["reward"][0]
+    assert 0 < since <= CHANGE + 40
+    mean, _ = decider.policy.models()["reward"].predict(torch.eye(D, dtype=F64))
+    assert float(np.abs(mean.numpy() - AFTER).max()) < 0.5  # the new world's weights, not a mix
