@@ -155,9 +155,10 @@ def _laplace_prior(d=D):
 
 
 @pytest.mark.parametrize("engine, noise", [
-    ("gibbs", "known"), ("langevin", "known"),
-    # (the refits' engines and the noise priors in the slow job: 30 to 100 s each)
-    *[pytest.param(e, "known", marks=pytest.mark.slow) for e in ("nuts", "svi")],
+    ("gibbs", "known"),
+    # (the others in the slow job: 15 to 100 s each; Langevin's Gaussian restart runs in the default
+    # job in tests/test_drift_service.py, NUTS' and SVI's 0/1 restart in tests/test_drift_binary.py)
+    *[pytest.param(e, "known", marks=pytest.mark.slow) for e in ("langevin", "nuts", "svi")],
     *[pytest.param(e, "noise_prior", marks=pytest.mark.slow) for e in CHAIN_ENGINES],
 ])
 def test_every_sampled_engine_detects_a_change_restarts_from_its_prior_and_saves_it(engine, noise, tmp_path):
