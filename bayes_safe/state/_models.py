@@ -340,6 +340,8 @@ def _dec_linear(node: dict, dec: Decoder, where: str):
         if not isinstance(pending, bool):
             dec.fail(f"{where}.restart_pending: expected true or false, got {pending!r}")
         m._restart_pending = pending
+        if weight is not None and not pending and weight.shape[-1] == rows - m._since_fit:
+            m._fitted_count = max(int(weight.sum(-1).min()), 1)  # as ``BayesianLinear._fit`` left it
         S = e.num_draws
         m._draws = dec.tensor(node.get("draws"), f"{where}.draws", shape=(S, *b, d), dtype=_F64, finite=True).clone()
         eng = dec.field(node, "engine", dict, where)
