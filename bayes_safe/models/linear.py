@@ -488,7 +488,7 @@ class BayesianLinear:
         # adaptive forgetting: the change detector's statistics per batch element
         self._detector = None if adaptive is None else CusumDetector(
             adaptive, self.batch_shape, binary=adaptive.is_binary(likelihood), dim=d, device=self._device,
-            sampled=self.engine_name in ("gibbs", "langevin", "nuts", "svi"))
+            sampled=self.engine_name in SAMPLED_ENGINES)
         if base_prior is not None:
             self._check_base_allowed()
         # decay on the clock of the batch elements a masked update skips (set by ``PerArmLinear``)
@@ -1797,6 +1797,9 @@ class _JointPosterior:
 
 
 _LINKS = {"probit": torch.special.ndtr, "logistic": torch.sigmoid}
+#: the engines whose posterior is estimated from draws (a chain, a refit): their change test reads its own
+#: draws, tested after a warm-up (``AdaptiveForgetting.warmup``); replicas refuse them with adaptive forgetting
+SAMPLED_ENGINES = ("gibbs", "langevin", "nuts", "svi")
 
 
 def _chain_options(options: dict | None) -> dict:

@@ -513,16 +513,14 @@ class PyroLinearPosterior:
         else:
             scale = X.new_tensor(self.noise_std)
         mean = X @ w if w.dim() == 1 else (w[..., None, :] @ X.mT)[..., 0, :]
-        if W is not None:  # an adaptive restart's row weights (the stabilised rule: the prior kept)
-            pyro.factor(_OBS_SITE, (W * dist.Normal(mean, scale).log_prob(y)).sum(-1))
-            return
-        if self.forgetting is None:
+        if W is None and self.forgetting is None:
             pyro.sample(_OBS_SITE, dist.Normal(mean, scale).to_event(1), obs=y)
             return
-        # forgetting: row i's log-likelihood weighs lam^(n-1-i) (Kulhavy & Zarrop 1993's weighted
-        # likelihood; the prior keeps its weight), the same posterior the conjugate engine's
-        # stabilised rule computes in closed form
-        pyro.factor(_OBS_SITE, (self._row_weights(X.shape[-2]) * dist.Normal(mean, scale).log_prob(y)).sum(-1))
+        # weighted rows: an adaptive restart's weights, or forgetting's lam^(n-1-i) on row i (Kulhavy &
+        # Zarrop 1993's weighted likelihood; the prior keeps its weight), the same posterior the
+        # conjugate engine's stabilised rule computes in closed form
+        W = self._row_weights(X.shape[-2]) if W is None else W
+        pyro.factor(_OBS_SITE, (W * dist.Normal(mean, scale).log_prob(y)).sum(-1))
 
     def _row_weights(self, n: int) -> torch.Tensor:
         """``[n]`` the rows' forgetting weights (``gibbs.forgetting_weights``; rows below ``2^-60`` weigh

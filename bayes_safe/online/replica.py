@@ -86,10 +86,12 @@ from pathlib import Path
 
 import torch
 
+from ..models.linear import SAMPLED_ENGINES
 from ..state import StateError, load_state, save_state
 from .decider import (
     Decider,
     FeedbackRowsError,
+    _detector_of,
     _log_mismatch,
     _partial,
     _per_arm,
@@ -107,21 +109,17 @@ BASE = "base"
 CHECK = "replica_check"
 
 
-#: engines whose change test reads a replica's own draws (a chain's state, a refit's random stream)
-_SAMPLED = ("gibbs", "langevin", "nuts", "svi")
-
-
 def _refuse_sampled_detectors(policy) -> None:
     """A ``ValueError`` naming the model when ``policy`` holds a model of a sampled engine with
     adaptive forgetting (module docstring: its restarts would differ between replicas)."""
     for role, model in policy.models().items():
-        for m in (model, getattr(model, "arms", None)):
-            if m is not None and getattr(m, "_detector", None) is not None and getattr(m, "engine_name", None) in _SAMPLED:
-                raise ValueError(
-                    f"policy: the {role} model (the {m.engine_name} engine) detects changes (forgetting='adaptive') "
-                    "from its own posterior draws, which differ between replicas, so replicas could restart it at "
-                    "different rows; serve it from one process (Decider), or give replicas a conjugate or "
-                    "inference='laplace' model for adaptive forgetting")
+        engine = getattr(model, "engine_name", None)  # (a per-arm model's arms are conjugate)
+        if _detector_of(model) is not None and engine in SAMPLED_ENGINES:
+            raise ValueError(
+                f"policy: the {role} model (the {engine} engine) detects changes (forgetting='adaptive') "
+                "from its own posterior draws, which differ between replicas, so replicas could restart it at "
+                "different rows; serve it from one process (Decider), or give replicas a conjugate or "
+                "inference='laplace' model for adaptive forgetting")
 
 
 class ReplicaDecider(Decider):
