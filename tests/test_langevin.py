@@ -3,7 +3,7 @@
 Accuracy is checked against exact references written here: the conjugate posterior (a Gaussian
 prior given as a callable, which only this engine then samples), and the Gibbs engine (itself
 checked against quadrature and NUTS in tests/test_gibbs.py) on a Laplace prior with 0/1 outcomes;
-the slow tests compare hierarchical priors with long NUTS runs.
+the slow tests compare hierarchical priors with long NUTS runs (the horseshoe with a long Gibbs run).
 """
 
 from __future__ import annotations
@@ -259,22 +259,47 @@ def _nuts_reference(prior, X, y, likelihood, seed=0, samples=3000):
     return mcmc.get_samples()["w"].to(F64)  # every prior here samples the weights as the site "w"
 
 
+def _gibbs_reference(prior, X, y, likelihood, d, sweeps=8000, chains=8):
+    """``[chains, sweeps, d]`` draws of the Gibbs engine (the horseshoe's default: blocked global-scale
+    update, Albert-Chib probit; checked against quadrature and NUTS in tests/test_gibbs.py and
+    tests/test_horseshoe_mixing.py)."""
+    model = BayesianLinear(prior, dim=d, batch_shape=[chains], likelihood=likelihood)
+    assert model.engine_name == "gibbs"
+    model.update(np.broadcast_to(X, (chains, *X.shape)), np.broadcast_to(y, (chains, len(y))))
+    g = torch.Generator().manual_seed(2)
+    model.engine.run(1000, g)
+    return model.engine.run(sweeps, g).permute(1, 0, 2).to(F64)
+
+
+def _mcse_of_mean(draws: torch.Tensor) -> torch.Tensor:
+    """``[d]`` Monte Carlo standard error of each coordinate's mean from ``[chains, draws, d]`` (ArviZ's ESS)."""
+    ess = torch.as_tensor(az.ess(az.convert_to_dataset({"w": draws.numpy()}))["w"].values, dtype=F64)
+    return draws.reshape(-1, draws.shape[-1]).std(0) / ess.sqrt()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kind, likelihood, d", [
     ("laplace", "gaussian", 4), ("student", "logistic", 4), ("horseshoe", "probit", 4), ("hierarchical", "logistic", 16),
 ])
-def test_stationary_moments_match_a_long_nuts_run(kind, likelihood, d):
-    """n = 200: stationary means within 0.1 NUTS posterior sd, sds within 10 %, R-hat < 1.01 across 8 chains."""
-    rng = np.random.default_rng(7)
+def test_stationary_moments_match_a_long_reference_run(kind, likelihood, d):
+    """n = 200: stationary means within 0.1 reference posterior sd, sds within 10 %, R-hat < 1.01 across 8 chains.
+
+    The reference is a long NUTS run, except on the horseshoe, whose funnel NUTS crosses slowly (its
+    3,000 draws held an ESS of 87 for one weight: a Monte Carlo error of 0.11 posterior sd, as large as
+    the bound); there it is the Gibbs engine's long run. Either way the check first asserts that the two
+    runs' Monte Carlo error of the difference is under 0.1 / 3 sd, so that the 0.1 sd bound is three or more
+    standard errors and a pass or a failure says something about the sampler, not about the seed."""
     w_true = np.zeros(d)
     w_true[:3] = [1.0, -0.5, 0.25]
     if likelihood == "gaussian":
         X, y = _gaussian_data(200, w_true, 0.5, seed=7)
     else:
         X, y = _binary_data(200, w_true, seed=7, link=likelihood)
-    del rng
     prior = _prior(kind, d)
-    reference = _nuts_reference(prior, X, y, likelihood)
+    if kind == "horseshoe":
+        reference = _gibbs_reference(prior, X, y, likelihood, d)  # [8, S, d]
+    else:
+        reference = _nuts_reference(prior, X, y, likelihood)[None]  # [1, S, d]
     options = {"noise_std": 0.5} if likelihood == "gaussian" else {"likelihood": likelihood}
     model = BayesianLinear(prior, dim=d, batch_shape=[8], inference="langevin", **options)
     model.update(np.broadcast_to(X, (8, *X.shape)), np.broadcast_to(y, (8, 200)))
@@ -283,8 +308,11 @@ def test_stationary_moments_match_a_long_nuts_run(kind, likelihood, d):
     steps = 12000 if kind == "horseshoe" else 4000  # MALA crosses the horseshoe's funnel slowly (Gibbs is its default)
     model.engine.run(1000, g)
     w = model.engine.weights(model.engine.run(steps, g))  # [S, 8, d]
-    sd = reference.std(0)
-    assert ((w.reshape(-1, d).mean(0) - reference.mean(0)).abs() / sd).max() < 0.1
+    chains = w.permute(1, 0, 2)
+    sd = reference.reshape(-1, d).std(0)
+    mcse = (_mcse_of_mean(chains) ** 2 + _mcse_of_mean(reference) ** 2).sqrt()
+    assert (mcse / sd).max() < 0.1 / 3, f"the runs are too short to test a 0.1 sd bias: {mcse / sd}"
+    assert ((w.reshape(-1, d).mean(0) - reference.reshape(-1, d).mean(0)).abs() / sd).max() < 0.1
     assert ((w.reshape(-1, d).std(0) / sd) - 1).abs().max() < 0.1
-    rhat = az.rhat(az.convert_to_dataset({"w": w.permute(1, 0, 2).numpy()}))["w"].values
+    rhat = az.rhat(az.convert_to_dataset({"w": chains.numpy()}))["w"].values
     assert rhat.max() < 1.01
