@@ -6,7 +6,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-slow bench lint docs data clean
+.PHONY: demo test test-slow test-long bench lint docs data clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -47,6 +47,11 @@ test: $(STAMP) data browser postgres
 
 test-slow: $(STAMP) data postgres
 	$(PY) -m pytest -q -m slow --durations=15
+
+# minutes each, not in CI: long reference chains, full-size targets, fresh-venv installs, the site built and
+# rendered in Chromium (it reads the tutorials' results from `make test`'s execution cache when that ran first)
+test-long: $(STAMP) data browser postgres
+	$(PY) -m pytest -q -m long --durations=15
 
 bench: $(STAMP)
 	$(PY) benchmarks/run.py

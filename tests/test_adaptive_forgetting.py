@@ -156,12 +156,13 @@ def _laplace_prior(d=D):
 
 @pytest.mark.parametrize("engine, noise", [
     ("gibbs", "known"),
-    # (the others in the slow job: 15 to 100 s each; Langevin's Gaussian restart runs in the default
-    # job in tests/test_drift_service.py, NUTS' and SVI's 0/1 restart in tests/test_drift_binary.py)
-    *[pytest.param(e, "known", marks=pytest.mark.slow) for e in ("langevin", "nuts", "svi")],
     # (the noise prior of the sampled engines that keep statistics; NUTS / SVI weigh the noise prior's
     # rows through the same log-likelihood weights as known noise)
-    *[pytest.param(e, "noise_prior", marks=pytest.mark.slow) for e in ("gibbs", "langevin")],
+    ("gibbs", "noise_prior"),
+    # (the others in the long job: 15 to 100 s each; Langevin's Gaussian restart runs in the default
+    # job in tests/test_drift_service.py, NUTS' and SVI's 0/1 restart in tests/test_drift_binary.py)
+    *[pytest.param(e, "known", marks=pytest.mark.long) for e in ("langevin", "nuts", "svi")],
+    pytest.param("langevin", "noise_prior", marks=pytest.mark.long),
 ])
 def test_every_sampled_engine_detects_a_change_restarts_from_its_prior_and_saves_it(engine, noise, tmp_path):
     """Issue 43, item 1: the sampled engines (Gibbs, Langevin, NUTS, SVI refits) raise the same alarm
@@ -231,7 +232,7 @@ def test_a_decider_replays_its_log_to_the_same_adaptive_posterior(tmp_path):
     back.log.close()
 
 
-@pytest.mark.parametrize("engine", ["gibbs", pytest.param("langevin", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("engine", ["gibbs", pytest.param("langevin", marks=pytest.mark.long)])
 def test_a_sampled_engine_raises_no_more_false_alarms_than_the_documented_bound(engine):
     """The Gaussian test's documented bound (``AdaptiveForgetting``: at most one false alarm in
     ``exp(2 k h) / 2 = 1.1e4`` observations of a right model, Lorden 1971) holds for a sampled

@@ -198,7 +198,7 @@ def test_priors_the_binary_engine_cannot_use_are_rejected():
 
 
 # ------------------------------------------------------------------------------ slow: NUTS reference
-@pytest.mark.slow
+@pytest.mark.long
 def test_probit_laplace_matches_a_long_nuts_run():
     """n = 200, d = 4: stationary mean within 0.1 NUTS posterior sd and sd within 10 %."""
     from pyro.infer import MCMC, NUTS

@@ -275,8 +275,8 @@ def _late_calibration(covariates, ae_prior, options, R=8, T=400, seed=0):
     return row["late"]["realised"], exceed, fallback
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("covariates", [11, 76], ids=["d15", "d80"])
+@pytest.mark.parametrize("covariates", [pytest.param(11, marks=pytest.mark.long), pytest.param(76, marks=pytest.mark.slow)],
+                         ids=["d15", "d80"])
 def test_fixed_setup_keeps_the_promise_the_old_one_breaks(covariates):
     """8 seeded trials x 400 patients (Gibbs engine): the user's setup (a N(0, 1) prior on every AE
     weight, the declared rule) plays allowed doses of which fewer than 93 % are truly under the cap

@@ -51,13 +51,13 @@ def test_every_tutorial_is_executed():
     assert ROOT / "docs" / "gallery.md" in EXECUTED
 
 
-#: the longest pages (35 to 50 s each on the 2-core machine: whole studies, services and simulations end to
-#: end) run in the slow job (`make test-slow`), which builds the site from the same execution; the rest run in
+#: the longest pages (35 to 100 s each on the 2-core machine: whole studies, services and simulations end to
+#: end) run in the long job (`make test-long`), which builds the site from the same execution; the rest run in
 #: every default run
-SLOW_PAGES = {"tutorials/dose-finding", "tutorials/deploying", "tutorials/the-loop"}
+LONG_PAGES = {"tutorials/dose-finding", "tutorials/deploying", "tutorials/the-loop"}
 
 
-@pytest.mark.parametrize("tutorial", [pytest.param(p, marks=pytest.mark.slow) if _page_id(p) in SLOW_PAGES else p
+@pytest.mark.parametrize("tutorial", [pytest.param(p, marks=pytest.mark.long) if _page_id(p) in LONG_PAGES else p
                                       for p in EXECUTED], ids=[_page_id(p) for p in EXECUTED])
 def test_tutorial_runs(tutorial):
     """Every python block of every tutorial (and the gallery) runs, in order, in a fresh directory.

@@ -39,7 +39,7 @@ CHROMEDRIVER = Path("/usr/bin/chromedriver")
 # The site build (mkdocs --strict, every API page, Chromium on every page: 3-5 minutes) runs in the slow
 # job; the tutorials it shows run in the default job (tests/test_docs.py), whose results it reads from
 # the execution cache (.cache/docs-exec) when the sources are unchanged.
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.long
 
 # a Sphinx role or directive left in the rendered text
 RAW_RST = re.compile(r":(func|class|meth|mod|attr|data|exc|obj|ref|doc|math|py:\w+):`|"

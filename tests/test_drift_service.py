@@ -207,8 +207,8 @@ def test_replicas_refuse_a_sampled_model_that_detects_changes_by_name(engine, tm
 
 @pytest.mark.parametrize("engine, options", [
     ("gibbs", {}), ("langevin", {"predict_steps": 20, "burn_in": 10}),
-    pytest.param("nuts", {"num_samples": 40, "warmup_steps": 40}, marks=pytest.mark.slow),
-    pytest.param("svi", {"svi_steps": 500, "num_samples": 50}, marks=pytest.mark.slow),
+    pytest.param("nuts", {"num_samples": 40, "warmup_steps": 40}, marks=pytest.mark.long),
+    pytest.param("svi", {"svi_steps": 500, "num_samples": 50}, marks=pytest.mark.long),
 ])
 def test_one_process_serves_a_sampled_model_that_detects_changes(engine, options, caplog):
     """One process (a ``Decider``) serves a sampled model with adaptive forgetting: the reward's

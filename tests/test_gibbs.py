@@ -2,7 +2,7 @@
 
 Accuracy is checked against exact references: the conjugate posterior (Gaussian prior), a
 two-dimensional quadrature of the posterior density (Laplace, Student-t), draws of the Pyro
-horseshoe prior itself (no data), and, in the slow tests, long NUTS runs at n = 200, d = 4.
+horseshoe prior itself (no data), and, in the long tests, long NUTS runs at n = 200, d = 4.
 """
 
 from __future__ import annotations
@@ -341,7 +341,7 @@ def _horseshoe_exact_moments(X, y, s, draws=400_000, seed=0, chunk=100_000):
     return mean, sd, ess
 
 
-@pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.parametrize("name", ["laplace", "student-t", "horseshoe"])
 def test_gaussian_likelihood_matches_a_long_nuts_run(name):
     X, y = _nuts_data()

@@ -229,8 +229,8 @@ def _cli(args, cwd):
                           capture_output=True, text=True, timeout=300)
 
 
-# slow job: resuming a problem's own models by import path is also covered by test_own_problem_tuning
-@pytest.mark.slow
+# long job: resuming a problem's own models by import path is also covered by test_own_problem_tuning
+@pytest.mark.long
 def test_tune_custom_runs_the_problems_models_and_resume_runs_them_again(tmp_path):
     _needs_new_tsasc()
     out = tmp_path / "study"

@@ -259,7 +259,7 @@ def test_summary_warns_for_an_unmixed_chain_and_not_for_a_mixed_one(tmp_path):
     assert table.attrs["convergence_warnings"] == []
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_the_benchmark_problem_meets_the_mixing_target():
     """benchmarks/horseshoe_mixing.py's problem: d = 90, 3,000 rows, 5 nonzero weights, logistic;
     4 chains x 1,000 draws after 200 warm-up sweeps: tau r-hat <= 1.01 and bulk ESS >= 400."""

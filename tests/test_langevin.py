@@ -3,7 +3,7 @@
 Accuracy is checked against exact references written here: the conjugate posterior (a Gaussian
 prior given as a callable, which only this engine then samples), and the Gibbs engine (itself
 checked against quadrature and NUTS in tests/test_gibbs.py) on a Laplace prior with 0/1 outcomes;
-the slow tests compare hierarchical priors with long NUTS runs (the horseshoe with a long Gibbs run).
+the long tests compare hierarchical priors with long NUTS runs (the horseshoe with a long Gibbs run).
 """
 
 from __future__ import annotations
@@ -277,7 +277,7 @@ def _mcse_of_mean(draws: torch.Tensor) -> torch.Tensor:
     return draws.reshape(-1, draws.shape[-1]).std(0) / ess.sqrt()
 
 
-@pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.parametrize("kind, likelihood, d", [
     ("laplace", "gaussian", 4), ("student", "logistic", 4), ("horseshoe", "probit", 4), ("hierarchical", "logistic", 16),
 ])

@@ -82,7 +82,7 @@ def test_normal_prior_matches_the_exact_posterior_by_importance_sampling():
 
 def test_horseshoe_matches_a_gibbs_chain():
     """d = 6, n = 600, horseshoe: within 0.008 mean absolute / 0.03 max of a 300-sweep Gibbs chain
-    (a short chain to keep the default run fast; the slow tests compare at d = 10 and 40)."""
+    (a short chain to keep the default run fast; the long tests compare at d = 10 and 40)."""
     torch.set_num_threads(1)
     d = 6
     X, y, Xt = _data(600, d, seed=9)
@@ -93,7 +93,7 @@ def test_horseshoe_matches_a_gibbs_chain():
     assert float((pl - pg).abs().max()) < 0.03
 
 
-@pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.parametrize("prior_name", ["normal", "horseshoe"])
 def test_predicted_probabilities_match_a_long_gibbs_chain(prior_name):
     """d = 10, n = 2,000: the Laplace engine's predicted click probabilities within 0.006 (mean
@@ -226,7 +226,7 @@ def test_priors_it_cannot_use_and_bad_outcomes_are_refused():
     assert int(m.num_observations) == 0 and m.engine.n == 0
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_sparse_logistic_matches_a_long_gibbs_chain_at_d_40():
     """d = 40, 6,000 rows, horseshoe: mean absolute error of the predicted probabilities < 0.01."""
     torch.set_num_threads(1)

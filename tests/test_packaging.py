@@ -168,7 +168,7 @@ def _fake_torch_wheel(directory: Path, version: str) -> Path:
     return wheel
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_pip_install_keeps_a_different_torch(tmp_path):
     """``pip install .`` next to another torch release resolves without replacing it."""
     python = _venv(tmp_path / "venv")
@@ -182,7 +182,7 @@ def test_pip_install_keeps_a_different_torch(tmp_path):
     assert not {"ax-platform", "gpytorch", "botorch"} & set(planned), "an extra was pulled in by the core"
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_pip_install_without_extras_runs_the_readme(tmp_path):
     """A lean install (torch, then ``pip install .``) imports bayes_safe and runs the README's five lines."""
     import re

@@ -70,7 +70,7 @@ def test_a_margin_for_pending_refunds_closes_the_late_stream_gap():
     assert float(gain.mean()) > 3 * float(gain.std() / len(gain) ** 0.5)
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_the_issue_target_at_full_size():
     """The issue's numbers: a refund 2,000 decisions late, 8,000 decisions, R = 64 (about 1 min): the plain
     late stream misses the target, the margin's is within 2 points of the policy told at once

@@ -115,7 +115,7 @@ def test_svi_gaussian_matches_closed_form_mean(gaussian_problem):
     assert ((ratio > 0.88) & (ratio < 1.12)).all()
 
 
-@pytest.mark.slow  # moved to the slow job to keep the default run under 15 minutes (2026-11-28)
+@pytest.mark.long  # a long chain (the long job; 2026-11-29)
 def test_horseshoe_callable_prior_shrinks_irrelevant_weights():
     d = 5
 

@@ -29,7 +29,7 @@ def _diagnosed(out) -> tuple[str, dict]:
     return html, ncs
 
 
-@pytest.mark.slow  # moved to the slow job to keep the default run under 15 minutes (2026-11-28)
+@pytest.mark.long
 def test_ts_asc_synthetic_saves_every_main_run(tmp_path, monkeypatch):
     study = get_study("ts-asc-synthetic")
     monkeypatch.setattr(study, "QUICK", {
@@ -57,7 +57,7 @@ def test_clucb_synthetic_saves_its_ridge_models(tmp_path, monkeypatch):
     assert set(ncs) == {"LUCB__reward", "CLUCB_alpha=0.05__reward", "LUCB_radius_x3.5__reward"}
 
 
-@pytest.mark.slow  # moved to the slow job to keep the default run under 15 minutes (2026-11-28)
+@pytest.mark.long
 def test_video_upload_saves_each_replications_probit_gps(tmp_path):
     study = get_study("video-upload")
     tiny = {"warmup": 600, "batches": 2, "batch_size": 400, "alphas": [0.01], "replications": 2,
@@ -83,7 +83,7 @@ def test_video_upload_saves_each_replications_probit_gps(tmp_path):
     assert set(idata.observed_data["y"].values.tolist()) <= {0.0, 1.0}
 
 
-@pytest.mark.slow  # moved to the slow job to keep the default run under 15 minutes (2026-11-28)
+@pytest.mark.long
 def test_bcts_studies_save_reward_constraint_and_mask_posteriors(tmp_path):
     from bayes_safe.envs import load_iwpc
 
@@ -112,7 +112,7 @@ def test_bcts_studies_save_reward_constraint_and_mask_posteriors(tmp_path):
                         "Constraint_Mask__reward"}
 
 
-@pytest.mark.slow  # moved to the slow job to keep the default run under 15 minutes (2026-11-28)
+@pytest.mark.long
 @pytest.mark.parametrize("name", ["acol-driving", "acol-synthetic"])
 def test_acol_studies_say_they_have_no_posterior(name, tmp_path, monkeypatch, capsys):
     study = get_study(name)
@@ -130,7 +130,7 @@ def test_acol_studies_say_they_have_no_posterior(name, tmp_path, monkeypatch, ca
     assert not (out / "diagnostics").exists()
 
 
-@pytest.mark.slow  # moved to the slow job to keep the default run under 15 minutes (2026-11-28)
+@pytest.mark.long
 def test_controlled_exploration_saves_policies_that_are_not_posteriors(tmp_path, capsys):
     out = tmp_path / "out"
     results = get_study("controlled-exploration").run(out, quick=True, seed=0)

@@ -78,7 +78,7 @@ def _check_against(fits, mean, sd):
         assert bool(post.svi_converged), f"seed {post.seed}: did not converge"
 
 
-@pytest.mark.slow  # moved to the slow job to keep the default run under 15 minutes (2026-11-28)
+@pytest.mark.long
 def test_svi_matches_nuts_for_every_seed(problem, svi_fits):
     X, y = problem
     mean, sd = _nuts_reference(X, y, num_samples=800, num_chains=1, warmup_steps=200)
@@ -94,7 +94,7 @@ def test_svi_matches_nuts_for_every_seed(problem, svi_fits):
         assert losses[-100:].mean() < losses[:20].mean()
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_svi_matches_long_nuts_run(problem, svi_fits):
     X, y = problem
     mean, sd = _nuts_reference(X, y, num_samples=5000, num_chains=4, warmup_steps=500)

@@ -171,8 +171,8 @@ def test_two_studies_in_one_process_keep_their_own_databases(tmp_path):
 
 
 # ---------------------------------------------------------------------- the command line
-# slow job: the command-line study and its resume are also run by test_tuning_crash in the default run
-@pytest.mark.slow
+# long job: the command-line study and its resume are also run by test_tuning_crash in the default run
+@pytest.mark.long
 def test_cli_tune_and_resume(tmp_path, capsys):
     out = tmp_path / "run"
     code = main(["tune", "video-upload", *TINY_CLI, "--trials", "3", "--sobol", "3", "--parallel", "2", "--out", str(out)])

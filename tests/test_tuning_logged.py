@@ -118,8 +118,8 @@ def test_make_problem_knows_logged_data():
     assert isinstance(p, LoggedDataProblem) and p.benchmark == "critical"
 
 
-# slow job: `tune logged-data` runs in the deploying tutorial and test_tuning_trust in the default run
-@pytest.mark.slow
+# long job: `tune logged-data` runs in test_tuning_trust in the default run (and the deploying tutorial)
+@pytest.mark.long
 def test_cli_tune_logged_data_and_resume(tmp_path, capsys):
     out = tmp_path / "run"
     args = ["tune", "logged-data", "--rows", "5000", "--epochs", "2", "--trials", "2", "--sobol", "2",

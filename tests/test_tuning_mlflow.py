@@ -248,7 +248,7 @@ def test_a_failing_tracker_never_stops_the_study_and_is_reported(crashed_then_tr
         Study.load(crashed_then_tracked["db"], ab_test=tiny_ab(), tracker=object())
 
 
-@pytest.mark.slow  # (moved to the slow job: the default run's 15-minute budget)
+@pytest.mark.long
 def test_a_real_tracking_server_receives_a_running_study(mlflow_server, tmp_path):
     uri = _wait_for(mlflow_server)
     with MlflowTracker(uri, experiment="bayes_safe server test") as tracker:
@@ -269,7 +269,7 @@ def test_a_real_tracking_server_receives_a_running_study(mlflow_server, tmp_path
     assert q == {i: study.experiment.trials[i].run_metadata["metrics"]["q_1080p_change"][0] for i in (0, 1)}
 
 
-@pytest.mark.slow  # two command-line studies with their reports: 36 s at load average 3
+@pytest.mark.long  # two command-line studies with their reports: 36 s at load average 3
 def test_the_command_line_tracks_to_the_study_directory_and_resume_continues(tmp_path, capsys):
     out = tmp_path / "t"
     assert main(["tune", "video-upload", *TINY_CLI, "--trials", "2", "--mlflow", "--no-progress", "--out", str(out)]) == 0

@@ -41,7 +41,7 @@ def test_py_typed_ships_with_the_package():
     assert '"bayes_safe" = ["py.typed"]' in (ROOT / "pyproject.toml").read_text()
 
 
-@pytest.mark.slow  # mypy reads torch's annotations: about 30 s
+@pytest.mark.long  # mypy reads torch's annotations: about 30 s
 def test_mypy_checks_a_users_snippet_against_the_annotations(tmp_path):
     (tmp_path / "good.py").write_text(SNIPPET)
     (tmp_path / "bad.py").write_text(SNIPPET + "wrong: str = decision.action\n")

@@ -72,7 +72,7 @@ SNIPPET = textwrap.dedent('''
 ''')
 
 
-@pytest.mark.slow  # mypy reads torch's annotations: about 30 s
+@pytest.mark.long  # mypy reads torch's annotations: about 30 s
 def test_mypy_accepts_the_users_typed_script_and_flags_a_wrong_type(tmp_path):
     command = [sys.executable, "-m", "mypy", "--cache-dir", str(tmp_path / "cache"), "--ignore-missing-imports",
                "--follow-imports=silent", "--no-error-summary"]
