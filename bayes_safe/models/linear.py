@@ -734,7 +734,12 @@ class BayesianLinear:
     def _set_base(self, loc: torch.Tensor, precision: torch.Tensor) -> None:
         self._base = (loc, precision, (precision @ loc[..., None])[..., 0])
         if self.noise_prior is not None:
-            self._sq0 = (loc[..., None, :] @ precision @ loc[..., None])[..., 0, 0]
+            self._set_sq0(loc, precision)
+
+    def _set_sq0(self, loc: torch.Tensor, precision: torch.Tensor) -> None:
+        """The quadratic ``m0^T P0 m0`` ``[*b]`` of the Gaussian (``loc [*b, d]``, ``precision [*b, d, d]``)
+        that the normal-inverse-gamma noise statistic ``sq`` returns to when it forgets or restarts."""
+        self._sq0 = (loc[..., None, :] @ precision @ loc[..., None])[..., 0, 0]
 
     @property
     def base_prior(self):
@@ -762,8 +767,7 @@ class BayesianLinear:
             else:
                 self._base = None
                 if self.noise_prior is not None:
-                    loc, prec = self._prior_loc, self._prior_precision
-                    self._sq0 = (loc[..., None, :] @ prec @ loc[..., None])[..., 0, 0]
+                    self._set_sq0(self._prior_loc, self._prior_precision)
             return
         loc, precision = self._base_parameters(value, self.dim)
         if self.engine_name == "laplace":

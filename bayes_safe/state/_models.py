@@ -258,7 +258,7 @@ def _dec_linear(node: dict, dec: Decoder, where: str):
         m._prior_eta = (m._prior_precision @ m._prior_loc[..., None])[..., 0]  # what stabilised forgetting keeps
         if noise_prior is not None:
             m._a, m._b0, m._sq = t("a", b), t("b0", b), t("sq", b)
-            m._sq0 = (m._prior_loc[..., None, :] @ m._prior_precision @ m._prior_loc[..., None])[..., 0, 0]
+            m._set_sq0(m._prior_loc, m._prior_precision)
         m._factor, m._dirty = None, None
         if "base_loc" in node:
             m._set_base(t("base_loc", (*b, d)), t("base_precision", (*b, d, d)))
