@@ -1,5 +1,6 @@
-"""Forgetting's row weights, shared by the linear engines that keep rows (issue 30): the Gibbs and
-Langevin chains and the NUTS / SVI fits. A module of its own, below all of them."""
+"""Forgetting's row weights and a Gaussian likelihood's discounted and restarted statistics, shared by
+the linear engines that keep rows (issues 30 and 43): the Gibbs and Langevin chains and the NUTS / SVI
+fits. A module of its own, below all of them."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import torch
 
 _DTYPE = torch.float64
 
-__all__ = ["discount_statistics", "forgetting_weights"]
+__all__ = ["discount_statistics", "forgetting_weights", "restart_statistics"]
 
 
 def forgetting_weights(lam: float, n: int, device: torch.device | str | None = None) -> tuple[int, torch.Tensor]:
@@ -36,3 +37,14 @@ def discount_statistics(xtx: torch.Tensor, xty: torch.Tensor, yty: torch.Tensor,
     old = lam**n
     return (old * xtx + (X * w[:, None]).mT @ X, old * xty + (X.mT @ (w * y)[..., None])[..., 0],
             old * yty + (w * y * y).sum(-1), w)
+
+
+def restart_statistics(xtx: torch.Tensor, xty: torch.Tensor, yty: torch.Tensor, n_eff: torch.Tensor,
+                       alarm: torch.Tensor, keep: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A Gaussian likelihood's sufficient statistics ``X^T X [*b, d, d]``, ``X^T y [*b, d]``, ``y^T y [*b]``
+    and weighed row count ``n_eff [*b]`` after adaptive forgetting restarts the elements ``alarm [*b]``:
+    theirs multiplied by ``keep`` (the old likelihood raised to ``keep``, exactly), the others' unchanged
+    (the Gibbs and Langevin engines' restart)."""
+    a2, a3 = alarm[..., None], alarm[..., None, None]
+    return (torch.where(a3, keep * xtx, xtx), torch.where(a2, keep * xty, xty),
+            torch.where(alarm, keep * yty, yty), torch.where(alarm, keep * n_eff, n_eff))

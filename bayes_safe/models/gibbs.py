@@ -97,7 +97,7 @@ from ..random import (
     standard_normal,
     standard_uniform,
 )
-from ._forgetting import discount_statistics, forgetting_weights
+from ._forgetting import discount_statistics, forgetting_weights, restart_statistics
 
 __all__ = [
     "GibbsLinearPosterior",
@@ -1057,13 +1057,10 @@ class GibbsLinearPosterior:
             raise ValueError("restart: the Gibbs engine's probit likelihood does not forget; use "
                              "likelihood='logistic'")
         if self.likelihood == "gaussian":
-            a2, a3 = alarm[..., None], alarm[..., None, None]
-            self._xtx = torch.where(a3, keep * self._xtx, self._xtx)
-            self._xty = torch.where(a2, keep * self._xty, self._xty)
-            self._yty = torch.where(alarm, keep * self._yty, self._yty)
             n_eff = torch.full(tuple(self.batch_shape), float(self.n), dtype=_DTYPE, device=_CPU) \
                 if self._n_eff is None else self._n_eff
-            self._n_eff = torch.where(alarm, keep * n_eff, n_eff)
+            self._xtx, self._xty, self._yty, self._n_eff = restart_statistics(
+                self._xtx, self._xty, self._yty, n_eff, alarm, keep)
             self._scaled, self._fixed = None, None
             return
         n = self.n

@@ -68,7 +68,7 @@ from pyro.poutine.messenger import Messenger
 from torch.distributions import biject_to
 
 from ..random import DrawBatch, Generator, standard_normal, standard_uniform
-from ._forgetting import discount_statistics, forgetting_weights
+from ._forgetting import discount_statistics, forgetting_weights, restart_statistics
 from .gibbs import append_rows, empty_data
 
 __all__ = ["LANGEVIN_OPTIONS", "LangevinLinearPosterior"]
@@ -671,12 +671,10 @@ class LangevinLinearPosterior:
         from the prior's median with the initial step size."""
         a2, a3 = alarm[..., None], alarm[..., None, None]
         if self.likelihood == "gaussian":
-            self._xtx = torch.where(a3, keep * self._xtx, self._xtx)
-            self._xty = torch.where(a2, keep * self._xty, self._xty)
-            self._yty = torch.where(alarm, keep * self._yty, self._yty)
             n_eff = self._n_per_element(self.batch_shape.numel()).reshape(self.batch_shape) \
                 if self._n_eff is None else self._n_eff
-            self._n_eff = torch.where(alarm, keep * n_eff, n_eff)
+            self._xtx, self._xty, self._yty, self._n_eff = restart_statistics(
+                self._xtx, self._xty, self._yty, n_eff, alarm, keep)
         else:
             if keep != 0.0:
                 raise ValueError(f"keep: the Langevin engine restarts a 0/1 likelihood with keep=0 only, got {keep!r}")
