@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
 
-# The site build (mkdocs --strict, every API page, Chromium on every page: 3-5 minutes) runs in the slow
+# The site build (mkdocs --strict, every API page, Chromium on every page: 3-5 minutes) runs in the long
 # job; the tutorials it shows run in the default job (tests/test_docs.py), whose results it reads from
 # the execution cache (.cache/docs-exec) when the sources are unchanged.
 pytestmark = pytest.mark.long
