@@ -13,6 +13,7 @@ import pyro
 import pyro.distributions as dist
 import pytest
 import torch
+from chain_precision import mcse_of_mean
 
 from bayes_safe import BayesianLinear, simulate
 from bayes_safe.models.gibbs import inverse_gaussian, recognise_prior, uniform_rows
@@ -28,13 +29,14 @@ def _data(n: int, w, noise: float, seed: int):
     return X, X @ w + noise * torch.randn(n, generator=g, dtype=F64)
 
 
-def _chains(model: BayesianLinear, sweeps: int, seed: int = 0, burn: int = 200) -> torch.Tensor:
-    """``[sweeps * R, d]`` Thompson draws of a batch of R chains (each ``sample`` is one sweep)."""
+def _chains(model: BayesianLinear, sweeps: int, seed: int = 0, burn: int = 200, by_chain: bool = False) -> torch.Tensor:
+    """``[sweeps * R, d]`` Thompson draws of a batch of R chains (each ``sample`` is one sweep);
+    ``by_chain``: ``[R, sweeps, d]``."""
     g = torch.Generator().manual_seed(seed)
     for _ in range(burn):
         model.sample(g)
     draws = torch.stack([model.sample(g).clone() for _ in range(sweeps)])
-    return draws.reshape(-1, model.dim)
+    return draws.reshape(sweeps, -1, model.dim).transpose(0, 1) if by_chain else draws.reshape(-1, model.dim)
 
 
 def _grid_moments(log_density, center, half_width, points: int = 301):
@@ -361,9 +363,15 @@ def test_gaussian_likelihood_matches_a_long_nuts_run(name):
 
         ref = _nuts_reference(name, lambda: nuts_model(X, y))
         ref_mean, ref_sd = ref.mean(0), ref.std(0)
+        ref_mcse = mcse_of_mean(ref[None])
     m = BayesianLinear(**prior_arg, noise_std=1.0, batch_shape=[16])
     m.update(X[None], y[None])
-    draws = _chains(m, 2000, burn=300)
+    chains = _chains(m, 2000, burn=300, by_chain=True)  # [16, 2000, d]
+    draws = chains.reshape(-1, d)
+    # the check's own precision first: the difference's Monte Carlo error under a third of the bound
+    # (the horseshoe's importance-sampling reference, ESS > 10,000, adds at most 0.01 sd)
+    mcse = mcse_of_mean(chains) if name == "horseshoe" else (mcse_of_mean(chains) ** 2 + ref_mcse**2).sqrt()
+    assert (mcse / ref_sd).max() < 0.1 / 3, f"the runs are too short to test a 0.1 sd bias: {mcse / ref_sd}"
     assert ((draws.mean(0) - ref_mean).abs() / ref_sd).max() < 0.1, (draws.mean(0), ref_mean, ref_sd)
     assert ((draws.std(0) / ref_sd) - 1).abs().max() < 0.1, (draws.std(0), ref_sd)
 

@@ -16,6 +16,7 @@ import pyro
 import pyro.distributions as dist
 import pytest
 import torch
+from chain_precision import mcse_of_mean
 
 from bayes_safe import BayesianLinear, simulate
 from bayes_safe.random import ReplicationRNG
@@ -271,12 +272,6 @@ def _gibbs_reference(prior, X, y, likelihood, d, sweeps=8000, chains=8):
     return model.engine.run(sweeps, g).permute(1, 0, 2).to(F64)
 
 
-def _mcse_of_mean(draws: torch.Tensor) -> torch.Tensor:
-    """``[d]`` Monte Carlo standard error of each coordinate's mean from ``[chains, draws, d]`` (ArviZ's ESS)."""
-    ess = torch.as_tensor(az.ess(az.convert_to_dataset({"w": draws.numpy()}))["w"].values, dtype=F64)
-    return draws.reshape(-1, draws.shape[-1]).std(0) / ess.sqrt()
-
-
 @pytest.mark.long
 @pytest.mark.parametrize("kind, likelihood, d", [
     ("laplace", "gaussian", 4), ("student", "logistic", 4), ("horseshoe", "probit", 4), ("hierarchical", "logistic", 16),
@@ -310,7 +305,7 @@ def test_stationary_moments_match_a_long_reference_run(kind, likelihood, d):
     w = model.engine.weights(model.engine.run(steps, g))  # [S, 8, d]
     chains = w.permute(1, 0, 2)
     sd = reference.reshape(-1, d).std(0)
-    mcse = (_mcse_of_mean(chains) ** 2 + _mcse_of_mean(reference) ** 2).sqrt()
+    mcse = (mcse_of_mean(chains) ** 2 + mcse_of_mean(reference) ** 2).sqrt()
     assert (mcse / sd).max() < 0.1 / 3, f"the runs are too short to test a 0.1 sd bias: {mcse / sd}"
     assert ((w.reshape(-1, d).mean(0) - reference.reshape(-1, d).mean(0)).abs() / sd).max() < 0.1
     assert ((w.reshape(-1, d).std(0) / sd) - 1).abs().max() < 0.1
